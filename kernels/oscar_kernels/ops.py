@@ -1,0 +1,128 @@
+"""Public kernel API used by the SGLang plugin (Triton on CUDA; TRITON_INTERPRET=1 on CPU).
+
+Conventions shared by every op (see docs/format.md):
+* One call = one layer. Pool tensors of that layer:
+    k_codes  uint8   [N, H, D // 4]        k_params float16 [N, H, D // Gk, 2]  (scale, min)
+    v_codes  uint8   [N, H, Dv // 4]       v_params float16 [N, H, Dv // Gv, 2]
+    sink_k   bf16    [R, S, H, D]          sink_v   bf16    [R, S, H, Dv]   (R = request rows)
+    ring_k   bf16    [R, W, H, D]          ring_v   bf16    [R, W, H, Dv]   (slot of position p = p % W)
+    own_start int32  [R]  first position the request of that row computed itself
+* Keys of request b are positions 0..len_b-1, their slots are kv_indices[kv_indptr[b] + p]
+  (SGLang Triton-backend layout, position order).
+* Source of key position p for a reader that sees len keys, row r (same rule as
+  reference.source_masks):  sink if p < S and p >= own_start[r];  ring if
+  p >= max(own_start[r], len - W);  INT2 otherwise.
+* q, k, v given to these ops are already rotated (k by R_k, v by R_v, q by its KV head's R_k);
+  outputs are in the rotated V space (the caller multiplies by R_v^T), unless a rotation is passed.
+* No host synchronisation and no allocation inside decode / store: safe under CUDA-graph capture.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    loc: torch.Tensor,
+    k_codes: torch.Tensor,
+    k_params: torch.Tensor,
+    v_codes: torch.Tensor,
+    v_params: torch.Tensor,
+    *,
+    k_group: int,
+    v_group: int,
+    k_clip: float = 1.0,
+    v_clip: float = 1.0,
+    k_rot: torch.Tensor | None = None,
+    v_rot: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    token_rows: torch.Tensor | None = None,
+    token_seq_lens: torch.Tensor | None = None,
+    sink_k: torch.Tensor | None = None,
+    sink_v: torch.Tensor | None = None,
+    ring_k: torch.Tensor | None = None,
+    ring_v: torch.Tensor | None = None,
+) -> None:
+    """Quantise T new tokens of many requests and scatter them to their slots.
+
+    k [T, H, D], v [T, H, Dv] (model dtype); loc [T] slot indices.
+    k_rot [H, D, D] / v_rot [H, Dv, Dv] (fp32, optional): rotate in-kernel first (x @ R per head).
+    Side buffers (all optional, given together): token at position p of row r is also written
+    in BF16 to sink[r, p] if p < S, and to ring[r, p % W] if p >= token_seq_lens - W
+    (token_seq_lens[t] = length of the token's request after this forward).
+    """
+    from .triton import store as _store
+
+    return _store.store_kv(**locals())
+
+
+def decode_attention(
+    q: torch.Tensor,
+    o: torch.Tensor,
+    k_codes: torch.Tensor,
+    k_params: torch.Tensor,
+    v_codes: torch.Tensor,
+    v_params: torch.Tensor,
+    sink_k: torch.Tensor,
+    sink_v: torch.Tensor,
+    ring_k: torch.Tensor,
+    ring_v: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    req_rows: torch.Tensor,
+    own_start: torch.Tensor,
+    *,
+    k_group: int,
+    v_group: int,
+    sm_scale: float,
+    num_kv_splits: torch.Tensor | None = None,
+    max_kv_splits: int = 16,
+    attn_logits: torch.Tensor | None = None,
+    attn_lse: torch.Tensor | None = None,
+    logit_cap: float = 0.0,
+) -> torch.Tensor:
+    """One query token per request over sink + INT2 body + ring; split-K with an LSE reduction.
+
+    q [B, Hq, D] (rotated), o [B, Hq, Dv] written in place and returned. GQA-aware: each K/V byte
+    is read once per KV head. num_kv_splits [B] int32 (<= max_kv_splits) or None (heuristic);
+    attn_logits [B, Hq, max_kv_splits, Dv] f32 and attn_lse [B, Hq, max_kv_splits] f32 are
+    scratch (allocated if None; pass them under CUDA graphs).
+    """
+    from .triton import decode as _decode
+
+    return _decode.decode_attention(**locals())
+
+
+def extend_prefix_attention(
+    q: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    k_codes: torch.Tensor,
+    k_params: torch.Tensor,
+    v_codes: torch.Tensor,
+    v_params: torch.Tensor,
+    sink_k: torch.Tensor,
+    sink_v: torch.Tensor,
+    ring_k: torch.Tensor,
+    ring_v: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    req_rows: torch.Tensor,
+    own_start: torch.Tensor,
+    *,
+    k_group: int,
+    v_group: int,
+    sm_scale: float,
+    max_len_extend: int,
+    logit_cap: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """E_b new query tokens of each request against its cached prefix (no mask).
+
+    q [T, Hq, D] (rotated), tokens of request b at rows qo_indptr[b]:qo_indptr[b+1]; prefix of
+    request b = kv_indptr[b]:kv_indptr[b+1] (its length is the reader's len for the source rule).
+    Returns (o [T, Hq, Dv] float32, lse [T, Hq] float32, natural log); a request with an empty
+    prefix gets o = 0, lse = -inf, so the caller can merge with attention over the new tokens.
+    """
+    from .triton import extend_prefix as _ext
+
+    return _ext.extend_prefix_attention(**locals())

@@ -1,0 +1,41 @@
+"""Shared test setup.
+
+* Triton kernels run in the interpreter on machines without CUDA (CI): TRITON_INTERPRET=1 must be
+  set before triton is imported anywhere, hence here.
+* Every test that draws random data takes the `seed` fixture: a fresh seed per run, printed on
+  failure so the case can be replayed with OSCAR_TEST_SEED=<seed>.
+"""
+import os
+import random
+
+import pytest
+
+if not os.environ.get("CUDA_VISIBLE_DEVICES_FORCE_GPU"):
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ.setdefault("TRITON_INTERPRET", "1")
+    except ImportError:  # pragma: no cover
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def seed(request):
+    import torch
+
+    s = int(os.environ.get("OSCAR_TEST_SEED", random.SystemRandom().randrange(2**31)))
+    torch.manual_seed(s)
+    random.seed(s)
+    request.node.user_properties.append(("seed", s))
+    yield s
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.failed:
+        for k, v in item.user_properties:
+            if k == "seed":
+                rep.sections.append(("seed", f"replay with OSCAR_TEST_SEED={v}"))
