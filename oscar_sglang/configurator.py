@@ -145,17 +145,6 @@ def load_rotations(cfg: OscarConfig, *, num_layers, num_kv_heads, head_dim, v_he
     return rs
 
 
-def kv_head_range(total_kv_heads: int, attn_tp_size: int, attn_tp_rank: int) -> tuple[int, int]:
-    """(first global KV head, number of local KV heads) of an attention-TP rank.
-
-    Mirrors QKVParallelLinear: with more ranks than KV heads, heads are replicated and rank r
-    holds head r // (tp / total); otherwise each rank holds total / tp consecutive heads.
-    """
-    local = max(1, total_kv_heads // attn_tp_size)
-    replicas = attn_tp_size // total_kv_heads if attn_tp_size >= total_kv_heads else 1
-    return (attn_tp_rank // replicas) * local, local
-
-
 # ---------------------------------------------------------------------------------- the pool
 
 
@@ -176,7 +165,7 @@ def build_pool(kvc, sizes, req_to_token_pool):
     cfg = load_config()
     ps = _parallel()
     total_kv = mc.get_total_num_kv_heads()
-    kv0, local_kv = kv_head_range(total_kv, ps.attn_tp_size, ps.attn_tp_rank)
+    kv0, local_kv = sizing.kv_head_range(total_kv, ps.attn_tp_size, ps.attn_tp_rank)
     li = kvc.layer_info
     model_id = served_model_id(kvc.server_args.model_path)
     rs_full = load_rotations(

@@ -30,10 +30,14 @@ def server_args_problems(args, env=None) -> list[str]:
     attn = getattr(args, "attention_backend", None)
     pre = getattr(args, "prefill_attention_backend", None) or attn
     dec = getattr(args, "decode_attention_backend", None) or attn
-    for what, name in (("--attention-backend", attn), ("prefill", pre), ("decode", dec)):
+    for what, name in (
+        ("attention backend (--attention-backend)", attn),
+        ("prefill attention backend (--prefill-attention-backend)", pre),
+        ("decode attention backend (--decode-attention-backend)", dec),
+    ):
         if name is not None and name != BACKEND:
             p.append(
-                f"{what} attention backend is {name!r}: only {BACKEND!r} reads the INT2 pool "
+                f"the {what} is {name!r}: only {BACKEND!r} reads the INT2 pool "
                 f"(stock kernels would read packed bytes as BF16). Drop the flag or set "
                 f"--attention-backend {BACKEND}."
             )

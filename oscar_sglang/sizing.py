@@ -54,6 +54,17 @@ def side_bytes_per_request(shape: ModelKVShape, sink: int, recent: int) -> int:
     )
 
 
+def kv_head_range(total_kv_heads: int, attn_tp_size: int, attn_tp_rank: int) -> tuple[int, int]:
+    """(first global KV head, number of local KV heads) of an attention-TP rank.
+
+    Mirrors QKVParallelLinear: with more ranks than KV heads, heads are replicated and rank r
+    holds head r // (tp / total); otherwise each rank holds total / tp consecutive heads.
+    """
+    local = max(1, total_kv_heads // attn_tp_size)
+    replicas = attn_tp_size // total_kv_heads if attn_tp_size >= total_kv_heads else 1
+    return (attn_tp_rank // replicas) * local, local
+
+
 class PoolSizingError(RuntimeError):
     pass
 
