@@ -239,13 +239,14 @@ def test_compose_environment_names_are_known_to_the_plugin():
 
 
 def test_compose_tensor_parallel_settings_interpolate_and_validate():
-    env = {"OSCAR_GPU_COUNT": "2", "OSCAR_TP_SIZE": "2", "OSCAR_MODEL": "/models/Qwen3-8B",
-           "OSCAR_ROTATION": "/rotations/qwen3-8b.safetensors", "OSCAR_HOST_PORT": "8080"}
+    env = {"GPU_COUNT": "2", "TP_SIZE": "2", "SERVE_ARGS": "--model-path /models/Qwen3-8B",
+           "OSCAR_ROTATION": "/rotations/qwen3-8b.safetensors", "HOST_PORT": "8080"}
     svc = _compose(env).to_dict()["services"]["oscar-sglang"]
     assert svc["deploy"]["resources"]["reservations"]["devices"][0]["count"] == 2
     command = svc["command"] if isinstance(svc["command"], str) else " ".join(svc["command"])
     words = shlex.split(command)
-    assert words[:2] == ["serve", "/models/Qwen3-8B"]
+    assert words[0] == "serve"
+    assert words[words.index("--model-path") + 1] == "/models/Qwen3-8B"
     assert words[words.index("--tp-size") + 1] == "2"
     assert any("8080" in str(p) for p in svc["ports"])
     environment = svc["environment"]
@@ -255,7 +256,7 @@ def test_compose_tensor_parallel_settings_interpolate_and_validate():
 def test_compose_validator_rejects_a_broken_file():
     from compose_spec import PyCompose
 
-    text = interpolate(COMPOSE.read_text(), {"OSCAR_GPU_COUNT": "lots"})
+    text = interpolate(COMPOSE.read_text(), {"GPU_COUNT": "lots"})
     with pytest.raises(Exception, match="count"):
         PyCompose.from_yaml(text)
     with pytest.raises(Exception, match="restart"):
@@ -284,5 +285,5 @@ def _docker_compose_available() -> bool:
 def test_docker_compose_config_accepts_the_file():
     res = subprocess.run(["docker", "compose", "-f", str(COMPOSE), "config", "--quiet"],
                          capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "OSCAR_GPU_COUNT": "1"})
+                         env={**os.environ, "GPU_COUNT": "1"})
     assert res.returncode == 0, res.stderr
