@@ -1,0 +1,207 @@
+"""Load generator for bench/serving.py: stream token-id requests to SGLang's /generate.
+
+One responsibility: send N requests at once (or one), timestamp every streamed chunk, and turn
+the timestamps into TTFT / TPOT / throughput. Prompts are random token ids, distinct per request,
+so the radix cache never shares a prefix between them (each request really holds its own KV).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import random
+import time
+from typing import List, Optional
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class RequestRecord:
+    prompt_len: int
+    sent: float
+    first_token: Optional[float] = None
+    finished: Optional[float] = None
+    output_tokens: int = 0
+    # (time, cumulative output tokens) per streamed chunk
+    chunks: List[tuple] = dataclasses.field(default_factory=list)
+    error: Optional[str] = None
+
+    @property
+    def ttft(self) -> float:
+        return self.first_token - self.sent
+
+    @property
+    def tpot(self) -> float:
+        """Mean time per output token after the first one."""
+        if self.output_tokens < 2:
+            return float("nan")
+        return (self.finished - self.first_token) / (self.output_tokens - 1)
+
+
+def random_prompts(n: int, length: int, vocab: int, seed: int) -> List[List[int]]:
+    """Distinct random prompts; token 0..999 and the top of the vocab are avoided (specials)."""
+    rng = random.Random(seed)
+    hi = vocab - 1000
+    return [[1000 + (i * 7919) % (hi - 1000)] + [rng.randrange(1000, hi) for _ in range(length - 1)]
+            for i in range(n)]
+
+
+async def _one(session, url: str, ids: List[int], out_len: int, rec: RequestRecord, tick) -> None:
+    payload = {
+        "input_ids": ids,
+        "sampling_params": {"max_new_tokens": out_len, "temperature": 0.0, "ignore_eos": True},
+        "stream": True,
+    }
+    rec.sent = time.perf_counter()
+    try:
+        async with session.post(url + "/generate", json=payload) as resp:
+            if resp.status != 200:
+                rec.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
+                return
+            buf = b""
+            async for piece in resp.content.iter_any():
+                buf += piece
+                while b"\n\n" in buf:
+                    event, buf = buf.split(b"\n\n", 1)
+                    line = event.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        continue
+                    now = time.perf_counter()
+                    msg = json.loads(data)
+                    if "error" in msg:
+                        rec.error = str(msg["error"])[:300]
+                        continue
+                    n = msg.get("meta_info", {}).get("completion_tokens")
+                    if n is None:
+                        n = len(msg.get("output_ids", []))
+                    if n > 0 and rec.first_token is None:
+                        rec.first_token = now
+                        tick(started=True)
+                    if n > rec.output_tokens:
+                        rec.output_tokens = n
+                        rec.chunks.append((now, n))
+    except Exception as e:  # a failed request is recorded, never silently counted
+        rec.error = f"{type(e).__name__}: {e}"
+    rec.finished = time.perf_counter()
+    tick(done=True)
+
+
+async def _run(url: str, prompts: List[List[int]], out_len: int, label: str,
+               timeout_s: float, on_first_token=None) -> List[RequestRecord]:
+    import aiohttp
+
+    records = [RequestRecord(prompt_len=len(p), sent=0.0) for p in prompts]
+    state = {"started": 0, "done": 0, "last": 0.0}
+    t0 = time.perf_counter()
+
+    def tick(started=False, done=False):
+        state["started"] += started
+        state["done"] += done
+        if started and on_first_token is not None:
+            on_first_token()
+        now = time.perf_counter()
+        if now - state["last"] > 10 or state["done"] == len(prompts):
+            state["last"] = now
+            print(f"    [{label}] {now - t0:6.1f} s: first token {state['started']}/{len(prompts)}, "
+                  f"finished {state['done']}/{len(prompts)}", flush=True)
+
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(timeout=timeout, connector=conn) as session:
+        await asyncio.gather(*[_one(session, url, p, out_len, r, tick)
+                               for p, r in zip(prompts, records)])
+    return records
+
+
+def run_requests(url: str, prompts: List[List[int]], out_len: int, label: str,
+                 timeout_s: float = 900.0, on_first_token=None) -> List[RequestRecord]:
+    """Send all prompts at once and wait for every one to finish."""
+    return asyncio.run(_run(url, prompts, out_len, label, timeout_s, on_first_token))
+
+
+def _pct(values, qs=(50, 90, 99)) -> dict:
+    v = np.asarray([x for x in values if x == x])
+    if v.size == 0:
+        return {f"p{q}": None for q in qs}
+    return {f"p{q}": float(np.percentile(v, q)) for q in qs}
+
+
+def max_concurrent_decoding(records: List[RequestRecord]) -> int:
+    """Largest number of requests that were between first token and finish at the same time."""
+    events = []
+    for r in records:
+        if r.first_token is not None and r.finished is not None:
+            events += [(r.first_token, 1), (r.finished, -1)]
+    best = cur = 0
+    for _, d in sorted(events, key=lambda e: (e[0], e[1])):
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def full_occupancy_decode(records: List[RequestRecord], min_span_s: float = 0.5) -> dict:
+    """Output rate in the longest stretch where the most requests were decoding together and none
+    started or finished (so no prefill ran in it): the decode throughput at full KV occupancy."""
+    events = sorted({t for r in records for t in (r.first_token, r.finished)})
+    best = None
+    peak = max_concurrent_decoding(records)
+    for a, b in zip(events, events[1:]):
+        mid = (a + b) / 2
+        live = sum(1 for r in records if r.first_token <= mid < r.finished)
+        if live == peak and (best is None or b - a > best[1] - best[0]):
+            best = (a, b)
+    if best is None or best[1] - best[0] < min_span_s:
+        return {"tok_s": None, "span_s": None, "requests": peak}
+    a, b = best
+    tokens = 0
+    for r in records:
+        prev = None
+        for t, n in r.chunks:
+            if a < t <= b and prev is not None:
+                tokens += n - prev
+            prev = n
+    return {"tok_s": tokens / (b - a), "span_s": b - a, "requests": peak}
+
+
+def summarize(records: List[RequestRecord]) -> dict:
+    ok = [r for r in records if r.error is None and r.first_token is not None]
+    errors = [r.error for r in records if r.error is not None]
+    if not ok:
+        return {"n": len(records), "ok": 0, "errors": errors[:5]}
+    t_start = min(r.sent for r in ok)
+    t_end = max(r.finished for r in ok)
+    out_tokens = sum(r.output_tokens for r in ok)
+    # Decode-phase throughput: output tokens after each request's first, over the span in which
+    # some request was decoding (prefill-only stretches at the start are excluded).
+    first_decode = min(r.first_token for r in ok)
+    decode_tokens = sum(max(r.output_tokens - 1, 0) for r in ok)
+    return {
+        "n": len(records),
+        "ok": len(ok),
+        "errors": errors[:5],
+        "duration_s": t_end - t_start,
+        "output_tokens": out_tokens,
+        "input_tokens": sum(r.prompt_len for r in ok),
+        "output_tok_s": out_tokens / (t_end - t_start),
+        "decode_span_s": t_end - first_decode,
+        "decode_tok_s": decode_tokens / max(t_end - first_decode, 1e-9),
+        "ttft_s": _pct([r.ttft for r in ok]),
+        "tpot_ms": {k: (v * 1e3 if v is not None else None)
+                    for k, v in _pct([r.tpot for r in ok]).items()},
+        "max_concurrent_decoding": max_concurrent_decoding(ok),
+        "full_occupancy_decode": full_occupancy_decode(ok),
+    }
+
+
+def inter_token_ms(record: RequestRecord) -> List[float]:
+    """Per-token gaps of one streamed request (ms), spreading multi-token chunks evenly."""
+    gaps = []
+    for (t0, n0), (t1, n1) in zip(record.chunks, record.chunks[1:]):
+        if n1 > n0:
+            gaps += [(t1 - t0) * 1e3 / (n1 - n0)] * (n1 - n0)
+    return gaps

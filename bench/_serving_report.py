@@ -1,0 +1,304 @@
+"""Render bench/serving.py results (results.json) as markdown tables and PNG plots.
+
+One responsibility: presentation. Tables are written between the markers
+`<!-- serving:auto:start -->` and `<!-- serving:auto:end -->` inside the "## Serving" section of
+docs/benchmarks.md, so hand-written analysis around them survives a re-render.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List, Optional
+
+START, END = "<!-- serving:auto:start -->", "<!-- serving:auto:end -->"
+SECTION = "## Serving"
+
+
+def _load(paths: List[Path]) -> dict:
+    """Merge result files; a later file's (model, config) entry replaces an earlier one."""
+    merged = {"metas": [], "runs": {}}
+    for p in paths:
+        d = json.loads(Path(p).read_text())
+        merged["metas"].append(d["meta"])
+        for key, run in d["runs"].items():
+            run = dict(run, _date=d["meta"]["date_utc"])
+            merged["runs"][key] = run
+    return merged
+
+
+def _f(x, fmt="{:.2f}", none="–"):
+    return none if x is None else fmt.format(x)
+
+
+def _order(runs: dict) -> List[tuple]:
+    pref = {"bf16": 0, "bf16-splits64": 1, "flashinfer": 2, "int2": 3}
+    keys = sorted(runs, key=lambda k: (k.split("/")[0], pref.get(k.split("/")[1], 9)))
+    return [(k.split("/")[0], k.split("/")[1], runs[k]) for k in keys]
+
+
+def capacity_table(runs: dict) -> str:
+    rows = ["| model | config | KV tokens | vs BF16 | 32K+256 requests that fit | "
+            "measured max concurrent (load) | server start (s) |",
+            "|---|---|---:|---:|---:|---:|---:|"]
+    for model, cfg, r in _order(runs):
+        c = r.get("capacity")
+        if not c:
+            continue
+        base = runs.get(f"{model}/bf16", {}).get("capacity", {}).get("max_total_num_tokens")
+        ratio = c["max_total_num_tokens"] / base if base else None
+        conc = [t.get("max_concurrent_decoding") for k, t in r.get("throughput", {}).items()
+                if k.split("x")[1] == "32768"]
+        rows.append(f"| {model} | {cfg} | {c['max_total_num_tokens']:,} | {_f(ratio, '{:.2f}x')} "
+                    f"| {c['fit_32k_requests']} | {_f(conc[0] if conc else None, '{}')} "
+                    f"| {_f(c.get('startup_s'), '{:.0f}')} |")
+    return "\n".join(rows)
+
+
+def latency_table(runs: dict) -> str:
+    rows = ["| model | config | context | TTFT (s) | TPOT median (ms) | TPOT p90 (ms) | "
+            "vs BF16 | CUDA graph |", "|---|---|---:|---:|---:|---:|---:|---|"]
+    for model, cfg, r in _order(runs):
+        for ctx, v in sorted(r.get("latency", {}).items(), key=lambda kv: int(kv[0])):
+            if "error" in v:
+                rows.append(f"| {model} | {cfg} | {ctx} | failed: {v['error'][:60]} |||||")
+                continue
+            base = runs.get(f"{model}/bf16", {}).get("latency", {}).get(ctx, {})
+            sp = (base.get("tpot_ms_median") / v["tpot_ms_median"]
+                  if base.get("tpot_ms_median") and v.get("tpot_ms_median") else None)
+            rows.append(f"| {model} | {cfg} | {int(ctx) // 1024}K | {_f(v['ttft_s'])} | "
+                        f"{_f(v['tpot_ms_median'])} | {_f(v['tpot_ms_p90'])} | "
+                        f"{_f(sp, '{:.2f}x')} | {v.get('cuda_graph')} |")
+    return "\n".join(rows)
+
+
+def throughput_table(runs: dict) -> str:
+    rows = ["| model | load (N x prompt x output) | config | ok | duration (s) | output tok/s | "
+            "decode tok/s at full occupancy (requests) | TTFT p50 / p90 / p99 (s) | "
+            "TPOT p50 / p90 / p99 (ms) | max concurrent |",
+            "|---|---|---|---:|---:|---:|---:|---|---|---:|"]
+    for model, cfg, r in _order(runs):
+        for load, s in r.get("throughput", {}).items():
+            if not s.get("ok"):
+                rows.append(f"| {model} | {load} | {cfg} | 0/{s.get('n')} | failed: "
+                            f"{str(s.get('errors'))[:80]} ||||||")
+                continue
+            fo = s.get("full_occupancy_decode") or {}
+            t, p = s["ttft_s"], s["tpot_ms"]
+            rows.append(
+                f"| {model} | {load} | {cfg} | {s['ok']}/{s['n']} | {s['duration_s']:.0f} | "
+                f"{s['output_tok_s']:.0f} | {_f(fo.get('tok_s'), '{:.0f}')} ({fo.get('requests')}) | "
+                f"{_f(t['p50'], '{:.1f}')} / {_f(t['p90'], '{:.1f}')} / {_f(t['p99'], '{:.1f}')} | "
+                f"{_f(p['p50'], '{:.0f}')} / {_f(p['p90'], '{:.0f}')} / {_f(p['p99'], '{:.0f}')} | "
+                f"{s['max_concurrent_decoding']} |")
+    return "\n".join(rows)
+
+
+def _recategorize(a: dict) -> dict:
+    """Apply the current kernel-name rules to results analysed with older ones (top kernels)."""
+    from _serving_trace import categorize
+
+    cats = dict(a["category_ms"])
+    for k in a.get("top_kernels", []):
+        new = categorize(k["name"])
+        if new != k["category"]:
+            cats[k["category"]] = cats.get(k["category"], 0.0) - k["ms_per_step"]
+            cats[new] = cats.get(new, 0.0) + k["ms_per_step"]
+            k["category"] = new
+    a["category_ms"] = cats
+    return a
+
+
+def _attr_rows(model, cfg, where, ctx, a) -> Optional[str]:
+    if not a or "error" in a:
+        return None
+    a = _recategorize(a)
+    c = a["category_ms"]
+    rest = sum(v for k, v in c.items() if k != "attention")
+    return (f"| {model} | {cfg} | {where} | {ctx} | {a['step_period_ms']:.2f} | "
+            f"{c.get('attention', 0):.2f} | {c.get('gemm', 0):.2f} | {rest - c.get('gemm', 0):.2f} | "
+            f"{a['gpu_idle_ms']:.2f} | {a['graph_launches_per_step']:.0f} |")
+
+
+def attribution_table(runs: dict) -> str:
+    rows = ["| model | config | where | context | step (ms) | attention (ms) | GEMM (ms) | "
+            "other kernels (ms) | GPU idle (ms) | graph launches/step |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for model, cfg, r in _order(runs):
+        for ctx, a in sorted(r.get("attribution", {}).items(), key=lambda kv: int(kv[0])):
+            row = _attr_rows(model, cfg, "server", f"{int(ctx) // 1024}K", a)
+            if row:
+                rows.append(row)
+        ob = r.get("one_batch") or {}
+        for run, a in zip(ob.get("runs", []), ob.get("attribution", [])):
+            row = _attr_rows(model, cfg, "bench_one_batch", f"{run['input_len'] // 1024}K", a)
+            if row:
+                rows.append(row)
+    return "\n".join(rows)
+
+
+def top_kernels(runs: dict, limit: int = 6) -> str:
+    out = []
+    for model, cfg, r in _order(runs):
+        for ctx, a in sorted(r.get("attribution", {}).items(), key=lambda kv: int(kv[0])):
+            if not a or "error" in a:
+                continue
+            ks = "; ".join(f"`{k['name'][:60]}` {k['ms_per_step']:.2f} ms" for k in
+                           a["top_kernels"][:limit])
+            out.append(f"- {model} / {cfg} / {int(ctx) // 1024}K: {ks}")
+    return "\n".join(out)
+
+
+def targets(runs: dict) -> str:
+    """The issue's acceptance targets, computed where both sides were measured."""
+    rows = ["| target | measured | met |", "|---|---|---|"]
+    for model in sorted({k.split("/")[0] for k in runs}):
+        b, i = runs.get(f"{model}/bf16"), runs.get(f"{model}/int2")
+        if not (b and i):
+            continue
+        if b.get("capacity") and i.get("capacity"):
+            ratio = i["capacity"]["max_total_num_tokens"] / b["capacity"]["max_total_num_tokens"]
+            rows.append(f"| {model}: int2 >= 6.5x KV tokens | {ratio:.2f}x | "
+                        f"{'yes' if ratio >= 6.5 else 'no'} |")
+        for load in sorted(set(b.get("throughput", {})) & set(i.get("throughput", {}))):
+            bs, is_ = b["throughput"][load], i["throughput"][load]
+            if bs.get("ok") and is_.get("ok"):
+                r1 = is_["output_tok_s"] / bs["output_tok_s"]
+                rows.append(f"| {model} {load}: int2 >= 3x output tok/s (end to end) | {r1:.2f}x | "
+                            f"{'yes' if r1 >= 3 else 'no'} |")
+                fb = (bs.get("full_occupancy_decode") or {}).get("tok_s")
+                fi = (is_.get("full_occupancy_decode") or {}).get("tok_s")
+                if fb and fi:
+                    r2 = fi / fb
+                    rows.append(f"| {model} {load}: decode tok/s at full occupancy | {r2:.2f}x | "
+                                f"{'yes' if r2 >= 3 else 'no'} (same 3x bar) |")
+        for ctx, rule in (("32768", "no worse"), ("131072", "better")):
+            lb = b.get("latency", {}).get(ctx, {}).get("tpot_ms_median")
+            li = i.get("latency", {}).get(ctx, {}).get("tpot_ms_median")
+            if lb and li:
+                ok = li <= lb * 1.02 if rule == "no worse" else li < lb
+                rows.append(f"| {model}: batch-1 TPOT at {int(ctx) // 1024}K {rule} than BF16 | "
+                            f"int2 {li:.2f} ms vs BF16 {lb:.2f} ms | {'yes' if ok else 'no'} |")
+    return "\n".join(rows) if len(rows) > 2 else "(needs bf16 and int2 in the same results)"
+
+
+def plots(runs: dict, img_dir: Path) -> List[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plots")
+        return []
+    img_dir.mkdir(parents=True, exist_ok=True)
+    made = []
+    # 1. batch-1 TPOT vs context
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for model, cfg, r in _order(runs):
+        pts = sorted((int(c), v["tpot_ms_median"]) for c, v in r.get("latency", {}).items()
+                     if v.get("tpot_ms_median"))
+        if pts:
+            ax.plot([p[0] / 1024 for p in pts], [p[1] for p in pts], marker="o",
+                    label=f"{model} {cfg}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context (K tokens)")
+    ax.set_ylabel("batch-1 TPOT (ms)")
+    ax.set_title("Decode latency at batch 1 (lower is better)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(img_dir / "serving_latency.png", dpi=120)
+    plt.close(fig)
+    made.append("serving_latency.png")
+    # 2. decode step attribution (stacked)
+    bars = []
+    for model, cfg, r in _order(runs):
+        for ctx, a in sorted(r.get("attribution", {}).items(), key=lambda kv: int(kv[0])):
+            if a and "error" not in a:
+                c = _recategorize(a)["category_ms"]
+                att, gemm = c.get("attention", 0), c.get("gemm", 0)
+                other = sum(c.values()) - att - gemm
+                bars.append((f"{model}\n{cfg} {int(ctx) // 1024}K", att, gemm, other,
+                             max(a["gpu_idle_ms"], 0)))
+    if bars:
+        fig, ax = plt.subplots(figsize=(max(6.4, 1.1 * len(bars)), 4))
+        x = range(len(bars))
+        bottom = [0.0] * len(bars)
+        for j, (name, color) in enumerate((("attention", "tab:red"), ("GEMM", "tab:blue"),
+                                           ("other kernels", "tab:gray"),
+                                           ("GPU idle", "tab:olive")), start=1):
+            vals = [b[j] for b in bars]
+            ax.bar(x, vals, bottom=bottom, label=name, color=color)
+            bottom = [u + v for u, v in zip(bottom, vals)]
+        ax.set_xticks(list(x), [b[0] for b in bars], fontsize=7)
+        ax.set_ylabel("ms per decode step (batch 1)")
+        ax.set_title("Where a batch-1 decode step goes (server, torch.profiler)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(img_dir / "serving_attribution.png", dpi=120)
+        plt.close(fig)
+        made.append("serving_attribution.png")
+    # 3. capacity
+    caps = [(f"{m}\n{c}", r["capacity"]["max_total_num_tokens"]) for m, c, r in _order(runs)
+            if r.get("capacity")]
+    if caps:
+        fig, ax = plt.subplots(figsize=(max(6.4, 1.1 * len(caps)), 4))
+        ax.bar(range(len(caps)), [c[1] / 1e3 for c in caps], color="tab:green")
+        ax.set_xticks(range(len(caps)), [c[0] for c in caps], fontsize=7)
+        ax.set_ylabel("KV cache capacity (K tokens)")
+        ax.set_title("KV tokens at the same --mem-fraction-static")
+        fig.tight_layout()
+        fig.savefig(img_dir / "serving_capacity.png", dpi=120)
+        plt.close(fig)
+        made.append("serving_capacity.png")
+    return made
+
+
+def markdown(merged: dict, images: List[str]) -> str:
+    runs = merged["runs"]
+    lines = []
+    for m in merged["metas"]:
+        lines.append(f"- Run {m['date_utc']} UTC on {m['gpu']}, `--mem-fraction-static "
+                     f"{m['mem_fraction_static']}`: `python {' '.join(m['argv'])}`")
+    lines += ["", "**Capacity**", "", capacity_table(runs), "",
+              "**Batch-1 decode latency** (one request, streamed; TPOT = median gap between tokens "
+              "after the 5th)", "", latency_table(runs), "",
+              "**Throughput under a memory-saturating load** (all requests sent at t=0)", "",
+              throughput_table(runs), "",
+              "**Decode-step attribution at batch 1** (torch.profiler; kernels grouped by name; "
+              "GPU idle = step period minus kernel time)", "", attribution_table(runs), "",
+              "Top kernels per step:", "", top_kernels(runs), "",
+              "**Targets**", "", targets(runs), ""]
+    for img in images:
+        lines.append(f"![{img}](img/{img})")
+    return "\n".join(lines) + "\n"
+
+
+def update_doc(doc: Path, body: str) -> None:
+    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
+    block = f"{START}\n{body}{END}"
+    if START in text and END in text:
+        a, b = text.index(START), text.index(END) + len(END)
+        text = text[:a] + block + text[b:]
+    elif SECTION in text:
+        a = text.index(SECTION)
+        nxt = text.find("\n## ", a + len(SECTION))
+        insert_at = len(text) if nxt < 0 else nxt + 1
+        text = text[:insert_at].rstrip("\n") + "\n\n" + block + "\n" + (
+            "\n" + text[insert_at:] if nxt >= 0 else "")
+    else:
+        text = text.rstrip("\n") + f"\n\n{SECTION}\n\n{block}\n"
+    doc.write_text(text)
+
+
+def render(results: Path, img_dir: Path, doc: Optional[str], baseline: Optional[str]) -> int:
+    paths = ([Path(baseline)] if baseline else []) + [results]
+    merged = _load(paths)
+    images = plots(merged["runs"], img_dir)
+    body = markdown(merged, images)
+    print(body)
+    if doc:
+        update_doc(Path(doc), body)
+        print(f"updated {doc}")
+    return 0

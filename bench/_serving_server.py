@@ -1,0 +1,183 @@
+"""Launch and stop one SGLang server for bench/serving.py, and read what its log says.
+
+One responsibility: turn a (model, configuration) pair into a running
+`python -m sglang.launch_server` on 127.0.0.1, wait until it answers, and shut it down again.
+The flags are the devkit ones (dummy weights, no tokenizer in the request path) so that the
+numbers measure the serving engine, not tokenisation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Dict, List, Optional
+
+# Server flags shared by every configuration (see ../shared/devkit/README.md for why each is there).
+COMMON_FLAGS = [
+    "--load-format", "dummy",
+    "--skip-tokenizer-init",
+    "--sampling-backend", "pytorch",
+    "--grammar-backend", "none",
+    "--disable-prefill-cuda-graph",
+    "--host", "127.0.0.1",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingConfig:
+    """One KV-cache / attention configuration under test."""
+
+    name: str
+    label: str
+    args: List[str]
+    env: Dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+# `int2` is the oscar_sglang plugin (entry point loaded by stock SGLang); its tuning knobs are
+# environment variables documented in docs/serving.md, passed with --int2-env KEY=VAL.
+CONFIGS: Dict[str, ServingConfig] = {
+    "bf16": ServingConfig("bf16", "BF16 KV, triton", ["--attention-backend", "triton"]),
+    # Same kernel with more KV splits: at batch 1 the default 8 splits leave most SMs idle.
+    "bf16-splits64": ServingConfig(
+        "bf16-splits64", "BF16 KV, triton, 64 KV splits",
+        ["--attention-backend", "triton", "--triton-attention-num-kv-splits", "64"],
+    ),
+    "flashinfer": ServingConfig(
+        "flashinfer", "BF16 KV, flashinfer", ["--attention-backend", "flashinfer"]
+    ),
+    "int2": ServingConfig(
+        "int2",
+        "INT2 KV, oscar_triton",
+        ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton"],
+    ),
+}
+
+
+def server_command(model_dir: Path, tokenizer_dir: Path, config: ServingConfig, port: int,
+                   mem_fraction: float, extra: List[str]) -> List[str]:
+    return [
+        sys.executable, "-m", "sglang.launch_server",
+        "--model-path", str(model_dir),
+        "--tokenizer-path", str(tokenizer_dir),
+        "--mem-fraction-static", str(mem_fraction),
+        "--port", str(port),
+        *COMMON_FLAGS, *config.args, *extra,
+    ]
+
+
+def _get_json(url: str, timeout: float = 10.0):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.loads(r.read().decode())
+
+
+def post_json(url: str, payload: dict, timeout: float = 60.0):
+    req = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        body = r.read().decode()
+    try:
+        return json.loads(body)
+    except json.JSONDecodeError:
+        return body
+
+
+class ServerProcess:
+    """A launched server; use as a context manager so it is always stopped."""
+
+    def __init__(self, cmd: List[str], env: Dict[str, str], log_path: Path, port: int):
+        self.cmd, self.log_path, self.port = cmd, log_path, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.env = {**os.environ, **env}
+        self.proc: Optional[subprocess.Popen] = None
+        self.startup_s: Optional[float] = None
+
+    def __enter__(self) -> "ServerProcess":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "w")
+        self._log.write("$ " + shlex.join(self.cmd) + "\n")
+        self._log.flush()
+        # New session: the server spawns scheduler/detokenizer children; we stop the whole group.
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=self.env, start_new_session=True)
+        return self
+
+    def wait_ready(self, timeout_s: float = 420.0) -> None:
+        t0 = time.time()
+        last_print = 0.0
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with code {self.proc.returncode} during "
+                                   f"startup; last log lines:\n{self.tail(40)}")
+            try:
+                _get_json(self.url + "/server_info", timeout=5)
+                self.startup_s = time.time() - t0
+                print(f"  server ready after {self.startup_s:.0f} s", flush=True)
+                return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError,
+                    OSError):
+                pass
+            if time.time() - t0 > timeout_s:
+                raise RuntimeError(f"server not ready after {timeout_s:.0f} s; log tail:\n"
+                                   f"{self.tail(40)}")
+            if time.time() - last_print > 20:
+                last_print = time.time()
+                print(f"  waiting for server ({time.time() - t0:.0f} s) ...", flush=True)
+            time.sleep(2)
+
+    def server_info(self) -> dict:
+        return _get_json(self.url + "/server_info", timeout=30)
+
+    def tail(self, n: int) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=30)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait(timeout=30)
+        self._log.close()
+        time.sleep(3)  # let the GPU memory of the dead scheduler be released
+
+
+_DECODE_LINE = re.compile(r"Decode batch.*?#running-req: (\d+).*?cuda graph: (\w+)"
+                          r".*?gen throughput \(token/s\): ([\d.]+)")
+
+
+def parse_decode_log(text: str) -> List[dict]:
+    """The periodic 'Decode batch' lines: running requests, CUDA graph on/off, gen throughput."""
+    out = []
+    for m in _DECODE_LINE.finditer(text):
+        out.append({"running": int(m.group(1)), "cuda_graph": m.group(2) == "True",
+                    "gen_tok_s": float(m.group(3))})
+    return out
+
+
+def log_slice(path: Path, start: int) -> str:
+    """Text appended to the log since byte offset `start`."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        return f.read().decode(errors="replace")
+
+
+def log_size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
