@@ -52,6 +52,11 @@ CONFIGS: Dict[str, ServingConfig] = {
         "bf16-splits64", "BF16 KV, triton, 64 KV splits",
         ["--attention-backend", "triton", "--triton-attention-num-kv-splits", "64"],
     ),
+    "int2-splits64": ServingConfig(
+        "int2-splits64", "INT2 KV, oscar_triton, 64 KV splits",
+        ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton",
+         "--triton-attention-num-kv-splits", "64"],
+    ),
     "flashinfer": ServingConfig(
         "flashinfer", "BF16 KV, flashinfer", ["--attention-backend", "flashinfer"]
     ),

@@ -24,9 +24,10 @@ import numpy as np
 CATEGORIES = [
     # before "attention": flashinfer's RMSNorm kernels would otherwise match "flash"
     ("norm_rope_act", re.compile(r"norm|rope|rotary|silu|act_and_mul|gelu|swiglu", re.I)),
-    ("attention", re.compile(r"_fwd_|stage[12]|attn|attention|flash|decode_att|oscar.*(decode|att)",
-                             re.I)),
-    ("kv_write", re.compile(r"set_kv|store_kv|kv_buffer|store_cache|quantiz|int2.*store", re.I)),
+    # SGLang triton decode/extend kernels, flashinfer, and oscar_kernels' attend/merge kernels
+    ("attention", re.compile(r"_fwd_|stage[12]|attn|attention|attend|merge_splits|flash", re.I)),
+    # KV-cache writes: SGLang's set_kv_buffer copies, oscar_kernels' quantise-and-store kernel
+    ("kv_write", re.compile(r"set_kv|store_kv|_store_kernel|kv_buffer|store_cache|quantiz", re.I)),
     ("gemm", re.compile(r"gemm|gemv|nvjet|cutlass|xmma|cublas|matmul|splitk|sm90_|sm80_", re.I)),
     ("sampling", re.compile(r"sort|softmax|multinomial|argmax|argmin|topk|cumsum|exponential|"
                             r"distribution|philox|random|max_|reduce", re.I)),

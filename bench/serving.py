@@ -111,7 +111,8 @@ def part_latency(server, rec: dict, contexts: List[int], out_len: int, vocab: in
     rec.setdefault("latency", {})
     for ctx in contexts:
         off = log_size(server.log_path)
-        prompt = random_prompts(1, ctx - out_len, vocab, seed=ctx)[0]
+        # prompt + output stays a few tokens inside the context window (SGLang rejects == limit)
+        prompt = random_prompts(1, ctx - out_len - 8, vocab, seed=ctx)[0]
         r = run_requests(server.url, [prompt], out_len, f"batch-1 {ctx // 1024}K")[0]
         if r.error or r.first_token is None:
             rec["latency"][str(ctx)] = {"error": r.error or "no token"}
@@ -159,7 +160,7 @@ def part_attribution(server, rec: dict, contexts: List[int], vocab: int, out_dir
     for ctx in contexts:
         prof_dir = out_dir / "traces" / f"{tag}_{ctx}"
         prof_dir.mkdir(parents=True, exist_ok=True)
-        prompt = random_prompts(1, ctx - 300, vocab, seed=ctx + 1)[0]
+        prompt = random_prompts(1, ctx - 308, vocab, seed=ctx + 1)[0]
         decoding = threading.Event()
         th = threading.Thread(target=run_requests, args=(server.url, [prompt], 300,
                               f"profile {ctx // 1024}K"), kwargs={"on_first_token": decoding.set})
@@ -225,7 +226,7 @@ def part_one_batch(model_dir: Path, tok_dir: Path, config, rec: dict, contexts: 
     prof_dir.mkdir(parents=True, exist_ok=True)
     result_file = out_dir / f"{tag}_one_batch.jsonl"
     launcher = [sys.executable, "-m", "sglang.bench_one_batch"]
-    if config.name == "int2":  # bench_one_batch parses args before plugins load (integration map §1.2)
+    if config.name.startswith("int2"):  # bench_one_batch parses args before plugins load (integration map §1.2)
         launcher = ["oscar-sglang", "run", "sglang.bench_one_batch"]
     cmd = launcher + [
         "--model-path", str(model_dir), "--tokenizer-path", str(tok_dir),
@@ -275,7 +276,11 @@ def cmd_run(args) -> int:
     for c in configs:
         if c not in CONFIGS:
             raise SystemExit(f"unknown config {c!r}; choose from {', '.join(CONFIGS)}")
-    parts = set(args.parts.split(","))
+    default_parts = set(args.parts.split(","))
+    part_overrides = {}  # "config" or "model/config" -> parts
+    for item in args.config_parts:
+        key, _, val = item.partition("=")
+        part_overrides[key] = set(filter(None, val.split(",")))
     extra_env = dict(kv.split("=", 1) for kv in args.int2_env)
     meta = {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
@@ -288,17 +293,20 @@ def cmd_run(args) -> int:
     for model in args.models.split(","):
         cfg = _model_config(model)
         vocab, max_pos = cfg["vocab_size"], cfg["max_position_embeddings"]
-        lat_ctx = [c for c in _ints(args.latency_contexts) if c + 1 <= max_pos]
-        prof_ctx = [c for c in _ints(args.profile_contexts) if c + 1 <= max_pos]
+        lat_ctx = [c for c in _ints(args.latency_contexts) if c <= max_pos]
+        prof_ctx = [c for c in _ints(args.profile_contexts) if c <= max_pos]
         loads = [ld for ld in _parse_loads(args.loads) if ld[1] + ld[2] <= max_pos] \
             if model in args.throughput_models.split(",") else []
         for name in configs:
             config = CONFIGS[name]
+            parts = part_overrides.get(f"{model}/{name}", part_overrides.get(name, default_parts))
+            if not parts:
+                continue
             rec = res.run(model, name)
             tag = f"{model}_{name}"
             print(f"\n=== {model} / {config.label}  (t+{time.time() - t_begin:.0f} s)", flush=True)
             env = dict(config.env)
-            if name == "int2":
+            if name.startswith("int2"):
                 env.update(extra_env)
             extra = list(args.server_arg)
             if "server" in parts or parts & {"capacity", "latency", "attribution", "throughput"}:
@@ -314,11 +322,16 @@ def cmd_run(args) -> int:
                             "max_total_num_tokens", "max_running_requests", "chunked_prefill_size",
                             "cuda_graph_max_bs", "context_length", "kv_cache_dtype",
                             "attention_backend", "disable_overlap_schedule", "page_size")}
+                        states = info.get("internal_states") or [{}]
+                        if isinstance(states[0], dict) and "oscar_int2" in states[0]:
+                            rec["oscar_int2"] = states[0]["oscar_int2"]  # plugin's own report
                         part_capacity(server, info, rec, max_pos)
                         res.save()
-                        # warm-up (JIT / first-call costs stay out of the numbers)
-                        from _serving_client import random_prompts, run_requests
-                        run_requests(server.url, random_prompts(2, 1024, vocab, 0), 16, "warm-up")
+                        if parts & {"latency", "attribution", "throughput"}:
+                            # warm-up (JIT / first-call costs stay out of the numbers)
+                            from _serving_client import random_prompts, run_requests
+                            run_requests(server.url, random_prompts(2, 1024, vocab, 0), 16,
+                                         "warm-up")
                         if "latency" in parts and lat_ctx:
                             part_latency(server, rec, lat_ctx, args.latency_output, vocab)
                             res.save()
@@ -357,12 +370,15 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="launch servers and measure (GPU machine)")
     r.add_argument("--configs", default="bf16",
-                   help="comma list of: bf16, bf16-splits64, int2, flashinfer (first = baseline)")
+                   help="comma list of: bf16, bf16-splits64, int2, int2-splits64, flashinfer")
     r.add_argument("--models", default="qwen3-8b,llama31-8b",
                    help="devkit model folders under .devkit/models (dummy weights)")
     r.add_argument("--tokenizer", default="smollm2-135m")
     r.add_argument("--parts", default="capacity,latency,attribution,throughput",
                    help="comma list of: capacity, latency, attribution, throughput, one_batch")
+    r.add_argument("--config-parts", action="append", default=[], metavar="[MODEL/]CONFIG=PARTS",
+                   help="parts for one configuration instead of --parts, e.g. "
+                        "bf16-splits64=latency or qwen3-8b/int2=capacity (empty = skip it)")
     r.add_argument("--mem-fraction-static", type=float, default=0.85)
     r.add_argument("--latency-contexts", default="8192,32768,131072",
                    help="batch-1 contexts (prompt + output); those above the model's limit are skipped")
