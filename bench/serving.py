@@ -361,7 +361,7 @@ def cmd_run(args) -> int:
 def cmd_report(args) -> int:
     from _serving_report import render
 
-    return render(Path(args.results), Path(args.img_dir), args.update_doc, args.baseline_results)
+    return render([Path(p) for p in args.results], Path(args.img_dir), args.update_doc)
 
 
 def main(argv=None) -> int:
@@ -399,9 +399,8 @@ def main(argv=None) -> int:
     r.add_argument("--out", default="bench_out/serving")
     r.set_defaults(func=cmd_run)
     q = sub.add_parser("report", help="markdown tables + PNG plots from results.json")
-    q.add_argument("results")
-    q.add_argument("--baseline-results", default=None,
-                   help="optional second results.json merged in (e.g. a BF16-only run)")
+    q.add_argument("results", nargs="+",
+                   help="results.json files, merged in order (a later (model, config) entry wins)")
     q.add_argument("--img-dir", default=str(ROOT / "docs" / "img"))
     q.add_argument("--update-doc", default=None,
                    help="replace the '## Serving' section of this markdown file")
