@@ -52,9 +52,10 @@ def store_kv(
     in BF16 to sink[r, p] if p < S, and to ring[r, p % W] if p >= token_seq_lens - W
     (token_seq_lens[t] = length of the token's request after this forward).
     """
+    args = dict(locals())  # before the import below adds a local
     from .triton import store as _store
 
-    return _store.store_kv(**locals())
+    return _store.store_kv(**args)
 
 
 def decode_attention(
@@ -77,7 +78,7 @@ def decode_attention(
     v_group: int,
     sm_scale: float,
     num_kv_splits: torch.Tensor | None = None,
-    max_kv_splits: int = 16,
+    max_kv_splits: int | None = None,
     attn_logits: torch.Tensor | None = None,
     attn_lse: torch.Tensor | None = None,
     logit_cap: float = 0.0,
@@ -85,13 +86,21 @@ def decode_attention(
     """One query token per request over sink + INT2 body + ring; split-K with an LSE reduction.
 
     q [B, Hq, D] (rotated), o [B, Hq, Dv] written in place and returned. GQA-aware: each K/V byte
-    is read once per KV head. num_kv_splits [B] int32 (<= max_kv_splits) or None (heuristic);
-    attn_logits [B, Hq, max_kv_splits, Dv] f32 and attn_lse [B, Hq, max_kv_splits] f32 are
-    scratch (allocated if None; pass them under CUDA graphs).
+    is read once per KV head. attn_logits [B, Hq, max_kv_splits, Dv] f32 and
+    attn_lse [B, Hq, max_kv_splits] f32 are scratch (allocated if None; pass them under CUDA graphs).
+
+    Splits: split 0 of a request reads its BF16 sink + ring, splits 1..n-1 share its INT2 body.
+    num_kv_splits [B] int32: n per request, clamped to [2, max_kv_splits]; None (recommended):
+    n is derived in-kernel from the request length (>= 256 INT2 keys per split), no host sync.
+    max_kv_splits: None = attn_logits.shape[2] if given, else a default that gives every SM a few
+    programs for this batch size (decode.default_max_splits; 65 at B=1, Hkv=8 on an H100).
+    Small batches need many splits to fill the GPU: size the scratch with max_kv_splits >= 33 for
+    B * Hkv <= 16. (Changed compatibly: the default was 16.)
     """
+    args = dict(locals())  # before the import below adds a local
     from .triton import decode as _decode
 
-    return _decode.decode_attention(**locals())
+    return _decode.decode_attention(**args)
 
 
 def extend_prefix_attention(
@@ -115,6 +124,8 @@ def extend_prefix_attention(
     sm_scale: float,
     max_len_extend: int,
     logit_cap: float = 0.0,
+    o: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """E_b new query tokens of each request against its cached prefix (no mask).
 
@@ -122,7 +133,9 @@ def extend_prefix_attention(
     request b = kv_indptr[b]:kv_indptr[b+1] (its length is the reader's len for the source rule).
     Returns (o [T, Hq, Dv] float32, lse [T, Hq] float32, natural log); a request with an empty
     prefix gets o = 0, lse = -inf, so the caller can merge with attention over the new tokens.
+    o / lse (optional, added compatibly): preallocated float32 outputs to write into.
     """
+    args = dict(locals())  # before the import below adds a local
     from .triton import extend_prefix as _ext
 
-    return _ext.extend_prefix_attention(**locals())
+    return _ext.extend_prefix_attention(**args)

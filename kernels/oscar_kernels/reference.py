@@ -167,3 +167,36 @@ def merge_attention_states(o_a, lse_a, o_b, lse_b):
     wa = torch.exp(lse_a - lse).unsqueeze(-1)
     wb = torch.exp(lse_b - lse).unsqueeze(-1)
     return o_a * wa + o_b * wb, lse
+
+
+# --------------------------------------------------------------------------------------------
+# Pool readers: what a kernel sees for one request of a paged pool (oracle of the kernel tests)
+# --------------------------------------------------------------------------------------------
+
+
+def pool_request_kv(
+    codes: torch.Tensor,
+    params: torch.Tensor,
+    sink: torch.Tensor,
+    ring: torch.Tensor,
+    slots: torch.Tensor,
+    row: int,
+    own_start: int,
+    fmt: Int2Format,
+) -> torch.Tensor:
+    """Effective float32 K (or V) [len, H, D] of one request read from pool tensors.
+
+    codes [N, H, D//4], params [N, H, D//G, 2], sink [R, S, H, D], ring [R, W, H, D] (BF16);
+    slots [len]: the request's kv_indices in position order; row: its side-buffer row. Position p
+    is read from sink[row, p], ring[row, p % W] or dequantize(codes/params[slots[p]]) by the rule
+    of source_masks (len = the reader's kv length).
+    """
+    L = slots.shape[0]
+    S, W = sink.shape[1], ring.shape[1]
+    slots = slots.long()
+    out = dequantize(codes[slots], params[slots], fmt)
+    is_sink, is_ring, _ = source_masks(L, S, W, own_start, device=codes.device)
+    p = torch.arange(L, device=codes.device)
+    out[is_sink] = sink[row, p[is_sink]].float()
+    out[is_ring] = ring[row, p[is_ring] % W].float()
+    return out

@@ -1,0 +1,378 @@
+"""Stage-1 attention kernel shared by decode and extend-prefix.
+
+One program = (request b, KV head h, block of query rows, split s). Query rows are the
+(token, query head) pairs of request b that read KV head h: row m -> token m // GQA, head
+h * GQA + m % GQA. Decode has one token (rows = the GQA group, padded to >= 16 for tl.dot), so each
+K/V byte is read once per KV head, not once per query head.
+
+Key positions 0..len-1 of the request come from three sources (rule of reference.source_masks):
+  sink [sink_lo, sink_hi)   BF16, sink[row, p]
+  ring [ring_lo, len)       BF16, ring[row, p % W]
+  INT2 the rest             packed codes + (scale, min) of slot kv_indices[kv_start + p]
+Each source has its own loop, so the hot INT2 loop has no per-element source selection. The INT2
+positions are [0, sink_lo) u [sink_hi, ring_lo); they are walked as one "virtual" index range
+i in [0, n_int2) with p = i + hole * (i >= sink_lo).
+
+INT2 scores fold the affine dequantisation into the dot product (exact algebra):
+  q . k_hat = sum_groups  scale_g * (q_g . codes_g) + min_g * sum(q_g)
+so K codes go to the tensor cores as small integers (exact in bf16/fp16) and the scale multiplies
+a [rows, BLOCK_N] tile instead of a [BLOCK_N, D] one. Likewise for V:
+  p @ v_hat = (p * scale_g) @ codes_g + (p @ min_g)
+This needs every quarter (D/4 dims) to lie inside one group (G >= D/4); the only other supported
+case (D=256, G=32) dequantises explicitly (FOLD=False).
+
+Decode (SPLIT=True): split 0 does the BF16 sink + ring, splits 1..n-1 cut the INT2 range into
+equal BLOCK_N-aligned chunks. Extend (SPLIT=False): one program does all three loops.
+Outputs are normalised partial attention o [rows, Dv] and its natural-log LSE; a program that
+saw no key writes o = 0, lse = -inf.
+"""
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+# dtype of the tensor-core operands p and V codes (and of K codes when q is fp32). The Triton
+# interpreter (CPU tests) multiplies bf16 tl.dot operands as raw bits, so it computes in fp32.
+PV_DTYPE = tl.float32 if os.environ.get("TRITON_INTERPRET") == "1" else tl.bfloat16
+LN2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def num_splits_of(n_int2, b, num_kv_splits, HAS_NSPLITS: tl.constexpr, MAX_SPLITS: tl.constexpr,
+                  MIN_CHUNK: tl.constexpr):
+    """Splits used by request b (1 BF16 split + >= 1 INT2 splits); stage 1 and 2 agree on it."""
+    if HAS_NSPLITS:
+        n = tl.load(num_kv_splits + b)
+        n = tl.minimum(tl.maximum(n, 2), MAX_SPLITS)
+    else:
+        n = tl.minimum(tl.maximum(tl.cdiv(n_int2, MIN_CHUNK), 1), MAX_SPLITS - 1) + 1
+    return n
+
+
+@triton.jit
+def source_ranges(kv_len, own, S: tl.constexpr, W: tl.constexpr):
+    """(sink_lo, sink_hi, ring_lo, n_int2) for a reader of kv_len keys; see module docstring."""
+    sink_lo = tl.minimum(own, kv_len)
+    sink_hi = tl.maximum(sink_lo, tl.minimum(kv_len, S))
+    ring_lo = tl.minimum(tl.maximum(tl.maximum(own, kv_len - W), S), kv_len)
+    n_int2 = ring_lo - (sink_hi - sink_lo)
+    return sink_lo, sink_hi, ring_lo, n_int2
+
+
+@triton.jit
+def _unpack_params(w):
+    """int32 word = (fp16 scale | fp16 min << 16) -> (scale, min) in fp32."""
+    sc = (w & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    mn = ((w >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    return sc, mn
+
+
+@triton.jit
+def _pick4(J: tl.constexpr, a0, a1, a2, a3):
+    if J == 0:
+        r = a0
+    elif J == 1:
+        r = a1
+    elif J == 2:
+        r = a2
+    else:
+        r = a3
+    return r
+
+
+@triton.jit
+def _cap_and_scale(qk, sm_scale_log2, logit_cap, LOGIT_CAP: tl.constexpr):
+    """Raw q.k -> scores in the log2 domain (optionally tanh-capped like SGLang)."""
+    if LOGIT_CAP:
+        s = qk * (sm_scale_log2 * LN2)
+        # cap * tanh(s / cap), tanh via exp (tl has no tanh on every backend)
+        t = tl.exp(-2.0 * tl.abs(s) / logit_cap)
+        th = (1.0 - t) / (1.0 + t)
+        s = logit_cap * tl.where(s >= 0, th, -th)
+        return s * 1.4426950408889634
+    else:
+        return qk * sm_scale_log2
+
+
+@triton.jit
+def _online_softmax(s, m_i, l_i):
+    """s: [M, N] log2-domain scores (-inf for masked keys; each tile has >= 1 valid key)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_new = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@triton.jit
+def _bf16_source_loop(
+    lo, hi, Kb, Vb, stride_kp, stride_vp, q0, q1, q2, q3,
+    m_i, l_i, a0, a1, a2, a3, sm_scale_log2, logit_cap,
+    IS_RING: tl.constexpr, W: tl.constexpr, QD: tl.constexpr, QDV: tl.constexpr,
+    BLOCK: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr,
+):
+    """Keys at positions [lo, hi) read in BF16 from a per-request buffer (sink or ring).
+
+    Kb/Vb point at buffer[row, 0, kv_head, 0]; position p lives at index p (sink) or p % W (ring).
+    """
+    offs = tl.arange(0, BLOCK)
+    dq = tl.arange(0, QD)
+    dv = tl.arange(0, QDV)
+    for p0 in range(lo, hi, BLOCK):
+        p = p0 + offs
+        kmask = p < hi
+        if IS_RING:
+            idx = p % W
+        else:
+            idx = p
+        kb = Kb + idx[:, None] * stride_kp + dq[None, :]
+        qk = tl.dot(q0, tl.trans(tl.load(kb, mask=kmask[:, None], other=0.0).to(q0.dtype)))
+        qk += tl.dot(q1, tl.trans(tl.load(kb + QD, mask=kmask[:, None], other=0.0).to(q0.dtype)))
+        qk += tl.dot(q2, tl.trans(tl.load(kb + 2 * QD, mask=kmask[:, None], other=0.0).to(q0.dtype)))
+        qk += tl.dot(q3, tl.trans(tl.load(kb + 3 * QD, mask=kmask[:, None], other=0.0).to(q0.dtype)))
+        s = _cap_and_scale(qk, sm_scale_log2, logit_cap, LOGIT_CAP)
+        s = tl.where(kmask[None, :], s, float("-inf"))
+        pr, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
+        pb = pr.to(PV_DT)
+        vb = Vb + idx[:, None] * stride_vp + dv[None, :]
+        a0 = a0 * alpha[:, None] + tl.dot(pb, tl.load(vb, mask=kmask[:, None], other=0.0).to(PV_DT))
+        a1 = a1 * alpha[:, None] + tl.dot(pb, tl.load(vb + QDV, mask=kmask[:, None], other=0.0).to(PV_DT))
+        a2 = a2 * alpha[:, None] + tl.dot(pb, tl.load(vb + 2 * QDV, mask=kmask[:, None], other=0.0).to(PV_DT))
+        a3 = a3 * alpha[:, None] + tl.dot(pb, tl.load(vb + 3 * QDV, mask=kmask[:, None], other=0.0).to(PV_DT))
+    return m_i, l_i, a0, a1, a2, a3
+
+
+@triton.jit
+def attend_kernel(
+    Q, stride_qt, stride_qh,
+    Out, stride_ot, stride_oh, stride_os,
+    Lse, stride_lt, stride_lh, stride_ls,
+    KC, stride_kcn, stride_kch,
+    KP, stride_kpn, stride_kph,
+    VC, stride_vcn, stride_vch,
+    VP, stride_vpn, stride_vph,
+    SK, stride_skr, stride_skp, stride_skh,
+    SV, stride_svr, stride_svp, stride_svh,
+    RK, stride_rkr, stride_rkp, stride_rkh,
+    RV, stride_rvr, stride_rvp, stride_rvh,
+    kv_indptr, kv_indices, qo_indptr, req_rows, own_start, num_kv_splits,
+    sm_scale_log2, logit_cap,
+    GQA: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, GK: tl.constexpr, GV: tl.constexpr,
+    S: tl.constexpr, W: tl.constexpr, NUM_MB: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+    SPLIT: tl.constexpr, HAS_NSPLITS: tl.constexpr, MAX_SPLITS: tl.constexpr,
+    MIN_CHUNK: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr,
+):
+    QD: tl.constexpr = D // 4
+    QDV: tl.constexpr = DV // 4
+    FOLD_K: tl.constexpr = GK >= QD
+    FOLD_V: tl.constexpr = GV >= QDV
+    b = tl.program_id(0)
+    pid1 = tl.program_id(1)
+    split = tl.program_id(2)
+    kvh = pid1 // NUM_MB
+    mb = pid1 % NUM_MB
+
+    kv_start = tl.load(kv_indptr + b)
+    kv_len = tl.load(kv_indptr + b + 1) - kv_start
+    if SPLIT:
+        tok0 = b
+        n_tok = 1
+    else:
+        tok0 = tl.load(qo_indptr + b)
+        n_tok = tl.load(qo_indptr + b + 1) - tok0
+    if mb * BLOCK_M >= n_tok * GQA:
+        return
+    row = tl.load(req_rows + b).to(tl.int64)
+    own = tl.load(own_start + b)
+    sink_lo, sink_hi, ring_lo, n_int2 = source_ranges(kv_len, own, S, W)
+    hole = sink_hi - sink_lo
+
+    if SPLIT:
+        n_splits = num_splits_of(n_int2, b, num_kv_splits, HAS_NSPLITS, MAX_SPLITS, MIN_CHUNK)
+        if split >= n_splits:
+            return
+        do_bf16 = split == 0
+        chunk = tl.cdiv(tl.cdiv(n_int2, n_splits - 1), BLOCK_N) * BLOCK_N
+        i_lo = tl.minimum((split - 1) * chunk, n_int2)
+        i_hi = tl.minimum(i_lo + chunk, n_int2)
+        i_hi = tl.where(do_bf16, 0, i_hi)
+        i_lo = tl.where(do_bf16, 0, i_lo)
+    else:
+        do_bf16 = True
+        i_lo = 0
+        i_hi = n_int2
+    # BF16 ranges are empty for the INT2 splits
+    sink_hi_eff = tl.where(do_bf16, sink_hi, sink_lo)
+    ring_hi_eff = tl.where(do_bf16, kv_len, ring_lo)
+
+    # ---- query rows --------------------------------------------------------------------------
+    rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    t = rows // GQA
+    hq = kvh * GQA + rows % GQA
+    rmask = t < n_tok
+    tok = (tok0 + t).to(tl.int64)
+    dq = tl.arange(0, QD)
+    qb = Q + tok[:, None] * stride_qt + hq[:, None] * stride_qh + dq[None, :]
+    q0 = tl.load(qb, mask=rmask[:, None], other=0.0)
+    q1 = tl.load(qb + QD, mask=rmask[:, None], other=0.0)
+    q2 = tl.load(qb + 2 * QD, mask=rmask[:, None], other=0.0)
+    q3 = tl.load(qb + 3 * QD, mask=rmask[:, None], other=0.0)
+    if PV_DT == tl.float32:  # interpreter: its bf16 tl.dot is wrong, compute in fp32
+        q0 = q0.to(tl.float32)
+        q1 = q1.to(tl.float32)
+        q2 = q2.to(tl.float32)
+        q3 = q3.to(tl.float32)
+    qs0 = tl.sum(q0.to(tl.float32), 1)
+    qs1 = tl.sum(q1.to(tl.float32), 1)
+    qs2 = tl.sum(q2.to(tl.float32), 1)
+    qs3 = tl.sum(q3.to(tl.float32), 1)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    a0 = tl.zeros([BLOCK_M, QDV], tl.float32)
+    a1 = tl.zeros([BLOCK_M, QDV], tl.float32)
+    a2 = tl.zeros([BLOCK_M, QDV], tl.float32)
+    a3 = tl.zeros([BLOCK_M, QDV], tl.float32)
+
+    # ---- BF16 sink and ring ------------------------------------------------------------------
+    m_i, l_i, a0, a1, a2, a3 = _bf16_source_loop(
+        sink_lo, sink_hi_eff,
+        SK + row * stride_skr + kvh * stride_skh, SV + row * stride_svr + kvh * stride_svh,
+        stride_skp, stride_svp, q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3,
+        sm_scale_log2, logit_cap, False, W, QD, QDV, BLOCK_B, LOGIT_CAP, PV_DT)
+    m_i, l_i, a0, a1, a2, a3 = _bf16_source_loop(
+        ring_lo, ring_hi_eff,
+        RK + row * stride_rkr + kvh * stride_rkh, RV + row * stride_rvr + kvh * stride_rvh,
+        stride_rkp, stride_rvp, q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3,
+        sm_scale_log2, logit_cap, True, W, QD, QDV, BLOCK_B, LOGIT_CAP, PV_DT)
+
+    # ---- INT2 body ---------------------------------------------------------------------------
+    offs_n = tl.arange(0, BLOCK_N)
+    dv = tl.arange(0, QDV)
+    KCh = KC + kvh * stride_kch
+    KPh = KP + kvh * stride_kph
+    VCh = VC + kvh * stride_vch
+    VPh = VP + kvh * stride_vph
+    idx_base = kv_indices + kv_start
+    for i0 in range(i_lo, i_hi, BLOCK_N):
+        ii = i0 + offs_n
+        kmask = ii < i_hi
+        pos = ii + tl.where(ii >= sink_lo, hole, 0)
+        # masked lanes read slot 0 (always a valid pool row) and are dropped via -inf scores
+        slot = tl.load(idx_base + pos, mask=kmask, other=0).to(tl.int64)
+        kc = tl.load(KCh + slot[:, None] * stride_kcn + dq[None, :])
+        qk = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        part = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        qs = tl.zeros([BLOCK_M], tl.float32)
+        for j in tl.static_range(4):
+            cj = ((kc >> (2 * j)) & 3).to(q0.dtype)
+            if FOLD_K:
+                part += tl.dot(_pick4(j, q0, q1, q2, q3), tl.trans(cj))
+                qs += _pick4(j, qs0, qs1, qs2, qs3)
+                if (j == 3) or (((j + 1) * QD) // GK != (j * QD) // GK):
+                    sc, mn = _unpack_params(tl.load(KPh + slot * stride_kpn + (j * QD) // GK))
+                    qk += part * sc[None, :] + qs[:, None] * mn[None, :]
+                    part = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                    qs = tl.zeros([BLOCK_M], tl.float32)
+            else:
+                g = (j * QD + dq) // GK
+                sc, mn = _unpack_params(tl.load(KPh + slot[:, None] * stride_kpn + g[None, :]))
+                kj = (cj.to(tl.float32) * sc + mn).to(q0.dtype)
+                qk += tl.dot(_pick4(j, q0, q1, q2, q3), tl.trans(kj))
+        s = _cap_and_scale(qk, sm_scale_log2, logit_cap, LOGIT_CAP)
+        s = tl.where(kmask[None, :], s, float("-inf"))
+        pr, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
+
+        vc = tl.load(VCh + slot[:, None] * stride_vcn + dv[None, :])
+        a0 = a0 * alpha[:, None]
+        a1 = a1 * alpha[:, None]
+        a2 = a2 * alpha[:, None]
+        a3 = a3 * alpha[:, None]
+        for j in tl.static_range(4):
+            cj = ((vc >> (2 * j)) & 3).to(PV_DT)
+            if FOLD_V:
+                sc, mn = _unpack_params(tl.load(VPh + slot * stride_vpn + (j * QDV) // GV))
+                upd = tl.dot((pr * sc[None, :]).to(PV_DT), cj) + tl.sum(pr * mn[None, :], 1)[:, None]
+            else:
+                g = (j * QDV + dv) // GV
+                sc, mn = _unpack_params(tl.load(VPh + slot[:, None] * stride_vpn + g[None, :]))
+                upd = tl.dot(pr.to(PV_DT), (cj.to(tl.float32) * sc + mn).to(PV_DT))
+            if j == 0:
+                a0 += upd
+            elif j == 1:
+                a1 += upd
+            elif j == 2:
+                a2 += upd
+            else:
+                a3 += upd
+
+    # ---- normalised partial output + LSE -----------------------------------------------------
+    has = l_i > 0
+    inv_l = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)
+    lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * LN2, float("-inf"))
+    ob = Out + tok[:, None] * stride_ot + hq[:, None] * stride_oh + split * stride_os + dv[None, :]
+    tl.store(ob, a0 * inv_l[:, None], mask=rmask[:, None])
+    tl.store(ob + QDV, a1 * inv_l[:, None], mask=rmask[:, None])
+    tl.store(ob + 2 * QDV, a2 * inv_l[:, None], mask=rmask[:, None])
+    tl.store(ob + 3 * QDV, a3 * inv_l[:, None], mask=rmask[:, None])
+    tl.store(Lse + tok * stride_lt + hq * stride_lh + split * stride_ls, lse, mask=rmask)
+
+
+def launch_attend(
+    grid, q, out, lse, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
+    kv_indptr, kv_indices, qo_indptr, req_rows, own_start, num_kv_splits, *,
+    out_split_stride, lse_split_stride, k_group, v_group, sm_scale, logit_cap,
+    num_mb, block_m, block_n, block_b, split, max_splits, min_chunk, num_warps, num_stages,
+):
+    """Host-side launcher: checks shapes, views params as int32 words and launches."""
+    D = q.shape[-1]
+    Hkv = k_codes.shape[1]
+    Dv = v_codes.shape[-1] * 4
+    gqa = q.shape[1] // Hkv
+    kp = as_param_words(k_params)
+    vp = as_param_words(v_params)
+    attend_kernel[grid](
+        q, q.stride(0), q.stride(1),
+        out, out.stride(0), out.stride(1), out_split_stride,
+        lse, lse.stride(0), lse.stride(1), lse_split_stride,
+        k_codes, k_codes.stride(0), k_codes.stride(1),
+        kp, kp.stride(0), kp.stride(1),
+        v_codes, v_codes.stride(0), v_codes.stride(1),
+        vp, vp.stride(0), vp.stride(1),
+        sink_k, sink_k.stride(0), sink_k.stride(1), sink_k.stride(2),
+        sink_v, sink_v.stride(0), sink_v.stride(1), sink_v.stride(2),
+        ring_k, ring_k.stride(0), ring_k.stride(1), ring_k.stride(2),
+        ring_v, ring_v.stride(0), ring_v.stride(1), ring_v.stride(2),
+        kv_indptr, kv_indices, qo_indptr, req_rows, own_start,
+        num_kv_splits if num_kv_splits is not None else kv_indptr,
+        sm_scale * LOG2E, float(logit_cap),
+        GQA=gqa, D=D, DV=Dv, GK=k_group, GV=v_group, S=sink_k.shape[1], W=ring_k.shape[1],
+        NUM_MB=num_mb, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_B=block_b,
+        SPLIT=split, HAS_NSPLITS=num_kv_splits is not None, MAX_SPLITS=max_splits,
+        MIN_CHUNK=min_chunk, LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+
+
+def as_param_words(params):
+    """fp16 params [N, H, NG, 2] -> int32 view [N, H, NG]: one 4-byte load per (row, group)."""
+    assert params.dtype.itemsize == 2 and params.shape[-1] == 2 and params.stride(-1) == 1, (
+        "INT2 params must be a float16 [N, H, D // G, 2] tensor with a contiguous last dim"
+    )
+    return params.view(dtype=__import__("torch").int32).squeeze(-1)
+
+
+def check_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_group, v_group):
+    D = q.shape[-1]
+    if k_codes.shape[-1] * 4 != D:
+        raise ValueError(f"k_codes last dim {k_codes.shape[-1]} != head_dim/4 = {D // 4}")
+    if q.shape[1] % k_codes.shape[1]:
+        raise ValueError(f"query heads {q.shape[1]} not a multiple of KV heads {k_codes.shape[1]}")
+    if k_params.shape[-2] != D // k_group or v_params.shape[-2] != v_codes.shape[-1] * 4 // v_group:
+        raise ValueError("params shape does not match head_dim // group_size")
+    if ring_k.shape[1] < 1:
+        raise ValueError("the BF16 ring needs W >= 1 slots")

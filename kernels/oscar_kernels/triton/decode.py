@@ -1,0 +1,104 @@
+"""Decode attention over sink + INT2 body + ring: split-K stage 1 (attend.py) + LSE merge (here).
+
+CUDA-graph safe: no host synchronisation; with attn_logits/attn_lse passed nothing is allocated.
+The number of splits per request is either given (num_kv_splits [B]) or derived *inside* the
+kernels from the request length (same formula in both stages), so no host-side length is needed.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from .attend import check_pool, launch_attend, num_splits_of, source_ranges
+
+# Tuned on H100 (bench/kernels.py); see docs/benchmarks.md.
+BLOCK_N = 64  # INT2 keys per tile
+BLOCK_B = 32  # BF16 keys per tile
+MIN_CHUNK = 256  # fewest INT2 keys per split when splits are derived in-kernel
+PROGRAMS_PER_SM = 4  # target (B * Hkv * int2 splits) / SMs when max_kv_splits is not given
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def default_max_splits(batch: int, kv_heads: int, device: torch.device) -> int:
+    """1 BF16 split + enough INT2 splits to give every SM a few programs (static given B)."""
+    sms = _num_sms(device.index or 0) if device.type == "cuda" else 8
+    want = triton.cdiv(PROGRAMS_PER_SM * sms, batch * kv_heads)
+    return min(64, triton.next_power_of_2(max(1, want))) + 1
+
+
+@triton.jit
+def _merge_splits_kernel(
+    Part, stride_pb, stride_ph, stride_ps,
+    PLse, stride_lb, stride_lh,
+    O, stride_ob, stride_oh,
+    kv_indptr, own_start, num_kv_splits,
+    S: tl.constexpr, W: tl.constexpr, DV: tl.constexpr, SPLITS_P2: tl.constexpr,
+    HAS_NSPLITS: tl.constexpr, MAX_SPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    kv_len = tl.load(kv_indptr + b + 1) - tl.load(kv_indptr + b)
+    _, _, _, n_int2 = source_ranges(kv_len, tl.load(own_start + b), S, W)
+    n = num_splits_of(n_int2, b, num_kv_splits, HAS_NSPLITS, MAX_SPLITS, MIN_CHUNK)
+    s = tl.arange(0, SPLITS_P2)
+    smask = s < n
+    lse = tl.load(PLse + b * stride_lb + h * stride_lh + s, mask=smask, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.where(lse == float("-inf"), 0.0, tl.exp(lse - m))
+    wsum = tl.sum(w, 0)
+    d = tl.arange(0, DV)
+    part = tl.load(Part + b * stride_pb + h * stride_ph + s[:, None] * stride_ps + d[None, :],
+                   mask=(smask & (w > 0))[:, None], other=0.0)
+    o = tl.sum(part * w[:, None], 0) / tl.where(wsum > 0, wsum, 1.0)
+    tl.store(O + b * stride_ob + h * stride_oh + d, o.to(O.dtype.element_ty))
+
+
+def decode_attention(
+    q, o, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
+    kv_indptr, kv_indices, req_rows, own_start, *, k_group, v_group, sm_scale,
+    num_kv_splits=None, max_kv_splits=None, attn_logits=None, attn_lse=None, logit_cap=0.0,
+    block_n=None, num_warps=4, num_stages=2,
+):
+    check_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_group, v_group)
+    B, Hq, D = q.shape
+    Hkv = k_codes.shape[1]
+    Dv = v_codes.shape[-1] * 4
+    gqa = Hq // Hkv
+    if max_kv_splits is None:
+        max_kv_splits = attn_logits.shape[2] if attn_logits is not None else default_max_splits(B, Hkv, q.device)
+    if max_kv_splits < 2:
+        raise ValueError("INT2 decode needs max_kv_splits >= 2 (one BF16 split + INT2 splits)")
+    if attn_logits is None:
+        attn_logits = torch.empty(B, Hq, max_kv_splits, Dv, dtype=torch.float32, device=q.device)
+    if attn_lse is None:
+        attn_lse = torch.empty(B, Hq, max_kv_splits, dtype=torch.float32, device=q.device)
+    assert attn_logits.shape[2] >= max_kv_splits and attn_lse.shape[2] >= max_kv_splits
+    block_m = max(16, triton.next_power_of_2(gqa))
+    bn = block_n or BLOCK_N
+    launch_attend(
+        (B, Hkv, max_kv_splits), q, attn_logits, attn_lse, k_codes, k_params, v_codes, v_params,
+        sink_k, sink_v, ring_k, ring_v, kv_indptr, kv_indices, kv_indptr, req_rows, own_start,
+        num_kv_splits,
+        out_split_stride=attn_logits.stride(2), lse_split_stride=attn_lse.stride(2),
+        k_group=k_group, v_group=v_group, sm_scale=sm_scale, logit_cap=logit_cap,
+        num_mb=1, block_m=block_m, block_n=bn, block_b=BLOCK_B, split=True,
+        max_splits=max_kv_splits, min_chunk=MIN_CHUNK, num_warps=num_warps, num_stages=num_stages,
+    )
+    _merge_splits_kernel[(B, Hq)](
+        attn_logits, attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
+        attn_lse, attn_lse.stride(0), attn_lse.stride(1),
+        o, o.stride(0), o.stride(1),
+        kv_indptr, own_start, num_kv_splits if num_kv_splits is not None else kv_indptr,
+        S=sink_k.shape[1], W=ring_k.shape[1], DV=Dv, SPLITS_P2=triton.next_power_of_2(max_kv_splits),
+        HAS_NSPLITS=num_kv_splits is not None, MAX_SPLITS=max_kv_splits, MIN_CHUNK=MIN_CHUNK,
+        num_warps=4,
+    )
+    return o
