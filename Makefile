@@ -1,9 +1,11 @@
 # Two entry points (see README):
 #   make serve   set up .venv and serve the embedded default model with an INT2 KV cache (GPU)
-#   make test    set up .venv and run the test suite (CPU is enough)
+#                (extra SGLang arguments: make serve ARGS="--model-path Qwen/Qwen3-8B --tp-size 2")
+#   make test    set up .venv and run the test suite (CPU is enough; .ci/run runs exactly this)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+ARGS ?=
 
 .PHONY: test serve venv clean
 
@@ -21,7 +23,7 @@ test: $(VENV)/.installed
 	$(PY) -m pytest -q tests
 
 serve: $(VENV)/.installed
-	$(VENV)/bin/oscar-sglang serve
+	$(VENV)/bin/oscar-sglang serve $(ARGS)
 
 clean:
 	rm -rf $(VENV)
