@@ -141,7 +141,7 @@ def test_decode_matches_reference(seed, D, G, gqa, splits):
 
 
 def test_decode_small_tiles_many_splits(seed):
-    """BLOCK_N=16 and default split count: several INT2 tiles and splits per request."""
+    """BLOCK_N=16, in-kernel split count, 3 BF16 splits: several tiles and splits per source."""
     from oscar_kernels.triton import decode as dec
 
     D, G, hkv, gqa = 64, 64, 1, 4
@@ -149,13 +149,15 @@ def test_decode_small_tiles_many_splits(seed):
     pool = Pool(lens, owns, hkv, D, G)
     q = torch.randn(2, hkv * gqa, D).bfloat16()
     o = torch.full((2, hkv * gqa, D), float("nan"), device=DEV)
-    old = dec.MIN_CHUNK
+    old = dec.MIN_CHUNK, dec.BF16_KEYS_PER_SPLIT
     dec.MIN_CHUNK = 16  # in-kernel split derivation: ceil(n_int2 / 16) splits, capped
+    dec.BF16_KEYS_PER_SPLIT = 4  # S + W = 12 BF16 keys -> 3 BF16 splits
     try:
+        assert dec.bf16_splits(S, W, 7) == 3
         dec.decode_attention(q.to(DEV), o, *pool.tensors(), *pool.meta(), k_group=G, v_group=G,
-                             sm_scale=0.125, max_kv_splits=5, block_n=16)
+                             sm_scale=0.125, max_kv_splits=7, block_n=16)
     finally:
-        dec.MIN_CHUNK = old
+        dec.MIN_CHUNK, dec.BF16_KEYS_PER_SPLIT = old
     for b in range(2):
         K, V = pool.request_kv(b)
         o_ref, _ = ref.attention(q[b:b + 1].float(), K, V, sm_scale=0.125)

@@ -21,8 +21,8 @@ a [rows, BLOCK_N] tile instead of a [BLOCK_N, D] one. Likewise for V:
 This needs every quarter (D/4 dims) to lie inside one group (G >= D/4); the only other supported
 case (D=256, G=32) dequantises explicitly (FOLD=False).
 
-Decode (SPLIT=True): split 0 does the BF16 sink + ring, splits 1..n-1 cut the INT2 range into
-equal BLOCK_N-aligned chunks. Extend (SPLIT=False): one program does all three loops.
+Decode (SPLIT=True): splits 0..NB16-1 share the BF16 sink ++ ring keys, splits NB16..n-1 cut the
+INT2 range into equal BLOCK_N-aligned chunks (a BF16 key costs ~7x the bytes of an INT2 key). Extend (SPLIT=False): one program does all three loops.
 Outputs are normalised partial attention o [rows, Dv] and its natural-log LSE; a program that
 saw no key writes o = 0, lse = -inf.
 """
@@ -42,13 +42,13 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 @triton.jit
 def num_splits_of(n_int2, b, num_kv_splits, HAS_NSPLITS: tl.constexpr, MAX_SPLITS: tl.constexpr,
-                  MIN_CHUNK: tl.constexpr):
-    """Splits used by request b (1 BF16 split + >= 1 INT2 splits); stage 1 and 2 agree on it."""
+                  MIN_CHUNK: tl.constexpr, NB16: tl.constexpr):
+    """Splits used by request b (NB16 BF16 splits + >= 1 INT2 splits); stages 1 and 2 agree."""
     if HAS_NSPLITS:
         n = tl.load(num_kv_splits + b)
-        n = tl.minimum(tl.maximum(n, 2), MAX_SPLITS)
+        n = tl.minimum(tl.maximum(n, NB16 + 1), MAX_SPLITS)
     else:
-        n = tl.minimum(tl.maximum(tl.cdiv(n_int2, MIN_CHUNK), 1), MAX_SPLITS - 1) + 1
+        n = tl.minimum(tl.maximum(tl.cdiv(n_int2, MIN_CHUNK), 1), MAX_SPLITS - NB16) + NB16
     return n
 
 
@@ -164,7 +164,7 @@ def attend_kernel(
     S: tl.constexpr, W: tl.constexpr, NUM_MB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
     SPLIT: tl.constexpr, HAS_NSPLITS: tl.constexpr, MAX_SPLITS: tl.constexpr,
-    MIN_CHUNK: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr,
+    MIN_CHUNK: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, NB16: tl.constexpr,
 ):
     QD: tl.constexpr = D // 4
     QDV: tl.constexpr = DV // 4
@@ -192,22 +192,33 @@ def attend_kernel(
     hole = sink_hi - sink_lo
 
     if SPLIT:
-        n_splits = num_splits_of(n_int2, b, num_kv_splits, HAS_NSPLITS, MAX_SPLITS, MIN_CHUNK)
+        n_splits = num_splits_of(n_int2, b, num_kv_splits, HAS_NSPLITS, MAX_SPLITS, MIN_CHUNK, NB16)
         if split >= n_splits:
             return
-        do_bf16 = split == 0
-        chunk = tl.cdiv(tl.cdiv(n_int2, n_splits - 1), BLOCK_N) * BLOCK_N
-        i_lo = tl.minimum((split - 1) * chunk, n_int2)
+        do_bf16 = split < NB16
+        # INT2 splits NB16..n-1: equal BLOCK_N-aligned chunks of the INT2 index range
+        chunk = tl.cdiv(tl.cdiv(n_int2, n_splits - NB16), BLOCK_N) * BLOCK_N
+        i_lo = tl.minimum((split - NB16) * chunk, n_int2)
         i_hi = tl.minimum(i_lo + chunk, n_int2)
         i_hi = tl.where(do_bf16, 0, i_hi)
         i_lo = tl.where(do_bf16, 0, i_lo)
+        # BF16 splits 0..NB16-1: equal chunks of the sink ++ ring key list
+        n_sink = sink_hi - sink_lo
+        n_bf = n_sink + kv_len - ring_lo
+        bchunk = tl.cdiv(n_bf, NB16)
+        b_lo = tl.where(do_bf16, tl.minimum(split * bchunk, n_bf), 0)
+        b_hi = tl.where(do_bf16, tl.minimum(b_lo + bchunk, n_bf), 0)
+        s_lo = sink_lo + tl.minimum(b_lo, n_sink)
+        s_hi = sink_lo + tl.minimum(b_hi, n_sink)
+        r_lo = ring_lo + tl.maximum(b_lo - n_sink, 0)
+        r_hi = ring_lo + tl.maximum(b_hi - n_sink, 0)
     else:
-        do_bf16 = True
         i_lo = 0
         i_hi = n_int2
-    # BF16 ranges are empty for the INT2 splits
-    sink_hi_eff = tl.where(do_bf16, sink_hi, sink_lo)
-    ring_hi_eff = tl.where(do_bf16, kv_len, ring_lo)
+        s_lo = sink_lo
+        s_hi = sink_hi
+        r_lo = ring_lo
+        r_hi = kv_len
 
     # ---- query rows --------------------------------------------------------------------------
     rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -240,12 +251,12 @@ def attend_kernel(
 
     # ---- BF16 sink and ring ------------------------------------------------------------------
     m_i, l_i, a0, a1, a2, a3 = _bf16_source_loop(
-        sink_lo, sink_hi_eff,
+        s_lo, s_hi,
         SK + row * stride_skr + kvh * stride_skh, SV + row * stride_svr + kvh * stride_svh,
         stride_skp, stride_svp, q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3,
         sm_scale_log2, logit_cap, False, W, QD, QDV, BLOCK_B, LOGIT_CAP, PV_DT)
     m_i, l_i, a0, a1, a2, a3 = _bf16_source_loop(
-        ring_lo, ring_hi_eff,
+        r_lo, r_hi,
         RK + row * stride_rkr + kvh * stride_rkh, RV + row * stride_rvr + kvh * stride_rvh,
         stride_rkp, stride_rvp, q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3,
         sm_scale_log2, logit_cap, True, W, QD, QDV, BLOCK_B, LOGIT_CAP, PV_DT)
@@ -295,8 +306,11 @@ def attend_kernel(
         for j in tl.static_range(4):
             cj = ((vc >> (2 * j)) & 3).to(PV_DT)
             if FOLD_V:
-                sc, mn = _unpack_params(tl.load(VPh + slot * stride_vpn + (j * QDV) // GV))
-                upd = tl.dot((pr * sc[None, :]).to(PV_DT), cj) + tl.sum(pr * mn[None, :], 1)[:, None]
+                if (j * QDV) % GV == 0:  # first quarter of a group: its (p * scale, p @ min)
+                    sc, mn = _unpack_params(tl.load(VPh + slot * stride_vpn + (j * QDV) // GV))
+                    ps = (pr * sc[None, :]).to(PV_DT)
+                    pm = tl.sum(pr * mn[None, :], 1)[:, None]
+                upd = tl.dot(ps, cj) + pm
             else:
                 g = (j * QDV + dv) // GV
                 sc, mn = _unpack_params(tl.load(VPh + slot[:, None] * stride_vpn + g[None, :]))
@@ -326,7 +340,7 @@ def launch_attend(
     grid, q, out, lse, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
     kv_indptr, kv_indices, qo_indptr, req_rows, own_start, num_kv_splits, *,
     out_split_stride, lse_split_stride, k_group, v_group, sm_scale, logit_cap,
-    num_mb, block_m, block_n, block_b, split, max_splits, min_chunk, num_warps, num_stages,
+    num_mb, block_m, block_n, block_b, split, max_splits, min_chunk, num_warps, num_stages, nb16=1,
 ):
     """Host-side launcher: checks shapes, views params as int32 words and launches."""
     D = q.shape[-1]
@@ -353,7 +367,7 @@ def launch_attend(
         GQA=gqa, D=D, DV=Dv, GK=k_group, GV=v_group, S=sink_k.shape[1], W=ring_k.shape[1],
         NUM_MB=num_mb, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_B=block_b,
         SPLIT=split, HAS_NSPLITS=num_kv_splits is not None, MAX_SPLITS=max_splits,
-        MIN_CHUNK=min_chunk, LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE,
+        MIN_CHUNK=min_chunk, LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE, NB16=nb16,
         num_warps=num_warps, num_stages=num_stages,
     )
 

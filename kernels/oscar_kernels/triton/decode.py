@@ -19,6 +19,12 @@ BLOCK_N = 64  # INT2 keys per tile
 BLOCK_B = 32  # BF16 keys per tile
 MIN_CHUNK = 256  # fewest INT2 keys per split when splits are derived in-kernel
 PROGRAMS_PER_SM = 4  # target (B * Hkv * int2 splits) / SMs when max_kv_splits is not given
+BF16_KEYS_PER_SPLIT = 160  # sink + ring keys per BF16 split (S=64, W=256 -> 2 splits)
+
+
+def bf16_splits(sink: int, window: int, max_kv_splits: int) -> int:
+    """BF16 splits per request: static, from the side-buffer sizes; leaves >= 1 INT2 split."""
+    return max(1, min(triton.cdiv(sink + window, BF16_KEYS_PER_SPLIT), max_kv_splits - 1, 4))
 
 
 @functools.lru_cache(maxsize=8)
@@ -26,11 +32,11 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def default_max_splits(batch: int, kv_heads: int, device: torch.device) -> int:
-    """1 BF16 split + enough INT2 splits to give every SM a few programs (static given B)."""
+def default_max_splits(batch: int, kv_heads: int, device: torch.device, nb16: int = 2) -> int:
+    """BF16 splits + enough INT2 splits to give every SM a few programs (static given B)."""
     sms = _num_sms(device.index or 0) if device.type == "cuda" else 8
     want = triton.cdiv(PROGRAMS_PER_SM * sms, batch * kv_heads)
-    return min(64, triton.next_power_of_2(max(1, want))) + 1
+    return min(64, triton.next_power_of_2(max(1, want))) + nb16
 
 
 @triton.jit
@@ -40,13 +46,13 @@ def _merge_splits_kernel(
     O, stride_ob, stride_oh,
     kv_indptr, own_start, num_kv_splits,
     S: tl.constexpr, W: tl.constexpr, DV: tl.constexpr, SPLITS_P2: tl.constexpr,
-    HAS_NSPLITS: tl.constexpr, MAX_SPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr,
+    HAS_NSPLITS: tl.constexpr, MAX_SPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr, NB16: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
     kv_len = tl.load(kv_indptr + b + 1) - tl.load(kv_indptr + b)
     _, _, _, n_int2 = source_ranges(kv_len, tl.load(own_start + b), S, W)
-    n = num_splits_of(n_int2, b, num_kv_splits, HAS_NSPLITS, MAX_SPLITS, MIN_CHUNK)
+    n = num_splits_of(n_int2, b, num_kv_splits, HAS_NSPLITS, MAX_SPLITS, MIN_CHUNK, NB16)
     s = tl.arange(0, SPLITS_P2)
     smask = s < n
     lse = tl.load(PLse + b * stride_lb + h * stride_lh + s, mask=smask, other=float("-inf"))
@@ -72,8 +78,11 @@ def decode_attention(
     Hkv = k_codes.shape[1]
     Dv = v_codes.shape[-1] * 4
     gqa = Hq // Hkv
+    S, W = sink_k.shape[1], ring_k.shape[1]
     if max_kv_splits is None:
-        max_kv_splits = attn_logits.shape[2] if attn_logits is not None else default_max_splits(B, Hkv, q.device)
+        max_kv_splits = (attn_logits.shape[2] if attn_logits is not None
+                         else default_max_splits(B, Hkv, q.device, bf16_splits(S, W, 1 << 30)))
+    nb16 = bf16_splits(S, W, max_kv_splits)
     if max_kv_splits < 2:
         raise ValueError("INT2 decode needs max_kv_splits >= 2 (one BF16 split + INT2 splits)")
     if attn_logits is None:
@@ -91,6 +100,7 @@ def decode_attention(
         k_group=k_group, v_group=v_group, sm_scale=sm_scale, logit_cap=logit_cap,
         num_mb=1, block_m=block_m, block_n=bn, block_b=BLOCK_B, split=True,
         max_splits=max_kv_splits, min_chunk=MIN_CHUNK, num_warps=num_warps, num_stages=num_stages,
+        nb16=nb16,
     )
     _merge_splits_kernel[(B, Hq)](
         attn_logits, attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
@@ -99,6 +109,6 @@ def decode_attention(
         kv_indptr, own_start, num_kv_splits if num_kv_splits is not None else kv_indptr,
         S=sink_k.shape[1], W=ring_k.shape[1], DV=Dv, SPLITS_P2=triton.next_power_of_2(max_kv_splits),
         HAS_NSPLITS=num_kv_splits is not None, MAX_SPLITS=max_kv_splits, MIN_CHUNK=MIN_CHUNK,
-        num_warps=4,
+        NB16=nb16, num_warps=4,
     )
     return o
