@@ -50,22 +50,42 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         self._token_rows = None
         self._token_seq_lens = None
         self._has_prefix = True
+        self._init_own_buffer()
+
+    def _init_own_buffer(self) -> None:
+        # own_start of each batch entry (see _own_start_arg); fixed address for CUDA graphs
+        from .pool import INT32_MAX
+
+        self._own_b = torch.full((self.pool.req_rows,), INT32_MAX, dtype=torch.int32, device=self.pool.own_start.device)
 
     # ------------------------------------------------------------------ metadata
     def init_forward_metadata(self, forward_batch):
-        self.pool.apply_pending_resets()
-        super().init_forward_metadata(forward_batch)
         mode = forward_batch.forward_mode
         if mode.is_target_verify() or getattr(mode, "is_draft_extend_v2", lambda: False)():
             raise RuntimeError("oscar_triton: speculative decoding is not supported")
-        if mode.is_extend():
-            self._prepare_extend(forward_batch)
+        super().init_forward_metadata(forward_batch)
+        self._prepare_forward(forward_batch)
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
-        # CUDA-graph capture / replay (decode). New rows always start with an (eager) extend,
-        # but apply pending resets here too so no path can read a stale own_start.
-        self.pool.apply_pending_resets()
+        # CUDA-graph capture / replay (decode): eager, before the graph runs.
         super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
+        self._prepare_forward(forward_batch)
+
+    def _prepare_forward(self, fb) -> None:
+        """Eager per-forward bookkeeping on the forward stream, before any layer runs."""
+        # rows handed out since the last forward trust no side buffer yet
+        self.pool.apply_pending_resets()
+        if fb.forward_mode.is_extend():
+            self._prepare_extend(fb)
+        bs = fb.batch_size
+        if bs:
+            self._own_b[:bs].copy_(self.pool.own_start.index_select(0, fb.req_pool_indices[:bs].to(torch.int64)))
+
+    def _own_start_arg(self) -> torch.Tensor:
+        """own_start as the kernels index it. ops.py documents own_start[row]; the kernels as
+        committed read own_start[batch index], so they get the per-batch gather unless
+        oscar_kernels.ops says it indexes by row (OWN_START_BY_ROW = True)."""
+        return self.pool.own_start if getattr(ops, "OWN_START_BY_ROW", False) else self._own_b
 
     def _prepare_extend(self, fb) -> None:
         """Per-token request row and final length (for the store), own_start update."""
@@ -143,7 +163,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             kv_indptr=md.kv_indptr,
             kv_indices=md.kv_indices,
             req_rows=fb.req_pool_indices,
-            own_start=self.pool.own_start,
+            own_start=self._own_start_arg(),
             k_group=self.pool.k_format.group_size,
             v_group=self.pool.v_format.group_size,
             sm_scale=layer.scaling,
@@ -192,7 +212,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
                 kv_indptr=md.kv_indptr,
                 kv_indices=md.kv_indices,
                 req_rows=fb.req_pool_indices,
-                own_start=self.pool.own_start,
+                own_start=self._own_start_arg(),
                 k_group=self.pool.k_format.group_size,
                 v_group=self.pool.v_format.group_size,
                 sm_scale=layer.scaling,
