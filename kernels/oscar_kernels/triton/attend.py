@@ -41,7 +41,7 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def num_splits_of(n_int2, b, num_kv_splits, HAS_NSPLITS: tl.constexpr, MAX_SPLITS: tl.constexpr,
+def num_splits_of(n_int2, b, num_kv_splits, HAS_NSPLITS: tl.constexpr, MAX_SPLITS,
                   MIN_CHUNK: tl.constexpr, NB16: tl.constexpr):
     """Splits used by request b (NB16 BF16 splits + >= 1 INT2 splits); stages 1 and 2 agree."""
     if HAS_NSPLITS:
@@ -159,11 +159,11 @@ def attend_kernel(
     RK, stride_rkr, stride_rkp, stride_rkh,
     RV, stride_rvr, stride_rvp, stride_rvh,
     kv_indptr, kv_indices, qo_indptr, req_rows, own_start, num_kv_splits,
-    sm_scale_log2, logit_cap,
+    sm_scale_log2, logit_cap, MAX_SPLITS,
     GQA: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, GK: tl.constexpr, GV: tl.constexpr,
     S: tl.constexpr, W: tl.constexpr, NUM_MB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-    SPLIT: tl.constexpr, HAS_NSPLITS: tl.constexpr, MAX_SPLITS: tl.constexpr,
+    SPLIT: tl.constexpr, HAS_NSPLITS: tl.constexpr,
     MIN_CHUNK: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, NB16: tl.constexpr,
 ):
     QD: tl.constexpr = D // 4
@@ -363,10 +363,10 @@ def launch_attend(
         ring_v, ring_v.stride(0), ring_v.stride(1), ring_v.stride(2),
         kv_indptr, kv_indices, qo_indptr, req_rows, own_start,
         num_kv_splits if num_kv_splits is not None else kv_indptr,
-        sm_scale * LOG2E, float(logit_cap),
+        sm_scale * LOG2E, float(logit_cap), int(max_splits),
         GQA=gqa, D=D, DV=Dv, GK=k_group, GV=v_group, S=sink_k.shape[1], W=ring_k.shape[1],
         NUM_MB=num_mb, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_B=block_b,
-        SPLIT=split, HAS_NSPLITS=num_kv_splits is not None, MAX_SPLITS=max_splits,
+        SPLIT=split, HAS_NSPLITS=num_kv_splits is not None,
         MIN_CHUNK=min_chunk, LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE, NB16=nb16,
         num_warps=num_warps, num_stages=num_stages,
     )

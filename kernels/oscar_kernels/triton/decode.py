@@ -44,9 +44,9 @@ def _merge_splits_kernel(
     Part, stride_pb, stride_ph, stride_ps,
     PLse, stride_lb, stride_lh,
     O, stride_ob, stride_oh,
-    kv_indptr, own_start, num_kv_splits,
+    kv_indptr, own_start, num_kv_splits, MAX_SPLITS,
     S: tl.constexpr, W: tl.constexpr, DV: tl.constexpr, SPLITS_P2: tl.constexpr,
-    HAS_NSPLITS: tl.constexpr, MAX_SPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr, NB16: tl.constexpr,
+    HAS_NSPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr, NB16: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -71,7 +71,7 @@ def decode_attention(
     q, o, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
     kv_indptr, kv_indices, req_rows, own_start, *, k_group, v_group, sm_scale,
     num_kv_splits=None, max_kv_splits=None, attn_logits=None, attn_lse=None, logit_cap=0.0,
-    block_n=None, num_warps=4, num_stages=2,
+    block_n=None, num_warps=4, num_stages=3,
 ):
     check_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_group, v_group)
     B, Hq, D = q.shape
@@ -106,9 +106,9 @@ def decode_attention(
         attn_logits, attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
         attn_lse, attn_lse.stride(0), attn_lse.stride(1),
         o, o.stride(0), o.stride(1),
-        kv_indptr, own_start, num_kv_splits if num_kv_splits is not None else kv_indptr,
+        kv_indptr, own_start, num_kv_splits if num_kv_splits is not None else kv_indptr, max_kv_splits,
         S=sink_k.shape[1], W=ring_k.shape[1], DV=Dv, SPLITS_P2=triton.next_power_of_2(max_kv_splits),
-        HAS_NSPLITS=num_kv_splits is not None, MAX_SPLITS=max_kv_splits, MIN_CHUNK=MIN_CHUNK,
+        HAS_NSPLITS=num_kv_splits is not None, MIN_CHUNK=MIN_CHUNK,
         NB16=nb16, num_warps=4,
     )
     return o

@@ -27,6 +27,8 @@ def extend_prefix_attention(
     Hkv = k_codes.shape[1]
     Dv = v_codes.shape[-1] * 4
     gqa = Hq // Hkv
+    if kv_indptr.shape[0] < B + 1:
+        raise ValueError(f"kv_indptr has {kv_indptr.shape[0]} entries, need len(qo_indptr) = {B + 1}")
     if o is None:
         o = torch.empty(T, Hq, Dv, dtype=torch.float32, device=q.device)
     if lse is None:

@@ -1,0 +1,424 @@
+"""INT2 KV kernels on the GPU: correctness check, then decode / store / extend timings.
+
+One run measures, on the same device:
+  * device-to-device copy bandwidth (torch copy_, counted read + write, like the devkit figure);
+  * INT2 decode (oscar_kernels.ops.decode_attention) vs SGLang's BF16 Triton decode
+    (sglang.kernels.ops.attention.decode_attention.decode_attention_fwd) on the same kv_indices
+    layout, Hq=32, Hkv=8, D=128, for (B, L) in SHAPES; SGLang gets the best of several
+    num_kv_splits values (its own kernel at its best);
+  * the store kernel (quantise + pack + scatter + side buffers) and extend-prefix attention.
+
+Timing: triton.testing.do_bench (median; it also flushes L2 before every call) and, on top,
+every call reads a different copy of the inputs (pool slots, indices, q) until the set of copies
+is >= 256 MB, so nothing is served from L2.
+
+Usage (H100, from the project root):
+    source .devkit/device-env.sh && python bench/kernels.py --out $OUT/kernels.md
+Options: --tune (also sweep BLOCK_N / num_stages / split count), --quick (two shapes).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import sys
+import time
+
+import torch
+import triton
+from triton.testing import do_bench
+
+from oscar_kernels import Int2Format, ops
+from oscar_kernels import reference as ref
+from oscar_kernels.triton import decode as int2_decode
+
+HQ, HKV, D = 32, 8, 128
+SINK, WINDOW = 64, 256
+GROUP = 128  # 2.25 bits/element
+SHAPES = [(1, 8192), (1, 32768), (1, 131072), (8, 32768), (32, 8192), (64, 32768)]
+ROTATE_BYTES = 256 << 20
+DEV = "cuda"
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# correctness on realistic shapes (asserts; the CPU test-suite covers the edge cases)
+# ------------------------------------------------------------------------------------------------
+
+
+def heavy_tailed(t, h, d, gen):
+    x = torch.randn(t, h, d, device=DEV, generator=gen)
+    ch = torch.randint(0, d, (h, 4), device=DEV, generator=gen)
+    for j in range(h):
+        x[:, j, ch[j]] *= 12
+    x[:2] *= 1e-2  # low-norm sink tokens
+    return x.bfloat16()
+
+
+def check_correctness(group: int, lens=(3000, 700, 150, 1), owns=(0, 40, 2000, 0)):
+    """Store a few requests with the store kernel, then decode / extend vs the float64 reference."""
+    gen = torch.Generator(device=DEV).manual_seed(1234 + group)
+    fmt = Int2Format(D, group)
+    B, N, R = len(lens), sum(lens) + 1, len(lens) + 1
+    pool = dict(
+        k_codes=torch.zeros(N, HKV, D // 4, dtype=torch.uint8, device=DEV),
+        k_params=torch.zeros(N, HKV, D // group, 2, dtype=torch.float16, device=DEV),
+        v_codes=torch.zeros(N, HKV, D // 4, dtype=torch.uint8, device=DEV),
+        v_params=torch.zeros(N, HKV, D // group, 2, dtype=torch.float16, device=DEV),
+    )
+    side = dict(
+        sink_k=torch.full((R, SINK, HKV, D), 1e4, dtype=torch.bfloat16, device=DEV),
+        sink_v=torch.full((R, SINK, HKV, D), 1e4, dtype=torch.bfloat16, device=DEV),
+        ring_k=torch.full((R, WINDOW, HKV, D), 1e4, dtype=torch.bfloat16, device=DEV),
+        ring_v=torch.full((R, WINDOW, HKV, D), 1e4, dtype=torch.bfloat16, device=DEV),
+    )
+    slots = (torch.randperm(N - 1, device=DEV, generator=gen) + 1).int()
+    kv_indptr = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device=DEV)
+    rows = torch.tensor([1, 2, 3, 0], dtype=torch.int32, device=DEV)  # last = CUDA-graph padding row 0
+    own = torch.tensor(owns, dtype=torch.int32, device=DEV)
+    ks, vs = [], []
+    worst = {}
+    for b, L in enumerate(lens):
+        k, v = heavy_tailed(L, HKV, D, gen), heavy_tailed(L, HKV, D, gen)
+        ks.append(k)
+        vs.append(v)
+        sl = slots[kv_indptr[b]:kv_indptr[b + 1]]
+        # tokens the request computed itself (p >= own_start) are stored with side buffers; the
+        # radix-cache part (p < own_start) only as INT2 (what the plugin does)
+        o_ = min(owns[b], L)
+        pos = torch.arange(L, device=DEV)
+        ops.store_kv(k[:o_], v[:o_], sl[:o_], **pool, k_group=group, v_group=group, k_clip=0.96, v_clip=0.92)
+        ops.store_kv(k[o_:], v[o_:], sl[o_:], **pool, k_group=group, v_group=group, k_clip=0.96,
+                     v_clip=0.92, positions=pos[o_:], token_rows=rows[b].repeat(L - o_),
+                     token_seq_lens=torch.full((L - o_,), L, dtype=torch.int32, device=DEV), **side)
+        ck, pk = ref.quantize(k, fmt, 0.96)
+        cv, pv = ref.quantize(v, fmt, 0.92)
+        for name, got, exp in (("k_codes", pool["k_codes"][sl.long()], ck), ("v_codes", pool["v_codes"][sl.long()], cv),
+                               ("k_params", pool["k_params"][sl.long()], pk), ("v_params", pool["v_params"][sl.long()], pv)):
+            mism = (got.view(torch.uint8) != exp.view(torch.uint8)).float().mean().item()
+            worst[name] = max(worst.get(name, 0.0), mism)
+    log(f"  G={group} store vs reference.quantize (clip 0.96/0.92), mismatching bytes: {worst}")
+    assert all(v == 0.0 for v in worst.values()), "store is not bit-exact on the GPU"
+
+    q = torch.randn(B, HQ, D, device=DEV, generator=gen).bfloat16()
+    o = torch.full((B, HQ, D), float("nan"), device=DEV)
+    sm = 1 / math.sqrt(D)
+    ops.decode_attention(q, o, *pool.values(), *side.values(), kv_indptr, slots, rows, own,
+                         k_group=group, v_group=group, sm_scale=sm)
+    errs = []
+    for b in range(B):
+        sl = slots[kv_indptr[b]:kv_indptr[b + 1]]
+        K = ref.pool_request_kv(pool["k_codes"], pool["k_params"], side["sink_k"], side["ring_k"], sl, int(rows[b]), owns[b], fmt)
+        V = ref.pool_request_kv(pool["v_codes"], pool["v_params"], side["sink_v"], side["ring_v"], sl, int(rows[b]), owns[b], fmt)
+        o_ref, _ = ref.attention(q[b:b + 1], K, V, sm_scale=sm)
+        errs.append(((o[b].double() - o_ref[0]).norm() / o_ref.norm()).item())
+        # and the mixed K the oracle reads really is the stored data (sink/ring/INT2 by the rule)
+        exp_k = ref.mixed_kv(ks[b].float(), fmt, sink=SINK, window=WINDOW, own_start=owns[b], clip_ratio=0.96)
+        assert torch.equal(K, exp_k), "pool contents differ from reference.mixed_kv"
+    log(f"  G={group} decode rel. error vs float64 per request: {[f'{e:.1e}' for e in errs]}")
+    assert max(errs) < 2e-2
+
+    E = [64, 16, 1, 3][:B]
+    qo = torch.tensor([0] + list(torch.tensor(E).cumsum(0)), dtype=torch.int32, device=DEV)
+    qe = torch.randn(sum(E), HQ, D, device=DEV, generator=gen).bfloat16()
+    oe, lse = ops.extend_prefix_attention(qe, qo, *pool.values(), *side.values(), kv_indptr, slots, rows, own,
+                                          k_group=group, v_group=group, sm_scale=sm, max_len_extend=max(E))
+    errs = []
+    for b in range(B):
+        sl = slots[kv_indptr[b]:kv_indptr[b + 1]]
+        K = ref.pool_request_kv(pool["k_codes"], pool["k_params"], side["sink_k"], side["ring_k"], sl, int(rows[b]), owns[b], fmt)
+        V = ref.pool_request_kv(pool["v_codes"], pool["v_params"], side["sink_v"], side["ring_v"], sl, int(rows[b]), owns[b], fmt)
+        o_ref, l_ref = ref.attention(qe[qo[b]:qo[b + 1]], K, V, sm_scale=sm)
+        errs.append(((oe[qo[b]:qo[b + 1]].double() - o_ref).norm() / o_ref.norm()).item())
+        assert (lse[qo[b]:qo[b + 1]].double() - l_ref).abs().max() < 1e-2
+    log(f"  G={group} extend-prefix rel. error vs float64 per request: {[f'{e:.1e}' for e in errs]}")
+    assert max(errs) < 2e-2
+
+
+# ------------------------------------------------------------------------------------------------
+# timing helpers
+# ------------------------------------------------------------------------------------------------
+
+
+def bench(fn, warmup=10, rep=60):
+    return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+
+def copy_bandwidth():
+    n = 1 << 30
+    x = torch.empty(n, dtype=torch.uint8, device=DEV)
+    y = torch.empty_like(x)
+    ms = bench(lambda: y.copy_(x))
+    del x, y
+    return 2 * n / ms / 1e6  # GB/s, read + write
+
+
+def contiguous_indices(B, L, copies, offset=1):
+    """kv_indices of `copies` independent batches: request b of copy c owns slots
+    offset + (c*B + b)*L + [0, L) (what a fresh SGLang pool with page_size 1 hands out)."""
+    base = torch.arange(B * L, device=DEV, dtype=torch.int32)
+    return [base + offset + c * B * L for c in range(copies)]
+
+
+def n_copies(bytes_per_call):
+    return max(1, min(64, math.ceil(ROTATE_BYTES / bytes_per_call)))
+
+
+def int2_bytes(B, L, group):
+    """Bytes the INT2 decode reads: codes + params (K and V) of INT2 positions, the BF16 sink and
+    ring rows, and one int32 index per INT2 position."""
+    n_bf = min(L, SINK + WINDOW)
+    n_int2 = L - n_bf
+    row = D // 4 + 4 * (D // group)
+    return B * (HKV * (n_int2 * 2 * row + n_bf * 2 * D * 2) + n_int2 * 4)
+
+
+def bf16_bytes(B, L):
+    return B * (HKV * L * 2 * D * 2 + L * 4)
+
+
+class Int2Case:
+    def __init__(self, B, L, group=GROUP):
+        self.B, self.L, self.group = B, L, group
+        self.bytes = int2_bytes(B, L, group)
+        self.copies = n_copies(self.bytes)
+        N = B * L * self.copies + 1
+        self.k_codes = torch.randint(0, 256, (N, HKV, D // 4), dtype=torch.uint8, device=DEV)
+        self.v_codes = torch.randint(0, 256, (N, HKV, D // 4), dtype=torch.uint8, device=DEV)
+        prm = torch.stack([torch.full((N, HKV, D // group), 0.02), torch.full((N, HKV, D // group), -0.03)], -1)
+        self.k_params = prm.half().to(DEV)
+        self.v_params = prm.half().to(DEV)
+        R = B * self.copies + 1
+        self.sink_k = torch.randn(R, SINK, HKV, D, device=DEV).bfloat16()
+        self.sink_v = torch.randn(R, SINK, HKV, D, device=DEV).bfloat16()
+        self.ring_k = torch.randn(R, WINDOW, HKV, D, device=DEV).bfloat16()
+        self.ring_v = torch.randn(R, WINDOW, HKV, D, device=DEV).bfloat16()
+        self.indices = contiguous_indices(B, L, self.copies)
+        self.indptr = torch.arange(0, B * L + 1, L, dtype=torch.int32, device=DEV)
+        self.rows = [torch.arange(B, dtype=torch.int32, device=DEV) + 1 + c * B for c in range(self.copies)]
+        self.own = torch.zeros(B, dtype=torch.int32, device=DEV)
+        self.q = [torch.randn(B, HQ, D, device=DEV).bfloat16() for _ in range(self.copies)]
+        self.o = torch.empty(B, HQ, D, dtype=torch.bfloat16, device=DEV)
+
+    def fn(self, max_kv_splits=None, **kw):
+        ms = max_kv_splits or int2_decode.default_max_splits(self.B, HKV, torch.device(DEV))
+        logits = torch.empty(self.B, HQ, ms, D, dtype=torch.float32, device=DEV)
+        lse = torch.empty(self.B, HQ, ms, dtype=torch.float32, device=DEV)
+        state = [0]
+
+        def run():
+            c = state[0] = (state[0] + 1) % self.copies
+            int2_decode.decode_attention(
+                self.q[c], self.o, self.k_codes, self.k_params, self.v_codes, self.v_params,
+                self.sink_k, self.sink_v, self.ring_k, self.ring_v, self.indptr, self.indices[c],
+                self.rows[c], self.own, k_group=self.group, v_group=self.group, sm_scale=D ** -0.5,
+                max_kv_splits=ms, attn_logits=logits, attn_lse=lse, **kw)
+        return run
+
+
+class Bf16Case:
+    def __init__(self, B, L):
+        self.B, self.L = B, L
+        self.bytes = bf16_bytes(B, L)
+        self.copies = n_copies(self.bytes)
+        N = B * L * self.copies + 1
+        self.k = torch.randn(N, HKV, D, device=DEV).bfloat16()
+        self.v = torch.randn(N, HKV, D, device=DEV).bfloat16()
+        self.indices = contiguous_indices(B, L, self.copies)
+        self.indptr = torch.arange(0, B * L + 1, L, dtype=torch.int32, device=DEV)
+        self.q = [torch.randn(B, HQ, D, device=DEV).bfloat16() for _ in range(self.copies)]
+        self.o = torch.empty(B, HQ, D, dtype=torch.bfloat16, device=DEV)
+
+    def fn(self, splits):
+        from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
+
+        logits = torch.empty(self.B, HQ, splits, D, dtype=torch.float32, device=DEV)
+        lse = torch.empty(self.B, HQ, splits, dtype=torch.float32, device=DEV)
+        nks = torch.full((self.B,), splits, dtype=torch.int32, device=DEV)
+        state = [0]
+
+        def run():
+            c = state[0] = (state[0] + 1) % self.copies
+            decode_attention_fwd(self.q[c], self.k, self.v, self.o, self.indptr, self.indices[c], logits, lse,
+                                 nks, splits, D ** -0.5, 1.0, 1.0)
+        return run
+
+
+# ------------------------------------------------------------------------------------------------
+# store and extend
+# ------------------------------------------------------------------------------------------------
+
+
+def bench_store(T, rotate):
+    L = T
+    k = torch.randn(T, HKV, D, device=DEV).bfloat16()
+    v = torch.randn(T, HKV, D, device=DEV).bfloat16()
+    N = T + 1
+    pool = dict(
+        k_codes=torch.empty(N, HKV, D // 4, dtype=torch.uint8, device=DEV),
+        k_params=torch.empty(N, HKV, D // GROUP, 2, dtype=torch.float16, device=DEV),
+        v_codes=torch.empty(N, HKV, D // 4, dtype=torch.uint8, device=DEV),
+        v_params=torch.empty(N, HKV, D // GROUP, 2, dtype=torch.float16, device=DEV),
+        sink_k=torch.empty(2, SINK, HKV, D, dtype=torch.bfloat16, device=DEV),
+        sink_v=torch.empty(2, SINK, HKV, D, dtype=torch.bfloat16, device=DEV),
+        ring_k=torch.empty(2, WINDOW, HKV, D, dtype=torch.bfloat16, device=DEV),
+        ring_v=torch.empty(2, WINDOW, HKV, D, dtype=torch.bfloat16, device=DEV),
+    )
+    meta = dict(
+        loc=torch.arange(1, T + 1, device=DEV),
+        positions=torch.arange(T, device=DEV),
+        token_rows=torch.ones(T, dtype=torch.int32, device=DEV),
+        token_seq_lens=torch.full((T,), L, dtype=torch.int32, device=DEV),
+    )
+    rot = {}
+    if rotate:
+        rot = dict(k_rot=torch.linalg.qr(torch.randn(HKV, D, D, device=DEV))[0].float(),
+                   v_rot=torch.linalg.qr(torch.randn(HKV, D, D, device=DEV))[0].float())
+    ms = bench(lambda: ops.store_kv(k, v, **meta, **pool, **rot, k_group=GROUP, v_group=GROUP,
+                                    k_clip=0.96, v_clip=0.92))
+    n_side = min(T, SINK) + min(T, WINDOW)
+    nbytes = (2 * T * HKV * D * 2  # read K, V
+              + 2 * T * HKV * (D // 4 + 4 * (D // GROUP))  # write codes + params
+              + 2 * n_side * HKV * D * 2  # write BF16 sink / ring rows
+              + T * (8 + 8 + 4 + 4))  # loc, positions, rows, seq lens
+    return ms, nbytes
+
+
+def bench_extend(prefix, E):
+    c = Int2Case(1, prefix)
+    q = torch.randn(E, HQ, D, device=DEV).bfloat16()
+    qo = torch.tensor([0, E], dtype=torch.int32, device=DEV)
+    ms = bench(lambda: ops.extend_prefix_attention(
+        q, qo, c.k_codes, c.k_params, c.v_codes, c.v_params, c.sink_k, c.sink_v, c.ring_k, c.ring_v,
+        c.indptr, c.indices[0], c.rows[0], c.own, k_group=GROUP, v_group=GROUP, sm_scale=D ** -0.5,
+        max_len_extend=E))
+    flops = 4 * E * HQ * prefix * D
+    return ms, flops
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", help="write the markdown table here")
+    ap.add_argument("--json", help="write raw numbers here")
+    ap.add_argument("--tune", action="store_true", help="also sweep INT2 decode tile/split settings")
+    ap.add_argument("--quick", action="store_true", help="two shapes only")
+    ap.add_argument("--bf16-splits", default="8,16,32,64", help="num_kv_splits values tried for SGLang BF16")
+    args = ap.parse_args()
+    t_start = time.time()
+    dev_name = torch.cuda.get_device_name()
+    log(f"device: {dev_name}, torch {torch.__version__}, triton {triton.__version__}")
+
+    log("correctness (GPU, vs float64 reference):")
+    for g in (128, 32):
+        check_correctness(g)
+
+    copy_gbs = copy_bandwidth()
+    log(f"copy bandwidth (read+write): {copy_gbs:.0f} GB/s")
+
+    shapes = SHAPES[:2] if args.quick else SHAPES
+    bf_splits = [int(s) for s in args.bf16_splits.split(",")]
+    rows, raw = [], {"copy_gbs": copy_gbs, "device": dev_name, "decode": [], "tune": []}
+    for B, L in shapes:
+        bc = Bf16Case(B, L)
+        bf = {s: bench(bc.fn(s)) for s in bf_splits}
+        del bc
+        torch.cuda.empty_cache()
+        best_s = min(bf, key=bf.get)
+        ic = Int2Case(B, L)
+        t_int2 = bench(ic.fn())
+        tuned = {}
+        if args.tune:
+            base = int2_decode.default_max_splits(B, HKV, torch.device(DEV))
+            nb16 = int2_decode.bf16_splits(SINK, WINDOW, base)
+            for bn, st, nw in ((64, 2, 4), (64, 3, 4), (128, 2, 4), (128, 3, 4), (128, 3, 8), (32, 3, 4)):
+                for ms in sorted({max(nb16 + 1, (base - nb16) // 2 + nb16), base, (base - nb16) * 2 + nb16}):
+                    try:
+                        tuned[(bn, st, nw, ms)] = bench(ic.fn(ms, block_n=bn, num_stages=st, num_warps=nw))
+                    except Exception as e:  # a config that does not compile/fit: report, go on
+                        log(f"  tune {(bn, st, nw, ms)} failed: {type(e).__name__}: {e}")
+            for cfg, t in sorted(tuned.items(), key=lambda kv: kv[1])[:5]:
+                log(f"  tune B={B} L={L} (block_n, stages, warps, max_splits)={cfg}: {t * 1e3:.1f} us")
+            raw["tune"].append({"B": B, "L": L, "results": {str(k): v for k, v in tuned.items()}})
+        del ic
+        torch.cuda.empty_cache()
+        r = dict(B=B, L=L, bf16_ms=bf[best_s], bf16_splits=best_s, bf16_all=bf, int2_ms=t_int2,
+                 int2_bytes=int2_bytes(B, L, GROUP), bf16_bytes=bf16_bytes(B, L),
+                 int2_tuned_ms=min(tuned.values()) if tuned else None)
+        r["int2_gbs"] = r["int2_bytes"] / t_int2 / 1e6
+        r["bf16_gbs"] = r["bf16_bytes"] / r["bf16_ms"] / 1e6
+        r["speedup"] = r["bf16_ms"] / t_int2
+        rows.append(r)
+        raw["decode"].append(r)
+        log(f"B={B:3d} L={L:6d}  BF16 {r['bf16_ms'] * 1e3:8.1f} us ({r['bf16_gbs']:5.0f} GB/s, splits {best_s})"
+            f"  INT2 {t_int2 * 1e3:7.1f} us ({r['int2_gbs']:5.0f} GB/s, {100 * r['int2_gbs'] / copy_gbs:3.0f}% of copy)"
+            f"  speedup {r['speedup']:.2f}x")
+
+    st = []
+    for T, rot in ((16384, False), (16384, True), (64, False)):
+        ms, nb = bench_store(T, rot)
+        st.append(dict(T=T, rotate=rot, ms=ms, bytes=nb, gbs=nb / ms / 1e6))
+        log(f"store T={T} rotate={rot}: {ms * 1e3:.1f} us, {nb / ms / 1e6:.0f} GB/s")
+    raw["store"] = st
+    ex = []
+    for prefix, E in ((32768, 4096), (8192, 512)):
+        ms, fl = bench_extend(prefix, E)
+        ex.append(dict(prefix=prefix, E=E, ms=ms, tflops=fl / ms / 1e9))
+        log(f"extend-prefix prefix={prefix} E={E}: {ms:.2f} ms, {fl / ms / 1e9:.0f} TFLOP/s")
+    raw["extend"] = ex
+
+    # acceptance (issue 2)
+    acc = []
+    ok1 = all(r["speedup"] >= 4 for r in rows if r["L"] >= 32768 and r["B"] >= 8)
+    acc.append(("INT2 >= 4x SGLang BF16 at every L >= 32K with B >= 8", ok1))
+    ok2 = all(r["speedup"] > 1 for r in rows if r["B"] == 1 and r["L"] >= 8192)
+    acc.append(("INT2 faster than SGLang BF16 at B=1 for every L >= 8K", ok2))
+    ok3 = all(r["int2_gbs"] >= 0.75 * copy_gbs for r in rows if r["B"] * r["L"] >= 262144)
+    acc.append(("INT2 >= 75% of copy bandwidth on its bytes when B*L >= 256K", ok3))
+    for name, ok in acc:
+        log(f"ACCEPTANCE {'PASS' if ok else 'FAIL'}: {name}")
+    raw["acceptance"] = acc
+
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    md = [
+        f"Device: {dev_name}; torch {torch.__version__}, triton {triton.__version__}, Python "
+        f"{platform.python_version()}; {date}. Hq={HQ}, Hkv={HKV}, D={D}, INT2 group {GROUP} "
+        f"(K and V, 2.25 bits/element), sink {SINK} + ring {WINDOW} BF16 keys per request, "
+        f"page size 1, contiguous slots per request (same kv_indices layout for both kernels).",
+        f"Copy bandwidth measured in the same run: **{copy_gbs:.0f} GB/s** (torch copy_, read + write).",
+        "",
+        "| B | L | SGLang BF16 Triton (best splits) | BF16 GB/s | INT2 (ours) | INT2 bytes read | INT2 GB/s | % of copy BW | speedup |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        md.append(
+            f"| {r['B']} | {r['L'] // 1024}K | {r['bf16_ms'] * 1e3:.1f} us ({r['bf16_splits']}) | {r['bf16_gbs']:.0f} "
+            f"| {r['int2_ms'] * 1e3:.1f} us | {r['int2_bytes'] / 1e6:.1f} MB | {r['int2_gbs']:.0f} "
+            f"| {100 * r['int2_gbs'] / copy_gbs:.0f}% | **{r['speedup']:.2f}x** |")
+    md += ["", "| store (K+V, clip 0.96/0.92, side buffers) | time | GB/s |", "|---|---:|---:|"]
+    for s in st:
+        md.append(f"| T={s['T']} tokens{', in-kernel rotation' if s['rotate'] else ''} | {s['ms'] * 1e3:.1f} us | {s['gbs']:.0f} |")
+    md += ["", "| extend-prefix (1 request) | time | TFLOP/s |", "|---|---:|---:|"]
+    for e in ex:
+        md.append(f"| prefix {e['prefix'] // 1024}K, {e['E']} new tokens | {e['ms']:.2f} ms | {e['tflops']:.0f} |")
+    md += ["", "Acceptance (issue 2), this run:", ""]
+    md += [f"- {'PASS' if ok else 'FAIL'}: {name}" for name, ok in acc]
+    text = "\n".join(md)
+    log("\n" + text)
+    if args.out:
+        open(args.out, "w").write(text + "\n")
+    if args.json:
+        json.dump(raw, open(args.json, "w"), indent=1, default=str)
+    log(f"total {time.time() - t_start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
