@@ -78,6 +78,8 @@ def decode_attention(
     Hkv = k_codes.shape[1]
     Dv = v_codes.shape[-1] * 4
     gqa = Hq // Hkv
+    if kv_indptr.shape[0] < B + 1:
+        raise ValueError(f"kv_indptr has {kv_indptr.shape[0]} entries, need batch + 1 = {B + 1}")
     S, W = sink_k.shape[1], ring_k.shape[1]
     if max_kv_splits is None:
         max_kv_splits = (attn_logits.shape[2] if attn_logits is not None
