@@ -22,6 +22,7 @@ from sglang.srt.layers.attention.triton_backend import TritonAttnBackend, logit_
 
 from oscar_kernels import ops
 
+from . import debug_tap
 from .pool import OscarInt2KVPool
 
 BACKEND_NAME = "oscar_triton"
@@ -222,6 +223,8 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             o_pre = self._unrot_o(o_pre, layer.layer_id)
             o = merge_by_lse(o_pre, lse_pre, o_new, lse_new).to(q.dtype)
 
+        if debug_tap.enabled(layer.layer_id):  # off unless OSCAR_DEBUG_TAP_DIR is set
+            debug_tap.record_extend(self, layer, fb, q3, k3, v3, o)
         if save_kv_cache:  # after attention: the prefix reader saw the previous chunk's ring
             self._store(layer, fb, k3, v3, self._token_rows, self._token_seq_lens)
         return o.reshape(T, Hq * Dv)

@@ -1,0 +1,268 @@
+"""End-to-end acceptance run of `--kv-cache-dtype int2` on stock SGLang (GPU machine).
+
+Phases (all on dummy-weight Qwen3-8B from the devkit, same --mem-fraction-static):
+  bf16      stock BF16 server (triton): max_total_num_tokens, then stopped;
+  int2      INT2 server, radix cache on, CUDA graphs, a rotation file (random orthogonal, per-head
+            K, shared V, clip 0.96 / 0.92) loaded: capacity ratio vs bf16; /v1/chat/completions
+            (streamed and not), /generate; 64 concurrent requests of mixed lengths up to 32K
+            (some sharing a prefix); /server_info and /metrics show the int2 pool;
+  noradix   INT2 server with --disable-radix-cache and 4K chunked prefill, debug tap on one
+            layer: one 10K-token request is prefilled in 3 chunks and the server's attention
+            output of the tapped layer is compared with (a) exact attention over the same BF16
+            K/V and (b) the INT2 design emulated in float64; then the 64 concurrent requests.
+
+    source .devkit/device-env.sh && python bench/server_e2e.py --out $OUT/e2e
+
+Writes OUT/results.json after every phase (a cut-off run keeps what it measured) and the logs.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import datetime
+import json
+import random
+import re
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _serving_server import ServerProcess, post_json  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / ".devkit" / "models"
+FLAGS = ["--load-format", "dummy", "--sampling-backend", "pytorch", "--grammar-backend", "none",
+         "--disable-prefill-cuda-graph", "--host", "127.0.0.1"]
+
+
+def server_cmd(model: str, port: int, mem: float, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "sglang.launch_server", "--model-path", str(MODELS / model),
+            "--tokenizer-path", str(MODELS / "smollm2-135m"), "--mem-fraction-static", str(mem),
+            "--port", str(port), *FLAGS, *extra]
+
+
+def wait_log(srv: ServerProcess, pattern: str, timeout: float = 300.0) -> re.Match:
+    t0 = time.time()
+    rx = re.compile(pattern)
+    while time.time() - t0 < timeout:
+        m = rx.search(srv.log_path.read_text(errors="replace"))
+        if m:
+            return m
+        if srv.proc.poll() is not None:
+            raise RuntimeError(f"server exited ({srv.proc.returncode}):\n{srv.tail(40)}")
+        time.sleep(1)
+    raise RuntimeError(f"no {pattern!r} in the log after {timeout:.0f} s:\n{srv.tail(40)}")
+
+
+def scheduler_info(srv: ServerProcess) -> dict:
+    info = srv.server_info()
+    st = (info.get("internal_states") or [{}])[0]
+    return {"max_total_num_tokens": info.get("max_total_num_tokens"),
+            "max_running_requests": st.get("effective_max_running_requests_per_dp"),
+            "oscar_int2": st.get("oscar_int2"), "attention_backend": info.get("attention_backend"),
+            "kv_cache_dtype": info.get("kv_cache_dtype")}
+
+
+def chat_checks(url: str) -> dict:
+    body = {"model": "default", "messages": [{"role": "user", "content": "Say hello."}],
+            "max_tokens": 16, "temperature": 0, "ignore_eos": True}
+    r = post_json(url + "/v1/chat/completions", body, timeout=120)
+    ok_plain = isinstance(r, dict) and r["usage"]["completion_tokens"] > 0 and "message" in r["choices"][0]
+    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps({**body, "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    chunks, done = 0, False
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        for line in resp:
+            line = line.decode().strip()
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data:"):
+                json.loads(line[5:])
+                chunks += 1
+    g = post_json(url + "/generate", {"text": "The capital of France is",
+                                      "sampling_params": {"max_new_tokens": 16, "ignore_eos": True}}, timeout=120)
+    ok_gen = isinstance(g, dict) and g["meta_info"]["completion_tokens"] == 16
+    return {"chat": ok_plain, "chat_completion_tokens": r["usage"]["completion_tokens"] if ok_plain else None,
+            "chat_stream_chunks": chunks, "chat_stream_done": done, "generate": ok_gen,
+            "ok": bool(ok_plain and done and chunks >= 2 and ok_gen)}
+
+
+def mixed_requests(n: int = 64, seed: int = 0) -> list[list[int]]:
+    """Mixed lengths up to 32K: 6 x 32000, 6 x 16000, 12 x 4000, 40 x 64..2000; 16 of the
+    short ones share a 1500-token prefix (radix sharing when the cache is on)."""
+    rng = random.Random(seed)
+    lens = [32000] * 6 + [16000] * 6 + [4000] * 12 + [rng.randint(64, 2000) for _ in range(n - 24)]
+    shared = [rng.randrange(100, 40000) for _ in range(1500)]
+    out = []
+    for i, L in enumerate(lens):
+        ids = [rng.randrange(100, 40000) for _ in range(L)]
+        if i >= n - 16:
+            ids = shared + ids
+        out.append(ids)
+    rng.shuffle(out)
+    return out
+
+
+def concurrent_run(url: str, prompts: list[list[int]], out_len: int = 32) -> dict:
+    def one(ids):
+        t0 = time.time()
+        r = post_json(url + "/generate", {"input_ids": ids, "sampling_params": {
+            "max_new_tokens": out_len, "ignore_eos": True, "temperature": 0}}, timeout=600)
+        m = r["meta_info"]
+        return (m["completion_tokens"] == out_len and m["prompt_tokens"] == len(ids)), time.time() - t0
+
+    t0 = time.time()
+    with cf.ThreadPoolExecutor(len(prompts)) as ex:
+        res = list(ex.map(one, prompts))
+    return {"requests": len(prompts), "completed_ok": sum(ok for ok, _ in res),
+            "prompt_tokens": sum(map(len, prompts)), "max_prompt": max(map(len, prompts)),
+            "wall_s": round(time.time() - t0, 1), "max_latency_s": round(max(t for _, t in res), 1),
+            "ok": all(ok for ok, _ in res)}
+
+
+def make_rotation_file(path: Path, model: str) -> str:
+    import torch
+
+    from oscar_sglang import rotations as R
+
+    cfg = json.loads((MODELS / model / "config.json").read_text())
+    L, H = cfg["num_hidden_layers"], cfg["num_key_value_heads"]
+    D = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    g = torch.Generator().manual_seed(1)
+    rk = torch.linalg.qr(torch.randn(L, H, D, D, generator=g, dtype=torch.float64))[0].float()
+    rv = torch.linalg.qr(torch.randn(L, 1, D, D, generator=g, dtype=torch.float64))[0].float()
+    rs = R.RotationSet(rk, rv, torch.full((L,), 0.96), torch.full((L,), 0.92),
+                       metadata={"recipe": "oscar", "model_id": model, "note": "random orthogonal, e2e test"})
+    return R.save_rotation_file(rs, path)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--model", default="qwen3-8b")
+    ap.add_argument("--mem", type=float, default=0.85)
+    ap.add_argument("--phases", default="bf16,int2,noradix")
+    ap.add_argument("--tap-layer", type=int, default=5)
+    ap.add_argument("--port", type=int, default=31000)
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    res: dict = {"date": datetime.datetime.utcnow().isoformat(timespec="seconds") + "Z",
+                 "model": a.model, "mem_fraction_static": a.mem, "command": " ".join(sys.argv)}
+    try:
+        import torch
+
+        res["device"] = torch.cuda.get_device_name(0)
+    except Exception as e:  # noqa: BLE001
+        res["device"] = f"? ({e})"
+
+    def save():
+        (a.out / "results.json").write_text(json.dumps(res, indent=2, default=str))
+
+    rot = a.out / "rot_random_orthogonal.safetensors"
+    res["rotation_sha256"] = make_rotation_file(rot, a.model)
+    int2_env = {"OSCAR_ROTATION": str(rot), "PYTHONUNBUFFERED": "1"}
+    phases = a.phases.split(",")
+
+    if "bf16" in phases:
+        t0 = time.time()
+        try:
+            cmd = server_cmd(a.model, a.port, a.mem, "--attention-backend", "triton", "--disable-cuda-graph",
+                             "--skip-tokenizer-init")
+            with ServerProcess(cmd, {}, a.out / "bf16.log", a.port) as srv:
+                m = wait_log(srv, r"max_total_num_tokens=(\d+)")
+                res["bf16"] = {"max_total_num_tokens": int(m.group(1))}
+        except Exception as e:  # noqa: BLE001
+            res["bf16"] = {"error": str(e)[-3000:]}
+        res["bf16"]["phase_s"] = round(time.time() - t0)
+        print("bf16:", res["bf16"], flush=True)
+        save()
+
+    if "int2" in phases:
+        t0 = time.time()
+        r: dict = {}
+        res["int2"] = r
+        try:
+            cmd = server_cmd(a.model, a.port, a.mem, "--kv-cache-dtype", "int2", "--enable-metrics")
+            with ServerProcess(cmd, int2_env, a.out / "int2.log", a.port) as srv:
+                srv.wait_ready(420)
+                r["startup_s"] = round(srv.startup_s)
+                r["info"] = scheduler_info(srv)
+                bf = res.get("bf16", {}).get("max_total_num_tokens")
+                cap = r["info"]["max_total_num_tokens"]
+                if bf and cap:
+                    r["capacity_ratio_vs_bf16"] = round(cap / bf, 3)
+                r["api"] = chat_checks(srv.url)
+                print("int2 api:", r["api"], flush=True)
+                save()
+                r["concurrent_64"] = concurrent_run(srv.url, mixed_requests())
+                print("int2 64:", r["concurrent_64"], flush=True)
+                with urllib.request.urlopen(srv.url + "/metrics", timeout=30) as m:
+                    metrics = m.read().decode()
+                r["metrics"] = [ln for ln in metrics.splitlines() if ln.startswith("sglang:oscar_int2")][:10]
+                log = srv.log_path.read_text(errors="replace")
+                r["cuda_graph_decode_seen"] = "cuda graph: True" in log
+                r["pool_log_line"] = next((ln for ln in log.splitlines() if "OSCAR INT2 KV pool:" in ln), None)
+                r["rotation_log_line"] = next((ln for ln in log.splitlines() if "OSCAR INT2 KV cache:" in ln), None)
+        except Exception as e:  # noqa: BLE001
+            r["error"] = str(e)[-3000:]
+        r["phase_s"] = round(time.time() - t0)
+        save()
+
+    if "noradix" in phases:
+        t0 = time.time()
+        r = {}
+        res["noradix"] = r
+        tap = a.out / "tap"
+        try:
+            env = {**int2_env, "OSCAR_DEBUG_TAP_DIR": str(tap), "OSCAR_DEBUG_TAP_LAYER": str(a.tap_layer)}
+            cmd = server_cmd(a.model, a.port, a.mem, "--kv-cache-dtype", "int2", "--disable-radix-cache",
+                             "--chunked-prefill-size", "4096")
+            with ServerProcess(cmd, env, a.out / "noradix.log", a.port) as srv:
+                srv.wait_ready(420)
+                r["startup_s"] = round(srv.startup_s)
+                rng = random.Random(7)
+                ids = [rng.randrange(100, 40000) for _ in range(10000)]
+                before = set(tap.glob("extend_*.pt")) if tap.exists() else set()
+                g = post_json(srv.url + "/generate", {"input_ids": ids, "sampling_params": {
+                    "max_new_tokens": 4, "ignore_eos": True}}, timeout=300)
+                r["tap_request_ok"] = g["meta_info"]["completion_tokens"] == 4
+                time.sleep(1)
+                files = sorted(set(tap.glob("extend_*.pt")) - before)
+                r["accuracy"] = analyse_tap(tap / "meta.pt", files)
+                print("accuracy:", json.dumps(r["accuracy"])[:800], flush=True)
+                save()
+                r["concurrent_64"] = concurrent_run(srv.url, mixed_requests(seed=1))
+                print("noradix 64:", r["concurrent_64"], flush=True)
+        except Exception as e:  # noqa: BLE001
+            r["error"] = str(e)[-3000:]
+        r["phase_s"] = round(time.time() - t0)
+        save()
+
+    print(json.dumps(res, indent=1, default=str)[:6000])
+    return 0
+
+
+def analyse_tap(meta_path: Path, files: list[Path]) -> dict:
+    import torch
+
+    from oscar_sglang.debug_tap import check_request
+
+    meta = torch.load(meta_path, weights_only=False)
+    chunks = [torch.load(f, weights_only=False) for f in files]
+    chunks = [c for c in chunks if c["seq_len"] <= 10000]  # the 10K tap request's prefill chunks
+    out = check_request(meta, chunks)
+    out["tap_files"] = len(files)
+    out["chunk_sizes"] = [c["q"].shape[0] for c in chunks]
+    out["rotation"] = {k: meta["info"].get(k) for k in ("recipe", "rotation_sha256", "group_size")}
+    cs = out["chunks"]
+    out["ok"] = bool(cs) and all(
+        c["rel_err_server_vs_int2_emulation"] <= 0.03
+        and c["rel_err_server_vs_bf16"] <= 1.5 * c["rel_err_int2_emulation_vs_bf16"] + 0.02
+        for c in cs)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Debug tap: record one layer's attention inputs/outputs inside a running server, and the
+float64 references they are checked against (used by bench/server_e2e.py).
+
+Enabled only by OSCAR_DEBUG_TAP_DIR (a directory) and OSCAR_DEBUG_TAP_LAYER (a global layer id).
+It runs in eager forwards only (prefill / extend); CUDA-graph replays never execute Python, and a
+capture is skipped. Each call of the tapped layer with batch size 1 saves q, k, v (model space,
+as the backend received them), the backend's output, and the positions / own_start it used.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import os
+
+import torch
+
+TAP_DIR = os.environ.get("OSCAR_DEBUG_TAP_DIR") or None
+TAP_LAYER = int(os.environ.get("OSCAR_DEBUG_TAP_LAYER", "-1"))
+_counter = itertools.count()
+_meta_saved = False
+
+
+def enabled(layer_id: int) -> bool:
+    return (
+        TAP_DIR is not None
+        and layer_id == TAP_LAYER
+        and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    )
+
+
+def record_extend(backend, layer, fb, q3, k3, v3, o) -> None:
+    global _meta_saved
+    if fb.batch_size != 1:
+        return
+    os.makedirs(TAP_DIR, exist_ok=True)
+    pool = backend.pool
+    i = pool.local(layer.layer_id)
+    if not _meta_saved:
+        torch.save(
+            {
+                "k_rot": None if pool.k_rot[i] is None else pool.k_rot[i].cpu(),
+                "v_rot": None if pool.v_rot[i] is None else pool.v_rot[i].cpu(),
+                "k_clip": pool.k_clip[i], "v_clip": pool.v_clip[i], "sink": pool.sink,
+                "recent": pool.recent, "group": pool.k_format.group_size, "sm_scale": layer.scaling,
+                "info": {k: v for k, v in pool.info.items() if k != "env"},
+            },
+            os.path.join(TAP_DIR, "meta.pt"),
+        )
+        _meta_saved = True
+    torch.save(
+        {
+            "q": q3.detach().cpu(), "k": k3.detach().cpu(), "v": v3.detach().cpu(),
+            "o": o.detach().reshape(q3.shape[0], q3.shape[1], -1).cpu(),
+            "prefix": int(fb.extend_prefix_lens[0]), "seq_len": int(fb.seq_lens[0]),
+            "row": int(fb.req_pool_indices[0]), "own_start": int(backend._own_b[0]),
+        },
+        os.path.join(TAP_DIR, f"extend_{next(_counter):05d}.pt"),
+    )
+
+
+# ------------------------------------------------------------------------------ references
+
+
+def _rel(a, b) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def check_request(meta: dict, chunks: list[dict]) -> dict:
+    """Chunks of one request (in order, contiguous positions from 0). For every chunk with a
+    cached prefix: the server output vs (a) exact attention over the BF16 K/V and (b) the INT2
+    design emulated in float64 (oscar_kernels.reference) on the same K/V and rotations."""
+    from oscar_kernels import reference as ref
+    from oscar_kernels.format import Int2Format
+
+    K = torch.cat([c["k"] for c in chunks]).float()
+    V = torch.cat([c["v"] for c in chunks]).float()
+    H, D = K.shape[1], K.shape[2]
+    Dv = V.shape[2]
+    eye_k = torch.eye(D).expand(H, D, D)
+    eye_v = torch.eye(Dv).expand(H, Dv, Dv)
+    Rk = meta["k_rot"].float() if meta["k_rot"] is not None else eye_k
+    Rv = meta["v_rot"].float() if meta["v_rot"] is not None else eye_v
+    dt = chunks[0]["k"].dtype
+    # what the backend stores / reads: rotated in fp32, rounded to the model dtype
+    Kr = torch.einsum("thd,hde->the", K, Rk).to(dt).float()
+    Vr = torch.einsum("thd,hde->the", V, Rv).to(dt).float()
+    fk, fv = Int2Format(D, min(meta["group"], D)), Int2Format(Dv, min(meta["group"], Dv))
+    sm = meta["sm_scale"]
+    out = []
+    for c in chunks:
+        P, E = c["prefix"], c["q"].shape[0]
+        if P == 0:
+            continue
+        q = c["q"].float()
+        Hq = q.shape[1]
+        g = Hq // H
+        o_bf16, _ = ref.attention(q, K[: P + E], V[: P + E], sm_scale=sm, causal_offset=P)
+        own = min(c["own_start"], 2**31 - 1)
+        Kp = ref.mixed_kv(Kr[:P], fk, P, meta["sink"], meta["recent"], own, meta["k_clip"]).double()
+        Vp = ref.mixed_kv(Vr[:P], fv, P, meta["sink"], meta["recent"], own, meta["v_clip"]).double()
+        qr = torch.einsum("thgd,hde->thge", q.reshape(E, H, g, D), Rk).reshape(E, Hq, D).to(dt).double()
+        sp = torch.einsum("thd,lhd->htl", qr, Kp.repeat_interleave(g, 1)) * sm
+        sn = torch.einsum("thd,lhd->htl", q.double(), K[P : P + E].double().repeat_interleave(g, 1)) * sm
+        causal = torch.arange(E).view(-1, 1) < torch.arange(E).view(1, -1)
+        sn = sn.masked_fill(causal.unsqueeze(0), float("-inf"))
+        p = torch.softmax(torch.cat([sp, sn], -1), -1)
+        Vp_model = torch.einsum("lhd,hed->lhe", Vp, Rv.double())  # un-rotate: v @ R_v^T
+        vv = torch.cat([Vp_model, V[P : P + E].double()]).repeat_interleave(g, 1)
+        o_emul = torch.einsum("htl,lhd->thd", p, vv)
+        o = c["o"].float()
+        out.append({
+            "prefix": P, "new_tokens": E, "own_start": own,
+            "rel_err_server_vs_bf16": _rel(o, o_bf16),
+            "rel_err_int2_emulation_vs_bf16": _rel(o_emul, o_bf16),
+            "rel_err_server_vs_int2_emulation": _rel(o, o_emul),
+        })
+    return {"chunks": out, "head_dim": D, "kv_heads": H, "q_heads": chunks[0]["q"].shape[1],
+            "sm_scale_check": math.isclose(sm, 1 / math.sqrt(D), rel_tol=1e-3)}
