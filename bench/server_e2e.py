@@ -143,7 +143,7 @@ def main() -> int:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--model", default="qwen3-8b")
     ap.add_argument("--mem", type=float, default=0.85)
-    ap.add_argument("--phases", default="bf16,int2,noradix")
+    ap.add_argument("--phases", default="int2,noradix,bf16")
     ap.add_argument("--tap-layer", type=int, default=5)
     ap.add_argument("--port", type=int, default=31000)
     a = ap.parse_args()
@@ -165,7 +165,7 @@ def main() -> int:
     int2_env = {"OSCAR_ROTATION": str(rot), "PYTHONUNBUFFERED": "1"}
     phases = a.phases.split(",")
 
-    if "bf16" in phases:
+    def phase_bf16():
         t0 = time.time()
         try:
             cmd = server_cmd(a.model, a.port, a.mem, "--attention-backend", "triton", "--disable-cuda-graph",
@@ -179,20 +179,16 @@ def main() -> int:
         print("bf16:", res["bf16"], flush=True)
         save()
 
-    if "int2" in phases:
+    def phase_int2():
         t0 = time.time()
         r: dict = {}
         res["int2"] = r
         try:
             cmd = server_cmd(a.model, a.port, a.mem, "--kv-cache-dtype", "int2", "--enable-metrics")
             with ServerProcess(cmd, int2_env, a.out / "int2.log", a.port) as srv:
-                srv.wait_ready(420)
+                srv.wait_ready(300)
                 r["startup_s"] = round(srv.startup_s)
                 r["info"] = scheduler_info(srv)
-                bf = res.get("bf16", {}).get("max_total_num_tokens")
-                cap = r["info"]["max_total_num_tokens"]
-                if bf and cap:
-                    r["capacity_ratio_vs_bf16"] = round(cap / bf, 3)
                 r["api"] = chat_checks(srv.url)
                 print("int2 api:", r["api"], flush=True)
                 save()
@@ -210,7 +206,7 @@ def main() -> int:
         r["phase_s"] = round(time.time() - t0)
         save()
 
-    if "noradix" in phases:
+    def phase_noradix():
         t0 = time.time()
         r = {}
         res["noradix"] = r
@@ -220,7 +216,7 @@ def main() -> int:
             cmd = server_cmd(a.model, a.port, a.mem, "--kv-cache-dtype", "int2", "--disable-radix-cache",
                              "--chunked-prefill-size", "4096")
             with ServerProcess(cmd, env, a.out / "noradix.log", a.port) as srv:
-                srv.wait_ready(420)
+                srv.wait_ready(300)
                 r["startup_s"] = round(srv.startup_s)
                 rng = random.Random(7)
                 ids = [rng.randrange(100, 40000) for _ in range(10000)]
@@ -240,6 +236,16 @@ def main() -> int:
         r["phase_s"] = round(time.time() - t0)
         save()
 
+    runners = {"bf16": phase_bf16, "int2": phase_int2, "noradix": phase_noradix}
+    for name in phases:
+        runners[name]()
+
+    bf = res.get("bf16", {}).get("max_total_num_tokens")
+    info = res.get("int2", {}).get("info") or {}
+    cap = info.get("max_total_num_tokens") or (info.get("oscar_int2") or {}).get("max_total_num_tokens")
+    if bf and cap:
+        res["capacity_ratio_int2_vs_bf16"] = round(cap / bf, 3)
+    save()
     print(json.dumps(res, indent=1, default=str)[:6000])
     return 0
 
