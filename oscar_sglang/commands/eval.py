@@ -1,0 +1,173 @@
+"""`oscar-sglang eval`: accuracy of the INT2 KV cache.
+
+  eval fidelity  KLD / top-1 / perplexity vs the unquantised model, KV cache emulated in
+                 transformers (teacher forcing, exact sink/recent windows), recipes side by side
+  eval niah      needle-in-a-haystack against any OpenAI-compatible server (--base-url), or
+                 locally in transformers, BF16 vs the emulated INT2 cache (--local MODEL)
+"""
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("oscar_sglang.eval")
+
+DEFAULT_RECIPES = "bf16,identity,kivi,hadamard,hadamard-ts,int4,oscar"
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def _floats(s: str) -> list[float]:
+    return [float(x) for x in s.split(",") if x.strip()]
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("eval", help="accuracy: fidelity vs BF16, needle-in-a-haystack",
+                              description=__doc__)
+    sub = p.add_subparsers(dest="eval_command", metavar="WHAT")
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+    f = sub.add_parser(
+        "fidelity", help="KLD / top-1 / PPL of KV-cache recipes vs the unquantised model",
+        description="Teacher-forced fidelity of emulated KV-cache recipes vs the unquantised "
+        "model on held-out text. Query t reads key j in BF16 iff j < sink or j > t - recent, "
+        "else its INT2 copy; only positions t >= sink + recent are scored.",
+        epilog="Example: oscar-sglang eval fidelity --model smollm2 --rotation "
+        "cal=rotation_zoo/smollm2.oscar.g64.safetensors --group-sizes 32,64 --out docs/results",
+    )
+    f.add_argument("--model", default="smollm2", help="HF id, directory, .gguf, or 'smollm2'")
+    f.add_argument("--rotation", action="append", metavar="[LABEL=]FILE",
+                   help="rotation file for the 'oscar' recipe (repeat to compare several)")
+    f.add_argument("--recipe", default=DEFAULT_RECIPES,
+                   help=f"comma-separated recipes (default {DEFAULT_RECIPES}; 'oscar' is "
+                   "dropped when no --rotation is given); NAME+clip=K/V fixes clip ratios")
+    f.add_argument("--group-sizes", type=_ints, default=[32, 64, 128],
+                   help="comma-separated quantisation group sizes (default 32,64,128)")
+    f.add_argument("--length", type=int, default=2048, help="tokens per window (default 2048)")
+    f.add_argument("--windows", type=int, default=2, help="number of windows (default 2)")
+    f.add_argument("--sink", type=int, default=64, help="BF16 sink tokens (default 64)")
+    f.add_argument("--recent", type=int, default=256, help="BF16 recent window (default 256)")
+    f.add_argument("--data", nargs="*", default=None,
+                   help=".txt/.jsonl files (default: the held-out essays, never used to calibrate)")
+    f.add_argument("--device", default="cpu")
+    f.add_argument("--query-chunk", type=int, default=512,
+                   help="queries per attention block (bounds memory at long windows)")
+    f.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    f.add_argument("--out", default="eval_results", help="output directory")
+    f.add_argument("--name", default=None, help="file stem (default fidelity-<length>)")
+    f.add_argument("--merge", nargs="*", default=[], metavar="JSON",
+                   help="add the rows of earlier fidelity JSON files (same windows) to the report")
+    f.add_argument("--ref-cache", default=None, metavar="DIR",
+                   help="keep the reference log-probs here and reuse them in later runs")
+    f.add_argument("--quiet", action="store_true", help="no progress bar")
+    f.set_defaults(func=run_fidelity_command)
+
+    n = sub.add_parser(
+        "niah", help="needle-in-a-haystack over the essays (OpenAI server or local)",
+        description="Needle-in-a-haystack: a random 7-digit 'magic number' is hidden at a "
+        "given depth of a Paul Graham essay haystack; the answer is correct when it contains "
+        "the number. Against --base-url (any OpenAI-compatible server, e.g. ours with "
+        "--kv-cache-dtype int2, or BF16), or --local MODEL: transformers, BF16 vs the emulated "
+        "INT2 cache (greedy). Writes a JSON, a markdown table and an accuracy heatmap PNG.",
+        epilog="Examples:\n  oscar-sglang eval niah --base-url http://127.0.0.1:30000/v1 "
+        "--label int2\n  oscar-sglang eval niah --local smollm2 --rotation "
+        "rotation_zoo/smollm2.oscar.g64.safetensors --lengths 1024,2048",
+    )
+    src = n.add_mutually_exclusive_group(required=True)
+    src.add_argument("--base-url", nargs="+", metavar="[LABEL=]URL",
+                     help="OpenAI-compatible base URL(s) ending in /v1 (several: side by side)")
+    src.add_argument("--local", metavar="MODEL", help="run in transformers (e.g. smollm2)")
+    n.add_argument("--label", default=None, help="name of the --base-url grid (default: url)")
+    n.add_argument("--model-name", default=None,
+                   help="'model' field of requests (default: first of GET /v1/models)")
+    n.add_argument("--tokenizer", default="smollm2",
+                   help="tokenizer to size contexts ('smollm2', HF id/dir, or 'chars' for "
+                   "4 characters per token)")
+    n.add_argument("--lengths", type=_ints, default=[1024, 2048, 4096],
+                   help="context lengths in tokens (default 1024,2048,4096)")
+    n.add_argument("--depths", type=_floats, default=[0.0, 0.25, 0.5, 0.75, 1.0],
+                   help="needle depths in [0, 1] (default 0,0.25,0.5,0.75,1)")
+    n.add_argument("--trials", type=int, default=1, help="needles per cell (default 1)")
+    n.add_argument("--max-requests", type=int, default=200,
+                   help="refuse grids larger than this many requests (default 200)")
+    n.add_argument("--concurrency", type=int, default=4, help="parallel requests (default 4)")
+    n.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    n.add_argument("--retries", type=int, default=3, help="retries per request (default 3)")
+    n.add_argument("--max-tokens", type=int, default=24, help="answer tokens (default 24)")
+    n.add_argument("--seed", type=int, default=0, help="needle numbers / placement seed")
+    n.add_argument("--rotation", default=None,
+                   help="--local: rotation file of the INT2 grid (default: Hadamard)")
+    n.add_argument("--group-size", type=int, default=64, help="--local: INT2 group (default 64)")
+    n.add_argument("--sink", type=int, default=64)
+    n.add_argument("--recent", type=int, default=256)
+    n.add_argument("--out", default="eval_results", help="output directory")
+    n.add_argument("--name", default="niah", help="file stem (default niah)")
+    n.add_argument("--quiet", action="store_true", help="no progress bar")
+    n.set_defaults(func=run_niah_command)
+
+
+def _progress(quiet: bool):
+    if quiet:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm
+
+
+def run_fidelity_command(args) -> int:
+    import torch
+
+    from ..data import heldout_essays, read_texts
+    import json
+    from pathlib import Path
+
+    from ..evaluation.fidelity import as_dict, make_windows, merge_runs, run_fidelity
+    from ..evaluation.recipes import parse_recipe, parse_rotation_args
+    from ..evaluation.report import fidelity_markdown, fidelity_plot, write_outputs
+    from ..models import load_causal_lm, model_identity
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rotations = parse_rotation_args(args.rotation)
+    specs = [s.strip() for s in args.recipe.split(",") if s.strip()]
+    if not rotations and args.recipe == DEFAULT_RECIPES:
+        specs.remove("oscar")
+        log.info("no --rotation given: skipping the 'oscar' recipe")
+    try:
+        recipes = [r for s in specs for r in parse_recipe(s, rotations)]
+    except ValueError as e:
+        log.error("error: %s", e)
+        return 2
+    log.info("loading %s ...", args.model)
+    model, tok = load_causal_lm(args.model, device=args.device)
+    texts = read_texts(args.data) if args.data else read_texts(heldout_essays())
+    windows = make_windows(tok, texts, args.windows, args.length).to(args.device)
+    log.info("%d window(s) x %d tokens; recipes: %s; groups %s", args.windows, args.length,
+             ", ".join(r.name for r in recipes), args.group_sizes)
+    run = run_fidelity(model, windows, recipes, args.group_sizes, sink=args.sink,
+                       recent=args.recent, query_chunk=args.query_chunk,
+                       progress=_progress(args.quiet), model_name=model_identity(args.model),
+                       ref_cache=args.ref_cache)
+    d = as_dict(run)
+    d["meta"] = {"command": "oscar-sglang eval fidelity", "device": args.device,
+                 "threads": torch.get_num_threads(), "data": args.data or "heldout essays"}
+    if args.merge:
+        try:
+            merge_runs(d, [json.loads(Path(p).read_text()) for p in args.merge])
+        except ValueError as e:
+            log.error("error: %s", e)
+            return 2
+    md = fidelity_markdown(d)
+    paths = write_outputs(args.out, args.name or f"fidelity-{args.length}", d, md, fidelity_plot)
+    print(md)
+    log.info("wrote %s", ", ".join(map(str, paths)))
+    return 0
+
+
+def run_niah_command(args) -> int:
+    from ..evaluation.niah import main_niah
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    return main_niah(args, progress=_progress(args.quiet))
