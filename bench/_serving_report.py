@@ -39,8 +39,8 @@ def _order(runs: dict) -> List[tuple]:
 
 def capacity_table(runs: dict) -> str:
     rows = ["| model | config | KV tokens | vs BF16 | 32K+256 requests that fit | "
-            "measured max concurrent (load) | server start (s) |",
-            "|---|---|---:|---:|---:|---:|---:|"]
+            "max running requests | measured max concurrent (load) | server start (s) |",
+            "|---|---|---:|---:|---:|---:|---:|---:|"]
     for model, cfg, r in _order(runs):
         c = r.get("capacity")
         if not c:
@@ -49,8 +49,11 @@ def capacity_table(runs: dict) -> str:
         ratio = c["max_total_num_tokens"] / base if base else None
         conc = [t.get("max_concurrent_decoding") for k, t in r.get("throughput", {}).items()
                 if k.split("x")[1] == "32768"]
+        mrr = (r.get("oscar_int2") or {}).get("max_running_requests") or c.get(
+            "max_running_requests")
         rows.append(f"| {model} | {cfg} | {c['max_total_num_tokens']:,} | {_f(ratio, '{:.2f}x')} "
-                    f"| {c['fit_32k_requests']} | {_f(conc[0] if conc else None, '{}')} "
+                    f"| {c['fit_32k_requests']} | {_f(mrr, '{}', 'default')} "
+                    f"| {_f(conc[0] if conc else None, '{}')} "
                     f"| {_f(c.get('startup_s'), '{:.0f}')} |")
     return "\n".join(rows)
 

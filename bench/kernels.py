@@ -8,9 +8,10 @@ One run measures, on the same device:
     num_kv_splits values (its own kernel at its best);
   * the store kernel (quantise + pack + scatter + side buffers) and extend-prefix attention.
 
-Timing: triton.testing.do_bench (median; it also flushes L2 before every call) and, on top,
-every call reads a different copy of the inputs (pool slots, indices, q) until the set of copies
-is >= 256 MB, so nothing is served from L2.
+Timing: decode and store run inside a CUDA graph (as SGLang runs decode), median over replays of
+a graph of >= 24 back-to-back calls; every call reads a different copy of the inputs (pool
+slots, indices, q) until the set of copies is >= 256 MB, so nothing is served from L2.
+Extend-prefix (milliseconds long) uses triton.testing.do_bench (median, L2 flushed).
 
 Usage (H100, from the project root):
     source .devkit/device-env.sh && python bench/kernels.py --out $OUT/kernels.md
@@ -146,7 +147,40 @@ def check_correctness(group: int, lens=(3000, 700, 150, 1), owns=(0, 40, 2000, 0
 
 
 def bench(fn, warmup=10, rep=60):
+    """Eager timing (median, L2 flushed before each call): for the long extend kernel."""
     return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+
+def bench_graph(fn, copies=1, min_calls=24, replays=7):
+    """Per-call time of fn inside a CUDA graph (how SGLang runs decode), median of `replays`.
+
+    The graph holds n calls (a multiple of `copies`); fn cycles through the input copies, so
+    back-to-back calls never find their inputs in L2. Returns milliseconds per call.
+    """
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    n = copies * max(1, math.ceil(min_calls / copies))
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / n)
+    del g
+    return sorted(times)[len(times) // 2]
 
 
 def copy_bandwidth():
@@ -158,10 +192,10 @@ def copy_bandwidth():
     return 2 * n / ms / 1e6  # GB/s, read + write
 
 
-def contiguous_indices(B, L, copies, offset=1):
+def contiguous_indices(B, L, copies, offset=1, dtype=torch.int32):
     """kv_indices of `copies` independent batches: request b of copy c owns slots
     offset + (c*B + b)*L + [0, L) (what a fresh SGLang pool with page_size 1 hands out)."""
-    base = torch.arange(B * L, device=DEV, dtype=torch.int32)
+    base = torch.arange(B * L, device=DEV, dtype=dtype)
     return [base + offset + c * B * L for c in range(copies)]
 
 
@@ -178,8 +212,8 @@ def int2_bytes(B, L, group):
     return B * (HKV * (n_int2 * 2 * row + n_bf * 2 * D * 2) + n_int2 * 4)
 
 
-def bf16_bytes(B, L):
-    return B * (HKV * L * 2 * D * 2 + L * 4)
+def bf16_bytes(B, L, idx_bytes=4):
+    return B * (HKV * L * 2 * D * 2 + L * idx_bytes)
 
 
 class Int2Case:
@@ -227,9 +261,13 @@ class Bf16Case:
         self.bytes = bf16_bytes(B, L)
         self.copies = n_copies(self.bytes)
         N = B * L * self.copies + 1
-        self.k = torch.randn(N, HKV, D, device=DEV).bfloat16()
-        self.v = torch.randn(N, HKV, D, device=DEV).bfloat16()
-        self.indices = contiguous_indices(B, L, self.copies)
+        self.k = torch.empty(N, HKV, D, device=DEV, dtype=torch.bfloat16).normal_()
+        self.v = torch.empty(N, HKV, D, device=DEV, dtype=torch.bfloat16).normal_()
+        # SGLang's kernel computes slot * row_stride in the index dtype: int32 indices overflow
+        # past 2^31 elements, so pools that large get int64 indices (4 more bytes per key)
+        self.idx_dtype = torch.int64 if N * HKV * D >= 2**31 else torch.int32
+        self.bytes = bf16_bytes(B, L, self.idx_dtype.itemsize)
+        self.indices = contiguous_indices(B, L, self.copies, dtype=self.idx_dtype)
         self.indptr = torch.arange(0, B * L + 1, L, dtype=torch.int32, device=DEV)
         self.q = [torch.randn(B, HQ, D, device=DEV).bfloat16() for _ in range(self.copies)]
         self.o = torch.empty(B, HQ, D, dtype=torch.bfloat16, device=DEV)
@@ -279,8 +317,8 @@ def bench_store(T, rotate):
     if rotate:
         rot = dict(k_rot=torch.linalg.qr(torch.randn(HKV, D, D, device=DEV))[0].float(),
                    v_rot=torch.linalg.qr(torch.randn(HKV, D, D, device=DEV))[0].float())
-    ms = bench(lambda: ops.store_kv(k, v, **meta, **pool, **rot, k_group=GROUP, v_group=GROUP,
-                                    k_clip=0.96, v_clip=0.92))
+    ms = bench_graph(lambda: ops.store_kv(k, v, **meta, **pool, **rot, k_group=GROUP, v_group=GROUP,
+                                          k_clip=0.96, v_clip=0.92))
     n_side = min(T, SINK) + min(T, WINDOW)
     nbytes = (2 * T * HKV * D * 2  # read K, V
               + 2 * T * HKV * (D // 4 + 4 * (D // GROUP))  # write codes + params
@@ -328,29 +366,36 @@ def main():
     rows, raw = [], {"copy_gbs": copy_gbs, "device": dev_name, "decode": [], "tune": []}
     for B, L in shapes:
         bc = Bf16Case(B, L)
-        bf = {s: bench(bc.fn(s)) for s in bf_splits}
+        bf = {s: bench_graph(bc.fn(s), bc.copies) for s in bf_splits}
+        bf_b = bc.bytes
         del bc
         torch.cuda.empty_cache()
         best_s = min(bf, key=bf.get)
         ic = Int2Case(B, L)
-        t_int2 = bench(ic.fn())
+        t_int2 = bench_graph(ic.fn(), ic.copies)
         tuned = {}
         if args.tune:
             base = int2_decode.default_max_splits(B, HKV, torch.device(DEV))
             nb16 = int2_decode.bf16_splits(SINK, WINDOW, base)
-            for bn, st, nw in ((64, 2, 4), (64, 3, 4), (128, 2, 4), (128, 3, 4), (128, 3, 8), (32, 3, 4)):
-                for ms in sorted({max(nb16 + 1, (base - nb16) // 2 + nb16), base, (base - nb16) * 2 + nb16}):
-                    try:
-                        tuned[(bn, st, nw, ms)] = bench(ic.fn(ms, block_n=bn, num_stages=st, num_warps=nw))
-                    except Exception as e:  # a config that does not compile/fit: report, go on
-                        log(f"  tune {(bn, st, nw, ms)} failed: {type(e).__name__}: {e}")
-            for cfg, t in sorted(tuned.items(), key=lambda kv: kv[1])[:5]:
-                log(f"  tune B={B} L={L} (block_n, stages, warps, max_splits)={cfg}: {t * 1e3:.1f} us")
+            more = (base - nb16) * 2 + nb16
+            cfgs = [dict(block_n=bn, num_stages=st, num_warps=nw)
+                    for bn, st, nw in ((64, 2, 4), (64, 3, 4), (64, 4, 4), (128, 2, 4), (128, 3, 4), (128, 3, 8), (32, 4, 4))]
+            cfgs += [dict(use_asm=False), dict(max_kv_splits=more), dict(max_kv_splits=more, block_n=128),
+                     dict(bf16_keys_per_split=64), dict(min_chunk=128), dict(min_chunk=512),
+                     dict(min_chunk=128, bf16_keys_per_split=64, max_kv_splits=more)]
+            for cfg in cfgs:
+                key = tuple(sorted(cfg.items()))
+                try:
+                    tuned[key] = bench_graph(ic.fn(**cfg), ic.copies)
+                except Exception as e:  # a config that does not compile/fit: report, go on
+                    log(f"  tune {key} failed: {type(e).__name__}: {str(e)[:200]}")
+            for cfg, t in sorted(tuned.items(), key=lambda kv: kv[1]):
+                log(f"  tune B={B} L={L} {dict(cfg)}: {t * 1e3:.1f} us")
             raw["tune"].append({"B": B, "L": L, "results": {str(k): v for k, v in tuned.items()}})
         del ic
         torch.cuda.empty_cache()
         r = dict(B=B, L=L, bf16_ms=bf[best_s], bf16_splits=best_s, bf16_all=bf, int2_ms=t_int2,
-                 int2_bytes=int2_bytes(B, L, GROUP), bf16_bytes=bf16_bytes(B, L),
+                 int2_bytes=int2_bytes(B, L, GROUP), bf16_bytes=bf_b,
                  int2_tuned_ms=min(tuned.values()) if tuned else None)
         r["int2_gbs"] = r["int2_bytes"] / t_int2 / 1e6
         r["bf16_gbs"] = r["bf16_bytes"] / r["bf16_ms"] / 1e6
@@ -391,7 +436,8 @@ def main():
         f"Device: {dev_name}; torch {torch.__version__}, triton {triton.__version__}, Python "
         f"{platform.python_version()}; {date}. Hq={HQ}, Hkv={HKV}, D={D}, INT2 group {GROUP} "
         f"(K and V, 2.25 bits/element), sink {SINK} + ring {WINDOW} BF16 keys per request, "
-        f"page size 1, contiguous slots per request (same kv_indices layout for both kernels).",
+        f"page size 1, contiguous slots per request (same kv_indices layout for both kernels). "
+        f"Decode timed in CUDA graphs, inputs rotated through >= 256 MB of copies (no L2 reuse).",
         f"Copy bandwidth measured in the same run: **{copy_gbs:.0f} GB/s** (torch copy_, read + write).",
         "",
         "| B | L | SGLang BF16 Triton (best splits) | BF16 GB/s | INT2 (ours) | INT2 bytes read | INT2 GB/s | % of copy BW | speedup |",

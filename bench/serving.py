@@ -91,15 +91,19 @@ def _gpu_name() -> str:
 def part_capacity(server, info: dict, rec: dict, max_pos: int) -> None:
     tokens = int(info.get("max_total_num_tokens") or info["internal_states"][0].get(
         "max_total_num_tokens", 0))
+    mrr = (rec.get("oscar_int2") or {}).get("max_running_requests") or info.get(
+        "max_running_requests")
+    fit = tokens // (32768 + 256)
     rec["capacity"] = {
         "max_total_num_tokens": tokens,
-        "max_running_requests": info.get("max_running_requests"),
+        "max_running_requests": mrr,
         "context_length": info.get("context_length") or max_pos,
-        "fit_32k_requests": tokens // (32768 + 256),
+        # KV-limited count, and the scheduler's request cap when one is set (int2 sizes one)
+        "fit_32k_requests": min(fit, mrr) if mrr else fit,
         "startup_s": server.startup_s,
     }
-    print(f"  capacity: {tokens:,} KV tokens -> {tokens // (32768 + 256)} requests of 32K+256 "
-          f"(max_running_requests={info.get('max_running_requests')})", flush=True)
+    print(f"  capacity: {tokens:,} KV tokens -> {fit} requests of 32K+256 by KV "
+          f"(max_running_requests={mrr})", flush=True)
 
 
 def part_latency(server, rec: dict, contexts: List[int], out_len: int, vocab: int) -> None:
