@@ -37,6 +37,8 @@ LOG2E = 1.4426950408889634
 # dtype of the tensor-core operands p and V codes (and of K codes when q is fp32). The Triton
 # interpreter (CPU tests) multiplies bf16 tl.dot operands as raw bits, so it computes in fp32.
 PV_DTYPE = tl.float32 if os.environ.get("TRITON_INTERPRET") == "1" else tl.bfloat16
+# PTX code unpacking (see _codes); CUDA only. OSCAR_INT2_NO_ASM=1 falls back to plain Triton ops.
+USE_ASM = os.environ.get("TRITON_INTERPRET") != "1" and os.environ.get("OSCAR_INT2_NO_ASM") != "1"
 LN2 = tl.constexpr(0.6931471805599453)
 
 
@@ -68,6 +70,42 @@ def _unpack_params(w):
     sc = (w & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
     mn = ((w >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
     return sc, mn
+
+
+@triton.jit
+def _codes(c, J: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr):
+    """2-bit field J of every byte of c (uint8), as DT, plus CODE_OFS (128 with USE_ASM, else 0).
+
+    With USE_ASM one PTX block turns 4 bytes into 4 bf16 (two words) with a shift, a mask and two
+    byte permutes: bf16 bits 0x4300 | c are exactly 128 + c, so the 2-bit code drops into the
+    mantissa of 128.0 with no conversion instruction. The +128 is removed algebraically by the
+    caller (it only shifts the per-group min: see CODE_OFS uses).
+    """
+    if USE_ASM:
+        if J == 0:
+            r = tl.inline_asm_elementwise(
+                "{.reg .b32 t, m; and.b32 t, $2, 0x03030303; mov.b32 m, 0x43434343; "
+                "prmt.b32 $0, t, m, 0x5140; prmt.b32 $1, t, m, 0x7362;}",
+                "=r,=r,r", [c], dtype=tl.bfloat16, is_pure=True, pack=4)
+        elif J == 1:
+            r = tl.inline_asm_elementwise(
+                "{.reg .b32 t, m; shr.b32 t, $2, 2; and.b32 t, t, 0x03030303; mov.b32 m, 0x43434343; "
+                "prmt.b32 $0, t, m, 0x5140; prmt.b32 $1, t, m, 0x7362;}",
+                "=r,=r,r", [c], dtype=tl.bfloat16, is_pure=True, pack=4)
+        elif J == 2:
+            r = tl.inline_asm_elementwise(
+                "{.reg .b32 t, m; shr.b32 t, $2, 4; and.b32 t, t, 0x03030303; mov.b32 m, 0x43434343; "
+                "prmt.b32 $0, t, m, 0x5140; prmt.b32 $1, t, m, 0x7362;}",
+                "=r,=r,r", [c], dtype=tl.bfloat16, is_pure=True, pack=4)
+        else:
+            r = tl.inline_asm_elementwise(
+                "{.reg .b32 t, m; shr.b32 t, $2, 6; and.b32 t, t, 0x03030303; mov.b32 m, 0x43434343; "
+                "prmt.b32 $0, t, m, 0x5140; prmt.b32 $1, t, m, 0x7362;}",
+                "=r,=r,r", [c], dtype=tl.bfloat16, is_pure=True, pack=4)
+        r = r.to(DT)
+    else:
+        r = ((c >> (2 * J)) & 3).to(DT)
+    return r
 
 
 @triton.jit
@@ -165,11 +203,13 @@ def attend_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
     SPLIT: tl.constexpr, HAS_NSPLITS: tl.constexpr,
     MIN_CHUNK: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, NB16: tl.constexpr,
+    USE_ASM: tl.constexpr,
 ):
     QD: tl.constexpr = D // 4
     QDV: tl.constexpr = DV // 4
     FOLD_K: tl.constexpr = GK >= QD
     FOLD_V: tl.constexpr = GV >= QDV
+    CODE_OFS: tl.constexpr = 128.0 if USE_ASM else 0.0  # _codes returns code + CODE_OFS
     b = tl.program_id(0)
     pid1 = tl.program_id(1)
     split = tl.program_id(2)
@@ -280,16 +320,18 @@ def attend_kernel(
         part = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         qs = tl.zeros([BLOCK_M], tl.float32)
         for j in tl.static_range(4):
-            cj = ((kc >> (2 * j)) & 3).to(q0.dtype)
             if FOLD_K:
+                cj = _codes(kc, j, q0.dtype, USE_ASM)
                 part += tl.dot(_pick4(j, q0, q1, q2, q3), tl.trans(cj))
                 qs += _pick4(j, qs0, qs1, qs2, qs3)
                 if (j == 3) or (((j + 1) * QD) // GK != (j * QD) // GK):
                     sc, mn = _unpack_params(tl.load(KPh + slot * stride_kpn + (j * QD) // GK))
-                    qk += part * sc[None, :] + qs[:, None] * mn[None, :]
+                    # q.(c + OFS) * sc + (mn - OFS * sc) * sum(q) = q.(c * sc + mn)
+                    qk += part * sc[None, :] + qs[:, None] * (mn - CODE_OFS * sc)[None, :]
                     part = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
                     qs = tl.zeros([BLOCK_M], tl.float32)
             else:
+                cj = ((kc >> (2 * j)) & 3).to(q0.dtype)
                 g = (j * QD + dq) // GK
                 sc, mn = _unpack_params(tl.load(KPh + slot[:, None] * stride_kpn + g[None, :]))
                 kj = (cj.to(tl.float32) * sc + mn).to(q0.dtype)
@@ -304,14 +346,16 @@ def attend_kernel(
         a2 = a2 * alpha[:, None]
         a3 = a3 * alpha[:, None]
         for j in tl.static_range(4):
-            cj = ((vc >> (2 * j)) & 3).to(PV_DT)
             if FOLD_V:
+                cj = _codes(vc, j, PV_DT, USE_ASM)
                 if (j * QDV) % GV == 0:  # first quarter of a group: its (p * scale, p @ min)
                     sc, mn = _unpack_params(tl.load(VPh + slot * stride_vpn + (j * QDV) // GV))
                     ps = (pr * sc[None, :]).to(PV_DT)
-                    pm = tl.sum(pr * mn[None, :], 1)[:, None]
+                    # (p*sc) @ (c + OFS) + p @ mn - OFS * sum(p*sc) = p @ (c * sc + mn)
+                    pm = tl.sum(pr * mn[None, :] - CODE_OFS * ps.to(tl.float32), 1)[:, None]
                 upd = tl.dot(ps, cj) + pm
             else:
+                cj = ((vc >> (2 * j)) & 3).to(PV_DT)
                 g = (j * QDV + dv) // GV
                 sc, mn = _unpack_params(tl.load(VPh + slot[:, None] * stride_vpn + g[None, :]))
                 upd = tl.dot(pr.to(PV_DT), (cj.to(tl.float32) * sc + mn).to(PV_DT))
@@ -341,7 +385,10 @@ def launch_attend(
     kv_indptr, kv_indices, qo_indptr, req_rows, own_start, num_kv_splits, *,
     out_split_stride, lse_split_stride, k_group, v_group, sm_scale, logit_cap,
     num_mb, block_m, block_n, block_b, split, max_splits, min_chunk, num_warps, num_stages, nb16=1,
+    use_asm=None,
 ):
+    import torch
+
     """Host-side launcher: checks shapes, views params as int32 words and launches."""
     D = q.shape[-1]
     Hkv = k_codes.shape[1]
@@ -368,6 +415,7 @@ def launch_attend(
         NUM_MB=num_mb, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_B=block_b,
         SPLIT=split, HAS_NSPLITS=num_kv_splits is not None,
         MIN_CHUNK=min_chunk, LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE, NB16=nb16,
+        USE_ASM=(USE_ASM if use_asm is None else use_asm) and q.dtype == torch.bfloat16,
         num_warps=num_warps, num_stages=num_stages,
     )
 

@@ -22,9 +22,10 @@ PROGRAMS_PER_SM = 4  # target (B * Hkv * int2 splits) / SMs when max_kv_splits i
 BF16_KEYS_PER_SPLIT = 160  # sink + ring keys per BF16 split (S=64, W=256 -> 2 splits)
 
 
-def bf16_splits(sink: int, window: int, max_kv_splits: int) -> int:
+def bf16_splits(sink: int, window: int, max_kv_splits: int, keys_per_split: int | None = None) -> int:
     """BF16 splits per request: static, from the side-buffer sizes; leaves >= 1 INT2 split."""
-    return max(1, min(triton.cdiv(sink + window, BF16_KEYS_PER_SPLIT), max_kv_splits - 1, 4))
+    keys = keys_per_split or BF16_KEYS_PER_SPLIT
+    return max(1, min(triton.cdiv(sink + window, keys), max_kv_splits - 1, 8))
 
 
 @functools.lru_cache(maxsize=8)
@@ -71,8 +72,9 @@ def decode_attention(
     q, o, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
     kv_indptr, kv_indices, req_rows, own_start, *, k_group, v_group, sm_scale,
     num_kv_splits=None, max_kv_splits=None, attn_logits=None, attn_lse=None, logit_cap=0.0,
-    block_n=None, num_warps=4, num_stages=3,
+    block_n=None, num_warps=4, num_stages=3, min_chunk=None, bf16_keys_per_split=None, use_asm=None,
 ):
+    """See ops.decode_attention; the extra keywords are tuning knobs for bench/kernels.py."""
     check_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_group, v_group)
     B, Hq, D = q.shape
     Hkv = k_codes.shape[1]
@@ -83,8 +85,9 @@ def decode_attention(
     S, W = sink_k.shape[1], ring_k.shape[1]
     if max_kv_splits is None:
         max_kv_splits = (attn_logits.shape[2] if attn_logits is not None
-                         else default_max_splits(B, Hkv, q.device, bf16_splits(S, W, 1 << 30)))
-    nb16 = bf16_splits(S, W, max_kv_splits)
+                         else default_max_splits(B, Hkv, q.device, bf16_splits(S, W, 1 << 30, bf16_keys_per_split)))
+    nb16 = bf16_splits(S, W, max_kv_splits, bf16_keys_per_split)
+    min_chunk = min_chunk or MIN_CHUNK
     if max_kv_splits < 2:
         raise ValueError("INT2 decode needs max_kv_splits >= 2 (one BF16 split + INT2 splits)")
     if attn_logits is None:
@@ -101,8 +104,8 @@ def decode_attention(
         out_split_stride=attn_logits.stride(2), lse_split_stride=attn_lse.stride(2),
         k_group=k_group, v_group=v_group, sm_scale=sm_scale, logit_cap=logit_cap,
         num_mb=1, block_m=block_m, block_n=bn, block_b=BLOCK_B, split=True,
-        max_splits=max_kv_splits, min_chunk=MIN_CHUNK, num_warps=num_warps, num_stages=num_stages,
-        nb16=nb16,
+        max_splits=max_kv_splits, min_chunk=min_chunk, num_warps=num_warps, num_stages=num_stages,
+        nb16=nb16, use_asm=use_asm,
     )
     _merge_splits_kernel[(B, Hq)](
         attn_logits, attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
@@ -110,7 +113,7 @@ def decode_attention(
         o, o.stride(0), o.stride(1),
         kv_indptr, own_start, num_kv_splits if num_kv_splits is not None else kv_indptr, max_kv_splits,
         S=sink_k.shape[1], W=ring_k.shape[1], DV=Dv, SPLITS_P2=triton.next_power_of_2(max_kv_splits),
-        HAS_NSPLITS=num_kv_splits is not None, MIN_CHUNK=MIN_CHUNK,
+        HAS_NSPLITS=num_kv_splits is not None, MIN_CHUNK=min_chunk,
         NB16=nb16, num_warps=4,
     )
     return o
