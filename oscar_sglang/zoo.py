@@ -145,7 +145,7 @@ def resolve(model: str, recipe: str = "oscar", zoo_dir=None) -> RotationSet:
 
 
 def pull(model: str, recipe: str = "oscar", repo: str | None = None, revision: str | None = None,
-         endpoint: str | None = None, dest=None) -> list[Path]:
+         endpoint: str | None = None, dest=None, cache_dir=None) -> list[Path]:
     """Download the index and the matching file(s) from a Hugging Face repo into `dest`
     (default: the cache zoo), verify sha256 and validity, merge the entries into dest's index."""
     try:
@@ -155,7 +155,8 @@ def pull(model: str, recipe: str = "oscar", repo: str | None = None, revision: s
     repo = repo or DEFAULT_REPO
     dest = Path(dest) if dest else _cache_zoo()
     dest.mkdir(parents=True, exist_ok=True)
-    kw = dict(repo_id=repo, revision=revision, endpoint=endpoint)
+    kw = dict(repo_id=repo, revision=revision, endpoint=endpoint,
+              cache_dir=str(cache_dir) if cache_dir else None)
     try:
         remote_index = json.loads(Path(hf_hub_download(filename=INDEX_NAME, **kw)).read_text())
     except Exception as e:  # network, auth, missing repo: all end here

@@ -222,3 +222,21 @@ def test_hadamard_set_needs_power_of_two():
 def test_missing_file_message(tmp_path):
     with pytest.raises(RotationFileError, match="zoo pull"):
         load_rotation_file(tmp_path / "nope.safetensors")
+
+
+def test_convert_cli_both_ways(tmp_path, seed, capsys):
+    from oscar_sglang.cli import main as cli
+
+    rs = random_set()
+    save_rotation_file(rs, tmp_path / "r.safetensors")
+    assert cli(["convert", str(tmp_path / "r.safetensors"), "--out-dir", str(tmp_path / "pt")]) == 0
+    k, v = tmp_path / "pt" / "k_rotation_qqt_r_h_pbr.pt", tmp_path / "pt" / "v_rotation_sst_r_h_pbr.pt"
+    assert cli(["convert", str(k), "--v-file", str(v), "--out", str(tmp_path / "back.safetensors")]) == 0
+    back = load_rotation_file(tmp_path / "back.safetensors")
+    assert torch.equal(back.k_rotation, rs.k_rotation) and torch.equal(back.v_rotation, rs.v_rotation)
+    assert torch.equal(back.k_clip, rs.k_clip) and torch.equal(back.v_clip, rs.v_clip)
+    # A corrupt input gives exit code 1 and the reason on stderr.
+    (tmp_path / "junk.safetensors").write_bytes(b"not a file")
+    capsys.readouterr()
+    assert cli(["convert", str(tmp_path / "junk.safetensors"), "--out-dir", str(tmp_path)]) == 1
+    assert "not a readable safetensors file" in capsys.readouterr().err

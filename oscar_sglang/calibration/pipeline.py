@@ -35,7 +35,7 @@ class CalibrationConfig:
     group_size: int | None = None  # INT2 quant group; None = min(128, head_dim)
     per_head: bool = False  # one rotation per KV head instead of one per layer
     seq_len: int = 1024  # tokens per calibration sequence
-    max_tokens: int = 16384  # tokens used for the covariances
+    max_tokens: int = 8192  # tokens used for the covariances
     heldout_sequences: int = 2  # sequences kept apart for the clip search
     sample_queries: int = 128  # queries per held-out sequence scored by the clip search
     sink: int = 64  # leading positions the server keeps exact (not quantised)
@@ -205,7 +205,13 @@ def calibrate(cfg: CalibrationConfig) -> tuple[RotationSet, Path]:
             run_sequences(lm, held, cap, "sample", "held-out", cfg.progress)
         del lm
         if search and held:
-            _search_clips(rs, cap, cfg, fmt)
+            # Many small tensor ops: one thread is faster (no OpenMP barriers on a busy CPU).
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                _search_clips(rs, cap, cfg, fmt)
+            finally:
+                torch.set_num_threads(threads)
     rs.metadata["created"] = md["created"]
     out = Path(cfg.out) / (cfg.filename or _default_filename(model_id, cfg.recipe, G, cfg.per_head))
     rs.sha256 = save_rotation_file(rs, out)

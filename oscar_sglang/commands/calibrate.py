@@ -35,8 +35,8 @@ def add_parser(sub) -> None:
     p.add_argument("--per-head", action="store_true",
                    help="one rotation per KV head (default: one per layer, shared; the OSCAR fork's layout)")
     p.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence (default 1024)")
-    p.add_argument("--max-tokens", type=int, default=16384,
-                   help="calibration tokens for the covariances (default 16384)")
+    p.add_argument("--max-tokens", type=int, default=8192,
+                   help="calibration tokens for the covariances (default 8192)")
     p.add_argument("--heldout-sequences", type=int, default=2,
                    help="sequences kept apart to choose clip ratios (default 2)")
     p.add_argument("--sample-queries", type=int, default=128,
