@@ -9,6 +9,7 @@ by default $OSCAR_SGLANG_ZOO_DIR, else the source tree's rotation_zoo/, else
   oscar-sglang zoo list
   oscar-sglang zoo show smollm2
   oscar-sglang zoo verify                  # sha256 + validity of every file; exit 1 on any failure
+  oscar-sglang zoo add rotation_zoo/FILE --command "oscar-sglang calibrate ..."
   oscar-sglang zoo pull HuggingFaceTB/SmolLM2-135M-Instruct [--repo ID] [--endpoint URL]
 """
 
@@ -26,6 +27,9 @@ def add_parser(sub) -> None:
     s.add_argument("--recipe", default=None)
     v = zs.add_parser("verify", help="check sha256 and validity of the zoo's files")
     v.add_argument("model", nargs="?", default=None)
+    a = zs.add_parser("add", help="add (or refresh) a rotation file's entry in the zoo index")
+    a.add_argument("file", help="rotation file inside the zoo directory")
+    a.add_argument("--command", default=None, help="the command that produced it (recorded)")
     pl = zs.add_parser("pull", help="download a model's rotation file from a Hugging Face repo")
     pl.add_argument("model")
     pl.add_argument("--recipe", default="oscar")
@@ -56,12 +60,25 @@ def run(args) -> int:
                               args.endpoint, dest):
                 print(f"pulled and verified {p}")
             return 0
+        if args.zoo_command == "add":
+            f = Path(args.file)
+            if f.resolve().parent != zoo_dir.resolve():
+                print(f"zoo: {f} must be inside the zoo directory {zoo_dir}", file=sys.stderr)
+                return 1
+            extra = {"command": args.command} if args.command else {}
+            e = zoo.add_to_index(f, zoo_dir, **extra)
+            print(f"indexed {e['file']} ({e['model']}, {e['recipe']}, sha256 {e['sha256'][:16]}...)")
+            return 0
         index = zoo.read_index(zoo_dir)
         if args.zoo_command == "list" or args.zoo_command is None:
             print(f"zoo: {zoo_dir}")
             print(f"{'model':40s} {'recipe':9s} {'G':>4s} {'err(K+V)':>9s}  {'file':45s} present")
             for e in index["entries"]:
-                err = e.get("metrics", {}).get("kv", {}).get(e.get("recipe"), None)
+                # data-free entries carry no metrics: use those measured (on the same held-out
+                # tokens) by a calibrated entry of the same model
+                err = next((o["metrics"]["kv"][e.get("recipe")] for o in [e] + index["entries"]
+                            if o.get("model") == e.get("model")
+                            and e.get("recipe") in o.get("metrics", {}).get("kv", {})), None)
                 present = "yes" if (zoo_dir / e["file"]).is_file() else "no"
                 print(f"{str(e.get('model')):40s} {e.get('recipe', '?'):9s} {str(e.get('group_size')):>4s} "
                       f"{'' if err is None else f'{err:9.4f}':>9s}  {e['file']:45s} {present}")
