@@ -113,18 +113,16 @@ def test_recipe_environment_is_valid_plugin_config(recipe):
         assert cfg.rotation in ("hadamard", "identity") or Path(cfg.rotation).is_file()
 
 
-def test_smollm2_recipe_uses_the_rotation_oscar_sglang_serve_uses():
-    from oscar_sglang.commands.serve import zoo_rotation_for
+def test_smollm2_recipe_uses_the_zoo_rotation_of_the_embedded_model():
+    from oscar_sglang import zoo
     from oscar_sglang.models import EMBEDDED_MODEL_ID
 
-    recipe = LAUNCH / "smollm2-135m-int2.yaml"
-    env = _launcher().recipe_env(recipe)
-    zoo = zoo_rotation_for(EMBEDDED_MODEL_ID)
-    if zoo is None:
-        # no zoo entry for the embedded model: the recipe must not invent one either
-        assert "OSCAR_ROTATION" not in env
-    else:
-        assert Path(env["OSCAR_ROTATION"]).resolve() == Path(zoo).resolve()
+    zoo_dir = zoo.default_zoo_dir()
+    (entry,) = zoo.find_entries(zoo.read_index(zoo_dir), EMBEDDED_MODEL_ID, "oscar")
+    ok, msg = zoo.verify_entry(entry, zoo_dir)  # sha256 as indexed, a valid rotation file
+    assert ok, msg
+    env = _launcher().recipe_env(LAUNCH / "smollm2-135m-int2.yaml")
+    assert Path(env["OSCAR_ROTATION"]).resolve() == (Path(zoo_dir) / entry["file"]).resolve()
 
 
 def test_launcher_dry_run_prints_env_and_the_sglang_command(monkeypatch):
