@@ -136,10 +136,12 @@ def around_req_to_token_alloc(orig, self, reqs, *args, **kwargs):
 def after_get_internal_state(result, self, *args, **kwargs):
     from .configurator import RUNTIME_INFO
 
-    if RUNTIME_INFO and isinstance(result, dict):
+    # 0.5.17 returns GetInternalStateReqOutput(internal_state=dict); accept a bare dict too
+    state = result if isinstance(result, dict) else getattr(result, "internal_state", None)
+    if RUNTIME_INFO and isinstance(state, dict):
         from .server_info import describe
 
-        result["oscar_int2"] = describe(RUNTIME_INFO, self)
+        state["oscar_int2"] = describe(RUNTIME_INFO, self)
     return result
 
 

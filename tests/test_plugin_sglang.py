@@ -88,6 +88,12 @@ def test_parser_accepts_int2_and_backend(sgl):
         p.parse_args(["--model-path", "m", "--kv-cache-dtype", "int3"])
 
 
+def test_engine_style_kwargs_accept_int2(sgl, tiny_model):
+    """sglang.Engine(**kw) builds ServerArgs(**kw) after load_plugins(): no argparse involved."""
+    a = sgl.ServerArgs(model_path=tiny_model, kv_cache_dtype="int2", skip_tokenizer_init=True, device="cpu")
+    assert a.kv_cache_dtype == "int2" and a.attention_backend == "oscar_triton"
+
+
 def test_server_args_resolve_to_oscar_backend(sgl, tiny_model):
     a = _prepare(sgl, tiny_model)
     assert a.kv_cache_dtype == "int2"
@@ -329,8 +335,12 @@ def test_server_info_and_metrics(kvc, monkeypatch):
 
     _, pool = _build(kvc, 16 << 20)
     alloc = SimpleNamespace(available_size=lambda: 100)
-    out = after_get_internal_state({"x": 1}, SimpleNamespace(token_to_kv_pool_allocator=alloc))
-    info = out["oscar_int2"]
+    sched = SimpleNamespace(token_to_kv_pool_allocator=alloc)
+    from sglang.srt.managers.io_struct import GetInternalStateReqOutput
+
+    out = after_get_internal_state(GetInternalStateReqOutput(internal_state={"x": 1}), sched)
+    info = out.internal_state["oscar_int2"]
+    assert after_get_internal_state({"x": 1}, sched)["oscar_int2"] == info  # a bare dict too
     assert info["recipe"] == "hadamard" and info["group_size"] == 64 and info["sink_tokens"] == 64
     assert info["max_total_num_tokens"] == pool.size and info["tokens_free"] == 100
     assert info["bytes_per_token"] == 3 * 2 * 2 * (16 + 4) and info["hooks_ok"]

@@ -103,6 +103,7 @@ def add_parser(sub) -> None:
         epilog="INT2 settings (environment variables):\n" + env_help()
         + "\n\nExample: oscar-sglang serve --model-path Qwen/Qwen3-8B --port 30000",
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # SGLang's long options must never be taken as abbreviations of ours
     )
     p.add_argument("--print-command", action="store_true",
                    help="print the SGLang command this would run, and exit")
