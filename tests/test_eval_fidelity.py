@@ -58,7 +58,7 @@ def test_unquantised_emulation_equals_reference_attention(seed):
 
 @pytest.mark.parametrize("name", ["hadamard", "kivi", "hadamard-ts", "int4", "hadamard+clip=0.9/0.8"])
 def test_window_masks_match_brute_force_per_query(seed, name):
-    B, Hq, Hk, T, D, sink, recent = 1, 4, 2, 56, 64, 5, 20
+    B, Hq, Hk, T, D, sink, recent = 1, 4, 2, 60, 64, 5, 32
     q, k, v = heavy_qkv(B, Hq, Hk, T, D)
     cfg = config(name, 1, Hk, D, group_size=32, sink=sink, recent=recent, query_chunk=9)
     out = emulated_attention(q, k, v, D**-0.5, 0, cfg)[0]
@@ -178,3 +178,19 @@ def test_model_level_emulation_and_fidelity(seed, tiny_llama):
     assert "skipped" in rows[("identity", 128)]
     assert rows[("identity", 32)]["positions"] == 52 - 1 - 36
     assert run.reference["ppl"] == pytest.approx(rows[("identity", 32)]["ppl_ref"])
+
+
+def test_k_only_and_v_only_ablations_keep_the_other_tensor_bf16(seed):
+    B, Hk, T, D = 1, 2, 40, 64
+    kr, vr = torch.randn(B, Hk, T, D), torch.randn(B, Hk, T, D) * 3
+    both = config("hadamard", 1, Hk, D, group_size=32)
+    k_only = config("hadamard+k-only", 1, Hk, D, group_size=32)
+    v_only = config("hadamard+v-only", 1, Hk, D, group_size=32)
+    kq, vq = quantized_kv(kr, vr, both, 0)
+    k1, v1 = quantized_kv(kr, vr, k_only, 0)
+    k2, v2 = quantized_kv(kr, vr, v_only, 0)
+    bf = lambda x: x.to(torch.bfloat16).float()  # noqa: E731
+    assert torch.equal(k1, kq) and torch.equal(v1, bf(vr))
+    assert torch.equal(k2, bf(kr)) and torch.equal(v2, vq)
+    with pytest.raises(ValueError, match="unknown option"):
+        parse_recipe("hadamard+x", {})

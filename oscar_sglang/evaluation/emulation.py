@@ -59,6 +59,10 @@ def quantized_kv(kr: torch.Tensor, vr: torch.Tensor, cfg: EmulationConfig, layer
     else:
         kq = token_groups(kr, G, r.levels, float(cfg.rotations.k_clip[layer]))
     vq = token_groups(vr, G, r.levels, float(cfg.rotations.v_clip[layer]))
+    if not r.quantize_k:  # ablations: the other tensor reads its BF16 copy everywhere
+        kq = kr.to(cfg.hp_dtype).float()
+    if not r.quantize_v:
+        vq = vr.to(cfg.hp_dtype).float()
     return kq, vq
 
 

@@ -11,7 +11,9 @@ Names accepted on the command line (``--recipe a,b,c``):
   int4          Hadamard, served layout with 16 levels (4-bit reference)          [emulation only]
   oscar         the rotation file(s) given with --rotation (calibrated R, per-layer clips)
 
-Any name may carry fixed clips: ``hadamard+clip=0.96/0.92`` (K/V ratios, every layer).
+Options appended with "+": ``clip=K/V`` fixes the clip ratios of every layer
+(``hadamard+clip=0.96/0.92``); ``k-only`` / ``v-only`` quantise only K or only V (ablations that
+show which of the two costs the accuracy; the other stays BF16).
 A rotation file given as ``--rotation LABEL=FILE`` yields the recipe ``oscar:LABEL``.
 """
 from __future__ import annotations
@@ -32,6 +34,8 @@ class Recipe:
     levels: int = 4
     quantize: bool = True
     clip_override: tuple[float, float] | None = None
+    quantize_k: bool = True
+    quantize_v: bool = True
 
     def supports(self, group_size: int, head_dim: int) -> bool:
         """Token-wise groups must divide head_dim; per-channel K groups can be any size."""
@@ -47,20 +51,25 @@ class Recipe:
 
 def parse_recipe(spec: str, rotation_files: dict[str, str]) -> list[Recipe]:
     """One --recipe entry -> recipes (``oscar`` expands to one per rotation file)."""
-    name, _, clip = spec.partition("+clip=")
-    clip_override = None
-    if clip:
-        try:
-            k, v = (float(c) for c in clip.split("/"))
-        except ValueError:
-            raise ValueError(f"recipe {spec!r}: clips are written +clip=K/V, e.g. +clip=0.96/0.92")
-        clip_override = (k, v)
+    name, *options = spec.split("+")
+    clip_override, only = None, {}
+    for opt in options:
+        if opt.startswith("clip="):
+            try:
+                k, v = (float(c) for c in opt[5:].split("/"))
+            except ValueError:
+                raise ValueError(f"recipe {spec!r}: clips are written +clip=K/V, e.g. +clip=0.96/0.92")
+            clip_override = (k, v)
+        elif opt in ("k-only", "v-only"):
+            only = {"quantize_v": False} if opt == "k-only" else {"quantize_k": False}
+        else:
+            raise ValueError(f"recipe {spec!r}: unknown option {opt!r} (clip=K/V, k-only, v-only)")
+    suffix = "".join("+" + o for o in options)
     if name == "oscar":
         if not rotation_files:
             raise ValueError("recipe 'oscar' needs at least one --rotation [LABEL=]FILE")
         return [
-            Recipe(f"oscar:{label}" + (f"+clip={clip}" if clip else ""), rotation=path,
-                   clip_override=clip_override)
+            Recipe(f"oscar:{label}{suffix}", rotation=path, clip_override=clip_override, **only)
             for label, path in rotation_files.items()
         ]
     table = {
@@ -74,7 +83,7 @@ def parse_recipe(spec: str, rotation_files: dict[str, str]) -> list[Recipe]:
     if name not in table:
         raise ValueError(f"unknown recipe {name!r}; choose from {', '.join(BASE_RECIPES)}")
     r = table[name]
-    return [replace(r, name=spec, clip_override=clip_override)]
+    return [replace(r, name=spec, clip_override=clip_override, **only)]
 
 
 def parse_rotation_args(values: list[str] | None) -> dict[str, str]:
