@@ -45,10 +45,15 @@ LAUNCHERS = {
 }
 
 
+# --skip-tokenizer (set by main): no tokenizer files needed (lets the call carry less), no chat API
+NO_TOKENIZER = False
+
+
 def server_cmd(model: str, port: int, mem: float, *extra: str, launcher: str = "launch_server") -> list[str]:
-    return [*LAUNCHERS[launcher], "--model-path", str(MODELS / model),
-            "--tokenizer-path", str(MODELS / "smollm2-135m"), "--mem-fraction-static", str(mem),
-            "--port", str(port), *FLAGS, *extra]
+    tok = ["--skip-tokenizer-init"] if NO_TOKENIZER else ["--tokenizer-path", str(MODELS / "smollm2-135m")]
+    extra = [x for x in extra if not (NO_TOKENIZER and x == "--skip-tokenizer-init")]
+    return [*LAUNCHERS[launcher], "--model-path", str(MODELS / model), *tok,
+            "--mem-fraction-static", str(mem), "--port", str(port), *FLAGS, *extra]
 
 
 def wait_log(srv: ServerProcess, pattern: str, timeout: float = 300.0) -> re.Match:
@@ -155,7 +160,10 @@ def main() -> int:
     ap.add_argument("--tap-layer", type=int, default=5)
     ap.add_argument("--port", type=int, default=31000)
     ap.add_argument("--no-concurrent", action="store_true", help="skip the 64-request runs")
+    ap.add_argument("--skip-tokenizer", action="store_true", help="no tokenizer: skip the chat/text API checks")
     a = ap.parse_args()
+    global NO_TOKENIZER
+    NO_TOKENIZER = a.skip_tokenizer
     a.out.mkdir(parents=True, exist_ok=True)
     res: dict = {"date": datetime.datetime.utcnow().isoformat(timespec="seconds") + "Z",
                  "model": a.model, "mem_fraction_static": a.mem, "command": " ".join(sys.argv)}
@@ -203,8 +211,9 @@ def main() -> int:
                 oi = r["info"].get("oscar_int2") or {}
                 r["server_info_ok"] = (oi.get("rotation_sha256") == res["rotation_sha256"]
                                        and oi.get("max_total_num_tokens") == r["info"]["max_total_num_tokens"])
-                r["api"] = chat_checks(srv.url)
-                print("int2 api:", r["api"], flush=True)
+                if not a.skip_tokenizer:
+                    r["api"] = chat_checks(srv.url)
+                    print("int2 api:", r["api"], flush=True)
                 save()
                 if not a.no_concurrent:
                     r["concurrent_64"] = concurrent_run(srv.url, mixed_requests())
