@@ -40,29 +40,25 @@ def embedded_model_args() -> tuple[list[str], dict]:
 
 
 def zoo_rotation_for(model_id: str) -> str | None:
-    """Path of the rotation-zoo file for model_id, if the zoo (rotation_zoo/index.json) has one."""
-    import json
+    """Path of the zoo's calibrated ("oscar") rotation file for model_id, or None.
+
+    Looked up through oscar_sglang.zoo (index.json entries: "model", "recipe", "file", "sha256");
+    a file whose sha256 or contents fail the zoo's check is not used (the data-free default is).
+    """
     from pathlib import Path
 
-    here = Path(__file__).resolve().parent.parent
-    for root in (here / "rotation_zoo", here.parent / "rotation_zoo"):
-        index = root / "index.json"
-        if not index.is_file():
-            continue
-        try:
-            data = json.loads(index.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        entries = data.get("entries", data.get("models", data)) if isinstance(data, dict) else data
-        if isinstance(entries, dict):
-            entries = [dict(v, model_id=v.get("model_id", k)) if isinstance(v, dict) else {"model_id": k, "file": v}
-                       for k, v in entries.items()]
-        for e in entries if isinstance(entries, list) else []:
-            if not isinstance(e, dict) or e.get("model_id", "").lower() != model_id.lower():
-                continue
-            f = e.get("file") or e.get("path")
-            if f and (root / f).is_file():
-                return str(root / f)
+    from .. import zoo
+
+    try:
+        zoo_dir = zoo.default_zoo_dir()
+        entries = zoo.find_entries(zoo.read_index(zoo_dir), model_id, "oscar")
+    except zoo.ZooError:
+        return None
+    for entry in entries:
+        ok, msg = zoo.verify_entry(entry, zoo_dir)
+        if ok:
+            return str(Path(zoo_dir) / entry["file"])
+        print(f"oscar-sglang: zoo rotation not used: {msg}", file=sys.stderr)
     return None
 
 

