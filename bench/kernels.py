@@ -315,8 +315,8 @@ def bench_store(T, rotate):
     )
     rot = {}
     if rotate:
-        rot = dict(k_rot=torch.linalg.qr(torch.randn(HKV, D, D, device=DEV))[0].float(),
-                   v_rot=torch.linalg.qr(torch.randn(HKV, D, D, device=DEV))[0].float())
+        rot = dict(k_rot=torch.linalg.qr(torch.randn(HKV, D, D, device=DEV))[0].float().contiguous(),
+                   v_rot=torch.linalg.qr(torch.randn(HKV, D, D, device=DEV))[0].float().contiguous())
     ms = bench_graph(lambda: ops.store_kv(k, v, **meta, **pool, **rot, k_group=GROUP, v_group=GROUP,
                                           k_clip=0.96, v_clip=0.92))
     n_side = min(T, SINK) + min(T, WINDOW)
@@ -379,10 +379,8 @@ def main():
             nb16 = int2_decode.bf16_splits(SINK, WINDOW, base)
             more = (base - nb16) * 2 + nb16
             cfgs = [dict(block_n=bn, num_stages=st, num_warps=nw)
-                    for bn, st, nw in ((64, 2, 4), (64, 3, 4), (64, 4, 4), (128, 2, 4), (128, 3, 4), (128, 3, 8), (32, 4, 4))]
-            cfgs += [dict(use_asm=False), dict(max_kv_splits=more), dict(max_kv_splits=more, block_n=128),
-                     dict(bf16_keys_per_split=64), dict(min_chunk=128), dict(min_chunk=512),
-                     dict(min_chunk=128, bf16_keys_per_split=64, max_kv_splits=more)]
+                    for bn, st, nw in ((64, 2, 4), (128, 3, 4), (256, 2, 4), (256, 2, 8))]
+            cfgs += [dict(use_asm=False), dict(max_kv_splits=more), dict(bf16_keys_per_split=64)]
             for cfg in cfgs:
                 key = tuple(sorted(cfg.items()))
                 try:

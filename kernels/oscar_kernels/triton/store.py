@@ -112,7 +112,10 @@ def _store_one(x, loc, codes, params, group, clip, rot, positions, token_rows, t
         x = x.contiguous()
     has_side = sink is not None
     if rot is not None:
-        assert rot.shape == (H, D, D) and rot.dtype == torch.float32 and rot.stride(-1) == 1
+        if rot.shape != (H, D, D) or rot.dtype != torch.float32:
+            raise ValueError(f"rotation must be float32 [{H}, {D}, {D}], got {rot.dtype} {tuple(rot.shape)}")
+        if rot.stride(-1) != 1:
+            rot = rot.contiguous()  # the plugin passes contiguous matrices (no copy under graphs)
     dummy = codes
     grid = (triton.cdiv(T, BLOCK_T), H)
     _store_kernel[grid](
