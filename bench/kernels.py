@@ -379,7 +379,7 @@ def main():
             nb16 = int2_decode.bf16_splits(SINK, WINDOW, base)
             more = (base - nb16) * 2 + nb16
             cfgs = [dict(block_n=bn, num_stages=st, num_warps=nw)
-                    for bn, st, nw in ((64, 2, 4), (128, 3, 4), (256, 2, 4), (256, 2, 8))]
+                    for bn, st, nw in ((64, 2, 4), (128, 3, 4), (128, 2, 2), (256, 2, 4), (256, 2, 2))]
             cfgs += [dict(use_asm=False), dict(max_kv_splits=more), dict(bf16_keys_per_split=64)]
             for cfg in cfgs:
                 key = tuple(sorted(cfg.items()))
