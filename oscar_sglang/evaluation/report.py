@@ -5,6 +5,10 @@ import json
 from pathlib import Path
 
 
+def _num(x: float) -> str:
+    return f"{x:.4f}" if x >= 1e-3 else f"{x:.1e}"
+
+
 def fidelity_markdown(run: dict) -> str:
     ref = run["reference"]
     lines = [
@@ -20,7 +24,7 @@ def fidelity_markdown(run: dict) -> str:
             continue
         g = r["group_size"] or "-"
         lines.append(
-            f"| {r['recipe']} | {g} | {r['bits_per_element']:.2f} | {r['kld']:.4f} | "
+            f"| {r['recipe']} | {g} | {r['bits_per_element']:.2f} | {_num(r['kld'])} | "
             f"{r['top1']:.4f} | {r['ppl']:.2f} | {r['k_clip_mean']:.3f} | {r['v_clip_mean']:.3f} |"
         )
     skipped = [r for r in run["results"] if "skipped" in r]
