@@ -28,6 +28,38 @@ RUNTIME_INFO: dict = {}
 _LAST_PLAN: dict = {}
 
 
+def serving_config() -> OscarConfig:
+    """load_config() plus one default taken from the rotation file: without OSCAR_GROUP_SIZE, the
+    group size the file was calibrated with (its metadata "group_size"; its clip ratios were
+    searched at that size)."""
+    import dataclasses
+
+    cfg = load_config()
+    if "group_size" in cfg.sources or cfg.recipe != "file":
+        return cfg
+    g = _file_group_size(cfg.rotation)
+    if g is None or g == cfg.group_size:
+        return cfg
+    return dataclasses.replace(cfg, group_size=g, sources={**cfg.sources, "group_size": "rotation file metadata"})
+
+
+_GROUP_CACHE: dict = {}
+
+
+def _file_group_size(path: str) -> int | None:
+    if path not in _GROUP_CACHE:
+        from oscar_kernels.format import SUPPORTED_GROUP_SIZES
+
+        from . import rotations as R
+
+        try:
+            g = R.load_rotation_file(path, check=False).metadata.get("group_size")
+        except R.RotationFileError:
+            g = None  # reported with its reason when the pool loads the file
+        _GROUP_CACHE[path] = int(g) if g in SUPPORTED_GROUP_SIZES else None
+    return _GROUP_CACHE[path]
+
+
 def _parallel():
     from sglang.srt.runtime_context import get_parallel
 
@@ -57,7 +89,7 @@ class Int2PoolConfigurator(DefaultPoolConfigurator):
     """coeff = INT2 bytes/token; bias = (max_running_requests + 1) x BF16 side-buffer bytes."""
 
     def __init__(self, kvc):
-        self._oscar_cfg: OscarConfig = load_config()
+        self._oscar_cfg: OscarConfig = serving_config()
         self._shape = kv_shape(kvc)
         super().__init__(kvc)
 
@@ -162,7 +194,7 @@ def build_pool(kvc, sizes, req_to_token_pool):
         problems.append("hybrid sliding-window models are not supported.")
     raise_if_any(problems)
 
-    cfg = load_config()
+    cfg = serving_config()
     ps = _parallel()
     total_kv = mc.get_total_num_kv_heads()
     kv0, local_kv = sizing.kv_head_range(total_kv, ps.attn_tp_size, ps.attn_tp_rank)
@@ -199,6 +231,7 @@ def build_pool(kvc, sizes, req_to_token_pool):
         "rotation_model_id": rs_full.model_id,
         "served_model_id": model_id,
         "group_size": min(cfg.group_size, mc.head_dim),
+        "group_size_from": cfg.sources.get("group_size", "default"),
         "sink_tokens": cfg.sink_tokens,
         "recent_tokens": cfg.recent_tokens,
         "k_clip": sorted({round(float(c), 4) for c in rs.k_clip}),

@@ -251,6 +251,24 @@ def test_pool_slices_rotation_file_for_tp_rank(kvc, tmp_path, monkeypatch, seed)
     assert pool.k_clip == pytest.approx([0.96] * 3) and pool.v_clip == pytest.approx([0.9] * 3)
     assert pool.info["rotation_sha256"] == sha and pool.info["rotation_file"] == str(path)
     assert pool.info["kv_heads"] == [1, 2]
+    assert pool.info["group_size_from"] == "default"
+
+
+def test_group_size_from_rotation_file_metadata(kvc, tmp_path, monkeypatch, seed):
+    """A file calibrated at group 32 sets the group unless OSCAR_GROUP_SIZE says otherwise."""
+    from oscar_sglang import rotations as R
+
+    rs = R.hadamard_rotation_set(3, 2, 64)
+    rs.metadata["group_size"] = 32
+    path = tmp_path / "g32.safetensors"
+    R.save_rotation_file(rs, path)
+    monkeypatch.setenv("OSCAR_ROTATION", str(path))
+    _, pool = _build(kvc, 32 << 20)
+    assert pool.k_format.group_size == 32 and pool.info["group_size_from"] == "rotation file metadata"
+    assert pool.k_params[0].shape[2] == 2
+    monkeypatch.setenv("OSCAR_GROUP_SIZE", "64")
+    _, pool = _build(kvc, 32 << 20)
+    assert pool.k_format.group_size == 64 and pool.info["group_size_from"] == "OSCAR_GROUP_SIZE"
 
 
 def test_fork_pt_rotation_files_work_unchanged(kvc, tmp_path, monkeypatch, seed):
