@@ -381,3 +381,24 @@ def test_server_info_and_metrics(kvc, monkeypatch):
     assert set_values["sglang:oscar_int2_capacity_tokens"] == pool.size
     assert set_values["sglang:oscar_int2_used_tokens"] == round(0.25 * pool.size)
     assert set_values["sglang:oscar_int2_bytes_per_token"] == info["bytes_per_token"]
+
+
+def test_run_command_loads_plugin_before_module(sgl, tmp_path, monkeypatch):
+    """`oscar-sglang run MODULE args`: plugins loaded, then MODULE runs as __main__ with args."""
+    import sys
+
+    from oscar_sglang.commands import run
+
+    (tmp_path / "probe_mod.py").write_text(
+        "import json, sys, argparse\n"
+        "from oscar_sglang.plugin import hooks_ok\n"
+        "from sglang.srt.server_args import ServerArgs\n"
+        "p = argparse.ArgumentParser(); ServerArgs.add_cli_args(p)\n"
+        "a, rest = p.parse_known_args(sys.argv[2:])\n"
+        "open(sys.argv[1], 'w').write(json.dumps({'hooks': hooks_ok(), 'kv': a.kv_cache_dtype, 'name': __name__}))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    out = tmp_path / "probe.json"
+    assert run.run(SimpleNamespace(module="probe_mod", passthrough=[str(out), "--model-path", "m", "--kv-cache-dtype", "int2"])) == 0
+    assert json.loads(out.read_text()) == {"hooks": True, "kv": "int2", "name": "__main__"}
