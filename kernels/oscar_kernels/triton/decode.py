@@ -14,8 +14,8 @@ import triton.language as tl
 
 from .attend import check_pool, launch_attend, num_splits_of, source_ranges
 
-# Tuned on H100 (bench/kernels.py --tune, 2026-11-22): BLOCK_N=128 / 4 warps / 2 stages was the
-# best or within 2% of the best setting at every benchmarked (B, L); see docs/benchmarks.md.
+# Tuned on H100 (bench/kernels.py --tune, 2026-11-22): BLOCK_N=128 / 2 warps / 2 stages was the
+# best or within 2% of the best tried setting at every benchmarked (B, L); see docs/benchmarks.md.
 BLOCK_N = 128  # INT2 keys per tile
 BLOCK_B = 32  # BF16 keys per tile
 MIN_CHUNK = 256  # fewest INT2 keys per split when splits are derived in-kernel
@@ -73,7 +73,7 @@ def decode_attention(
     q, o, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
     kv_indptr, kv_indices, req_rows, own_start, *, k_group, v_group, sm_scale,
     num_kv_splits=None, max_kv_splits=None, attn_logits=None, attn_lse=None, logit_cap=0.0,
-    block_n=None, num_warps=4, num_stages=2, min_chunk=None, bf16_keys_per_split=None, use_asm=None,
+    block_n=None, num_warps=2, num_stages=2, min_chunk=None, bf16_keys_per_split=None, use_asm=None,
 ):
     """See ops.decode_attention; the extra keywords are tuning knobs for bench/kernels.py."""
     check_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_group, v_group)
