@@ -136,9 +136,12 @@ def test_calibrate_smollm2_deterministic(tmp_path, seed, monkeypatch):
     from oscar_sglang.calibration import calibrate
     from oscar_sglang.rotations import hadamard_rotation_set, load_rotation_file
 
+    from oscar_sglang.models import load_causal_lm
+
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1795000000")
-    rs1, p1 = calibrate(_light_config(tmp_path, seed, "a.safetensors"))
-    rs2, p2 = calibrate(_light_config(tmp_path, seed, "b.safetensors"))
+    loaded = load_causal_lm("smollm2")  # once: loading dominates this test's time
+    rs1, p1 = calibrate(_light_config(tmp_path, seed, "a.safetensors"), loaded=loaded)
+    rs2, p2 = calibrate(_light_config(tmp_path, seed, "b.safetensors"), loaded=loaded)
     assert hashlib.sha256(p1.read_bytes()).digest() == hashlib.sha256(p2.read_bytes()).digest()
     rs = load_rotation_file(p1)
     rs.validate_for_model(num_layers=30, num_kv_heads=3, head_dim=64,

@@ -49,12 +49,15 @@ class CalibrationConfig:
 
 
 def _config_of(model: str):
+    """The model's transformers config without loading weights. A GGUF's config is read from
+    its dequantised cached copy (models.py makes it once): parsing the GGUF header itself
+    (the whole tokenizer vocabulary) is slower than loading that copy's config.json."""
     from transformers import AutoConfig
 
-    from ..models import resolve_model
+    from ..models import _dequantised_copy, resolve_model
 
     path, gguf = resolve_model(model)
-    return AutoConfig.from_pretrained(path, gguf_file=gguf) if gguf else AutoConfig.from_pretrained(path)
+    return AutoConfig.from_pretrained(_dequantised_copy(path, gguf) if gguf else path)
 
 
 def model_dims(config) -> dict:
@@ -134,8 +137,11 @@ def _default_filename(model_id: str, recipe: str, group_size: int, per_head: boo
     return f"{name}.{recipe}{'.perhead' if per_head else ''}.g{group_size}.safetensors"
 
 
-def calibrate(cfg: CalibrationConfig) -> tuple[RotationSet, Path]:
-    """Run the recipe, write the file, return (RotationSet, path)."""
+def calibrate(cfg: CalibrationConfig, loaded=None) -> tuple[RotationSet, Path]:
+    """Run the recipe, write the file, return (RotationSet, path).
+
+    loaded: optional (model, tokenizer) already loaded from cfg.model, to skip loading it again.
+    """
     from oscar_kernels.format import Int2Format
 
     from ..data import calibration_essays, fingerprint, read_texts
@@ -172,7 +178,7 @@ def calibrate(cfg: CalibrationConfig) -> tuple[RotationSet, Path]:
     else:
         files = [str(p) for p in (cfg.data or calibration_essays())]
         texts = read_texts(files)
-        lm, tok = load_causal_lm(cfg.model, device=cfg.device, device_map=cfg.device_map)
+        lm, tok = loaded or load_causal_lm(cfg.model, device=cfg.device, device_map=cfg.device_map)
         chunks = token_sequences(texts, tok, cfg.seq_len, cfg.seed)
         train, held = _split(chunks, cfg)
         log.info("%d calibration sequences (%d tokens), %d held out", len(train),
