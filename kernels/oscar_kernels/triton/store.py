@@ -1,6 +1,6 @@
 """KV store: (optional rotation) + clip + quantise + pack + scatter, plus the BF16 side buffers.
 
-One program = BLOCK_T tokens x one KV head, for K or for V (two launches). The quantiser is
+One program = BLOCK_T tokens x one KV head of K or of V; one launch does both. The quantiser is
 ``reference.quantize`` operation for operation (fp32, IEEE division, no FMA contraction), so on
 unrotated input the codes and params are bit-identical to the reference.
 """
@@ -13,11 +13,11 @@ import triton.language as tl
 from ..format import FP16_MAX, MIN_SCALE, Int2Format, clip_index, normalize_clip_ratio
 
 BLOCK_T = 16
-ROT_K_TILE = 32
 
 
 @triton.jit
-def _store_kernel(
+def _store_rows(
+    pid, h,
     X, stride_xt, stride_xh,
     Rot, stride_rh, stride_rk,
     Loc, Codes, stride_cn, stride_ch,
@@ -30,10 +30,9 @@ def _store_kernel(
     HAS_ROT: tl.constexpr, CLIP: tl.constexpr, HAS_SIDE: tl.constexpr,
     BLOCK_T: tl.constexpr, KT: tl.constexpr,
 ):
+    """BLOCK_T tokens (block pid) of KV head h of one tensor (K or V)."""
     NG: tl.constexpr = D // G
     QD: tl.constexpr = D // 4
-    pid = tl.program_id(0)
-    h = tl.program_id(1)
     t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < T
     t64 = t.to(tl.int64)
@@ -97,7 +96,35 @@ def _store_kernel(
                  x.to(Ring.dtype.element_ty), mask=ring_m[:, None])
 
 
-def _store_one(x, loc, codes, params, group, clip, rot, positions, token_rows, token_seq_lens, sink, ring):
+@triton.jit
+def _store_kv_kernel(
+    XK, sxk_t, sxk_h, RotK, srk_h, srk_k, CK, sck_n, sck_h, PK, spk_n, spk_h, spk_g,
+    SinkK, ssk_r, ssk_p, ssk_h, RingK, srgk_r, srgk_p, srgk_h, clip_k,
+    XV, sxv_t, sxv_h, RotV, srv_h, srv_k, CV, scv_n, scv_h, PV, spv_n, spv_h, spv_g,
+    SinkV, ssv_r, ssv_p, ssv_h, RingV, srgv_r, srgv_p, srgv_h, clip_v,
+    Loc, Pos, Rows, SeqLens, T,
+    DK: tl.constexpr, GK: tl.constexpr, ROT_K: tl.constexpr, CLIP_K: tl.constexpr,
+    DV: tl.constexpr, GV: tl.constexpr, ROT_V: tl.constexpr, CLIP_V: tl.constexpr,
+    S: tl.constexpr, W: tl.constexpr, HAS_SIDE: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    """K and V in one launch (grid axis 2: 0 = K, 1 = V), so decode-size stores cost one
+    kernel's latency, not two."""
+    pid = tl.program_id(0)
+    h = tl.program_id(1)
+    if tl.program_id(2) == 0:
+        _store_rows(pid, h, XK, sxk_t, sxk_h, RotK, srk_h, srk_k, Loc, CK, sck_n, sck_h,
+                    PK, spk_n, spk_h, spk_g, Pos, Rows, SeqLens, SinkK, ssk_r, ssk_p, ssk_h,
+                    RingK, srgk_r, srgk_p, srgk_h, T, clip_k, DK, GK, S, W, ROT_K, CLIP_K, HAS_SIDE,
+                    BLOCK_T, min(32, DK))
+    else:
+        _store_rows(pid, h, XV, sxv_t, sxv_h, RotV, srv_h, srv_k, Loc, CV, scv_n, scv_h,
+                    PV, spv_n, spv_h, spv_g, Pos, Rows, SeqLens, SinkV, ssv_r, ssv_p, ssv_h,
+                    RingV, srgv_r, srgv_p, srgv_h, T, clip_v, DV, GV, S, W, ROT_V, CLIP_V, HAS_SIDE,
+                    BLOCK_T, min(32, DV))
+
+
+def _tensor_args(x, codes, params, group, clip, rot, sink, ring):
+    """Checked per-tensor (K or V) kernel arguments and constexprs."""
     T, H, D = x.shape
     fmt = Int2Format(D, group)
     ratio = normalize_clip_ratio(clip)
@@ -106,8 +133,6 @@ def _store_one(x, loc, codes, params, group, clip, rot, positions, token_rows, t
             f"pool shapes {tuple(codes.shape)} / {tuple(params.shape)} do not fit tokens [T, {H}, {D}] "
             f"with group {group}"
         )
-    if T == 0:
-        return
     if x.stride(-1) != 1:
         x = x.contiguous()
     has_side = sink is not None
@@ -116,23 +141,18 @@ def _store_one(x, loc, codes, params, group, clip, rot, positions, token_rows, t
             raise ValueError(f"rotation must be float32 [{H}, {D}, {D}], got {rot.dtype} {tuple(rot.shape)}")
         if rot.stride(-1) != 1:
             rot = rot.contiguous()  # the plugin passes contiguous matrices (no copy under graphs)
-    dummy = codes
-    grid = (triton.cdiv(T, BLOCK_T), H)
-    _store_kernel[grid](
+    has_side = sink is not None
+    args = [
         x, x.stride(0), x.stride(1),
-        rot if rot is not None else dummy, rot.stride(0) if rot is not None else 0,
+        rot if rot is not None else codes, rot.stride(0) if rot is not None else 0,
         rot.stride(1) if rot is not None else 0,
-        loc, codes, codes.stride(0), codes.stride(1),
+        codes, codes.stride(0), codes.stride(1),
         params, params.stride(0), params.stride(1), params.stride(2),
-        positions if has_side else loc, token_rows if has_side else loc,
-        token_seq_lens if has_side else loc,
         sink if has_side else x, *(sink.stride()[:3] if has_side else (0, 0, 0)),
         ring if has_side else x, *(ring.stride()[:3] if has_side else (0, 0, 0)),
-        T, clip_index(ratio, group),
-        D=D, G=group, S=sink.shape[1] if has_side else 0, W=ring.shape[1] if has_side else 1,
-        HAS_ROT=rot is not None, CLIP=ratio < 1.0, HAS_SIDE=has_side,
-        BLOCK_T=BLOCK_T, KT=min(ROT_K_TILE, D), num_warps=4, enable_fp_fusion=False,
-    )
+        clip_index(ratio, group),
+    ]
+    return args, (D, group, rot is not None, ratio < 1.0)
 
 
 def store_kv(
@@ -147,7 +167,19 @@ def store_kv(
             "must be given together (or none of them)"
         )
     assert MIN_SCALE == 9.5367431640625e-07 and FP16_MAX == 65504.0  # constants baked in the kernel
-    _store_one(k, loc, k_codes, k_params, k_group, k_clip, k_rot, positions, token_rows,
-               token_seq_lens, sink_k, ring_k)
-    _store_one(v, loc, v_codes, v_params, v_group, v_clip, v_rot, positions, token_rows,
-               token_seq_lens, sink_v, ring_v)
+    if k.shape[:2] != v.shape[:2] or loc.shape[0] != k.shape[0]:
+        raise ValueError(f"store_kv: k {tuple(k.shape)}, v {tuple(v.shape)} and loc {tuple(loc.shape)} disagree")
+    T, H = k.shape[:2]
+    if T == 0:
+        return
+    k_args, (dk, gk, rot_k, clip_k) = _tensor_args(k, k_codes, k_params, k_group, k_clip, k_rot, sink_k, ring_k)
+    v_args, (dv, gv, rot_v, clip_v) = _tensor_args(v, v_codes, v_params, v_group, v_clip, v_rot, sink_v, ring_v)
+    has_side = sink_k is not None
+    _store_kv_kernel[(triton.cdiv(T, BLOCK_T), H, 2)](
+        *k_args, *v_args,
+        loc, positions if has_side else loc, token_rows if has_side else loc,
+        token_seq_lens if has_side else loc, T,
+        DK=dk, GK=gk, ROT_K=rot_k, CLIP_K=clip_k, DV=dv, GV=gv, ROT_V=rot_v, CLIP_V=clip_v,
+        S=sink_k.shape[1] if has_side else 0, W=ring_k.shape[1] if has_side else 1, HAS_SIDE=has_side,
+        BLOCK_T=BLOCK_T, num_warps=4, enable_fp_fusion=False,
+    )
