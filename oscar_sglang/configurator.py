@@ -139,9 +139,14 @@ class Int2PoolConfigurator(DefaultPoolConfigurator):
 def served_model_id(model_path: str) -> str:
     """The id a rotation file's metadata is compared with (the embedded GGUF -> its HF id)."""
     try:
-        from .models import EMBEDDED_MODEL_ID, embedded_gguf_path
+        from .models import EMBEDDED_GGUF_NAME, EMBEDDED_MODEL_ID, cache_dir, embedded_gguf_path
 
-        if Path(model_path).resolve() == embedded_gguf_path().resolve():
+        p = Path(model_path).resolve()
+        if p == embedded_gguf_path().resolve():
+            return EMBEDDED_MODEL_ID
+        # `oscar-sglang serve` serves the dequantised HF copy models.py caches for the GGUF
+        if (p.parent == (cache_dir() / "hf-from-gguf").resolve()
+                and p.name.startswith(Path(EMBEDDED_GGUF_NAME).stem + "-")):
             return EMBEDDED_MODEL_ID
     except (FileNotFoundError, OSError):
         pass

@@ -98,3 +98,27 @@ def test_print_command_shows_the_sglang_launch(no_conversion):
     assert "-m sglang.launch_server --model-path Qwen/Qwen3-8B --port 31000 --kv-cache-dtype int2" \
         in res.stdout
     assert main(["serve", "--print-command", "--model-path", "x"]) == 0
+
+
+def test_the_zoo_rotation_is_accepted_for_the_served_copy(monkeypatch, tmp_path):
+    # H100 run of 2026-11-22: the server refused the zoo file because the served path (the
+    # dequantised copy) did not map back to the embedded model id. Same chain here on CPU:
+    # serve's --model-path -> the plugin's model id -> the rotation file's validation.
+    from oscar_sglang import models
+    from oscar_sglang.commands.serve import build_command
+    from oscar_sglang.configurator import served_model_id
+    from oscar_sglang.rotations import load_rotation_file
+
+    monkeypatch.setenv("OSCAR_SGLANG_CACHE", str(tmp_path))
+    monkeypatch.delenv("OSCAR_ROTATION", raising=False)
+    copy = tmp_path / "hf-from-gguf" / f"{Path(models.EMBEDDED_GGUF_NAME).stem}-98362432-1"
+    copy.mkdir(parents=True)
+    monkeypatch.setattr(models, "_dequantised_copy", lambda path, gguf: copy)
+    argv, env = build_command([])
+    model_id = served_model_id(argv[argv.index("--model-path") + 1])
+    assert model_id == models.EMBEDDED_MODEL_ID
+    rs = load_rotation_file(env["OSCAR_ROTATION"])
+    # SmolLM2-135M: 30 layers, 3 KV heads, head_dim 64 (raises on any mismatch)
+    rs.validate_for_model(num_layers=30, num_kv_heads=3, head_dim=64, v_head_dim=64,
+                          model_id=model_id)
+    assert served_model_id(str(tmp_path / "hf-from-gguf" / "Other-Model-1-2")) != model_id
