@@ -438,3 +438,6 @@ def check_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_group,
         raise ValueError("params shape does not match head_dim // group_size")
     if ring_k.shape[1] < 1:
         raise ValueError("the BF16 ring needs W >= 1 slots")
+    for name, t in (("q", q), ("k_codes", k_codes), ("v_codes", v_codes), ("sink_k", sink_k), ("ring_k", ring_k)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got {t.stride()}")

@@ -83,6 +83,8 @@ def decode_attention(
     gqa = Hq // Hkv
     if kv_indptr.shape[0] < B + 1:
         raise ValueError(f"kv_indptr has {kv_indptr.shape[0]} entries, need batch + 1 = {B + 1}")
+    if o.shape != (B, Hq, Dv) or o.stride(-1) != 1:
+        raise ValueError(f"o must be [{B}, {Hq}, {Dv}] with a contiguous last dim, got {tuple(o.shape)}")
     S, W = sink_k.shape[1], ring_k.shape[1]
     if max_kv_splits is None:
         max_kv_splits = (attn_logits.shape[2] if attn_logits is not None
