@@ -348,6 +348,7 @@ def main():
     ap.add_argument("--json", help="write raw numbers here")
     ap.add_argument("--tune", action="store_true", help="also sweep INT2 decode tile/split settings")
     ap.add_argument("--quick", action="store_true", help="two shapes only")
+    ap.add_argument("--shapes", help="comma list of BxL, e.g. 8x32768,64x32768 (default: all)")
     ap.add_argument("--bf16-splits", default="8,16,32,64", help="num_kv_splits values tried for SGLang BF16")
     args = ap.parse_args()
     t_start = time.time()
@@ -362,6 +363,8 @@ def main():
     log(f"copy bandwidth (read+write): {copy_gbs:.0f} GB/s")
 
     shapes = SHAPES[:2] if args.quick else SHAPES
+    if args.shapes:
+        shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     bf_splits = [int(s) for s in args.bf16_splits.split(",")]
     rows, raw = [], {"copy_gbs": copy_gbs, "device": dev_name, "decode": [], "tune": []}
     for B, L in shapes:
@@ -379,8 +382,9 @@ def main():
             nb16 = int2_decode.bf16_splits(SINK, WINDOW, base)
             more = (base - nb16) * 2 + nb16
             cfgs = [dict(block_n=bn, num_stages=st, num_warps=nw)
-                    for bn, st, nw in ((64, 2, 4), (128, 3, 4), (128, 2, 2), (256, 2, 4), (256, 2, 2))]
-            cfgs += [dict(use_asm=False), dict(max_kv_splits=more), dict(bf16_keys_per_split=64)]
+                    for bn, st, nw in ((128, 2, 4), (128, 2, 2), (128, 3, 2), (64, 3, 2))]
+            cfgs += [dict(maxnreg=128), dict(maxnreg=168), dict(maxnreg=128, num_stages=3),
+                     dict(max_kv_splits=more), dict(max_kv_splits=(base - nb16) // 2 + nb16)]
             for cfg in cfgs:
                 key = tuple(sorted(cfg.items()))
                 try:

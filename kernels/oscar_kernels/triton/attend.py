@@ -385,9 +385,10 @@ def launch_attend(
     kv_indptr, kv_indices, qo_indptr, req_rows, own_start, num_kv_splits, *,
     out_split_stride, lse_split_stride, k_group, v_group, sm_scale, logit_cap,
     num_mb, block_m, block_n, block_b, split, max_splits, min_chunk, num_warps, num_stages, nb16=1,
-    use_asm=None,
+    use_asm=None, maxnreg=None,
 ):
     import torch
+    extra = {} if maxnreg is None else {"maxnreg": maxnreg}
 
     """Host-side launcher: checks shapes, views params as int32 words and launches."""
     D = q.shape[-1]
@@ -416,7 +417,7 @@ def launch_attend(
         SPLIT=split, HAS_NSPLITS=num_kv_splits is not None,
         MIN_CHUNK=min_chunk, LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE, NB16=nb16,
         USE_ASM=(USE_ASM if use_asm is None else use_asm) and q.dtype == torch.bfloat16,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **extra,
     )
 
 

@@ -73,7 +73,7 @@ def decode_attention(
     q, o, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
     kv_indptr, kv_indices, req_rows, own_start, *, k_group, v_group, sm_scale,
     num_kv_splits=None, max_kv_splits=None, attn_logits=None, attn_lse=None, logit_cap=0.0,
-    block_n=None, num_warps=2, num_stages=2, min_chunk=None, bf16_keys_per_split=None, use_asm=None,
+    block_n=None, num_warps=2, num_stages=2, min_chunk=None, bf16_keys_per_split=None, use_asm=None, maxnreg=None,
 ):
     """See ops.decode_attention; the extra keywords are tuning knobs for bench/kernels.py."""
     check_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_group, v_group)
@@ -108,7 +108,7 @@ def decode_attention(
         k_group=k_group, v_group=v_group, sm_scale=sm_scale, logit_cap=logit_cap,
         num_mb=1, block_m=block_m, block_n=bn, block_b=BLOCK_B, split=True,
         max_splits=max_kv_splits, min_chunk=min_chunk, num_warps=num_warps, num_stages=num_stages,
-        nb16=nb16, use_asm=use_asm,
+        nb16=nb16, use_asm=use_asm, maxnreg=maxnreg,
     )
     _merge_splits_kernel[(B, Hq)](
         attn_logits, attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
