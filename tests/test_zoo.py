@@ -1,8 +1,6 @@
 """Rotation zoo: index, verify (tamper detection), CLI, and `pull` from a local HF-layout mirror."""
 import hashlib
 import http.server
-import json
-import shutil
 import threading
 from pathlib import Path
 
