@@ -44,8 +44,9 @@ def random_prompts(n: int, length: int, vocab: int, seed: int) -> List[List[int]
     """Distinct random prompts; token 0..999 and the top of the vocab are avoided (specials)."""
     rng = random.Random(seed)
     hi = vocab - 1000
-    return [[1000 + (i * 7919) % (hi - 1000)] + [rng.randrange(1000, hi) for _ in range(length - 1)]
-            for i in range(n)]
+    # the first token differs per (seed, i), so no two prompts share even one radix-cache token
+    return [[1000 + (seed * 104729 + i * 7919) % (hi - 1000)]
+            + [rng.randrange(1000, hi) for _ in range(length - 1)] for i in range(n)]
 
 
 async def _one(session, url: str, ids: List[int], out_len: int, rec: RequestRecord, tick) -> None:

@@ -332,10 +332,13 @@ def cmd_run(args) -> int:
                         part_capacity(server, info, rec, max_pos)
                         res.save()
                         if parts & {"latency", "attribution", "throughput"}:
-                            # warm-up (JIT / first-call costs stay out of the numbers)
+                            # warm-up, so Triton JIT compiles stay out of the numbers: a short
+                            # prompt, and one of two prefill chunks (the cached-prefix path)
                             from _serving_client import random_prompts, run_requests
                             run_requests(server.url, random_prompts(2, 1024, vocab, 0), 16,
                                          "warm-up")
+                            run_requests(server.url, random_prompts(1, 12000, vocab, 1), 16,
+                                         "warm-up prefix")
                         if "latency" in parts and lat_ctx:
                             part_latency(server, rec, lat_ctx, args.latency_output, vocab)
                             res.save()
