@@ -22,6 +22,8 @@ logger = logging.getLogger("oscar_sglang")
 
 INT2 = "int2"
 BACKEND = "oscar_triton"
+SGLANG_DEFAULT_KV_SPLITS = 8
+INT2_DEFAULT_KV_SPLITS = 64
 
 
 def is_hybrid_linear(model_config) -> bool:
@@ -65,6 +67,16 @@ def before_post_init(self, *args, **kwargs):
     if self.attention_backend is None:
         # both prefill and decode must read the INT2 pool: one backend for both
         self.attention_backend = BACKEND
+    if self.triton_attention_num_kv_splits == SGLANG_DEFAULT_KV_SPLITS:
+        # SGLang's default of 8 splits leaves most of the H100 idle at small batch and long
+        # context (1 request x 8 KV heads x 8 splits = 64 programs on 132 SMs): the INT2 decode
+        # then reads at ~140 GB/s in the server instead of ~1 TB/s. Raise the cap; SGLang's
+        # split heuristic still picks fewer splits when the batch fills the GPU.
+        self.triton_attention_num_kv_splits = INT2_DEFAULT_KV_SPLITS
+        logger.info(
+            "oscar-sglang: --triton-attention-num-kv-splits %d for int2 (SGLang default %d; "
+            "pass another value to override)", INT2_DEFAULT_KV_SPLITS, SGLANG_DEFAULT_KV_SPLITS,
+        )
     return None
 
 

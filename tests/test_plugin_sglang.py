@@ -99,6 +99,10 @@ def test_server_args_resolve_to_oscar_backend(sgl, tiny_model):
     assert a.kv_cache_dtype == "int2"
     assert a.attention_backend == "oscar_triton"
     assert a.get_attention_backends() == ("oscar_triton", "oscar_triton")
+    # int2 raises SGLang's default split-K cap (8) so long-context decode fills the GPU
+    assert a.triton_attention_num_kv_splits == 64
+    c = _prepare(sgl, tiny_model, "--triton-attention-num-kv-splits", "16")
+    assert c.triton_attention_num_kv_splits == 16
     # a non-int2 server is untouched by the plugin
     b = sgl.prepare_server_args(["--model-path", tiny_model, "--skip-tokenizer-init", "--device", "cpu"])
     assert b.kv_cache_dtype == "auto" and b.attention_backend != "oscar_triton"
