@@ -165,3 +165,23 @@ def test_calibrate_data_free_needs_no_model(tmp_path, seed):
     rs, path = calibrate(_light_config(tmp_path, seed, "h.safetensors", recipe="hadamard"))
     assert torch.equal(rs.k_rotation, hadamard_rotation_set(30, 3, 64).k_rotation)
     assert rs.k_clip.tolist() == [1.0] * 30 and "metrics" not in rs.metadata
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_rotations_from_stats(seed, per_head):
+    """Per-head: each KV head's own covariance; shared: the heads' covariances pooled."""
+    from oscar_sglang.calibration.capture import LayerStats
+    from oscar_sglang.calibration.recipes import rotations_from_stats
+
+    def cov(h):  # distinct per head
+        xs = [heavy_tailed(300, 32, outlier_channels=(3 + i, 17)).double() for i in range(h)]
+        return torch.stack([x.T @ x for x in xs])
+
+    stats = {l: LayerStats(qq=cov(3), oo=cov(3), n=300) for l in range(2)}
+    k, v = rotations_from_stats(stats, 2, 32, per_head)
+    assert k.shape == (2, 3 if per_head else 1, 32, 32) and v.shape == k.shape
+    for l in range(2):
+        qq = stats[l].qq / 300
+        covs = qq if per_head else qq.mean(0, keepdim=True)
+        for h, c in enumerate(covs):
+            assert torch.allclose(k[l, h], oscar_rotation(c, 32).float())

@@ -160,6 +160,7 @@ def calibrate(cfg: CalibrationConfig, loaded=None) -> tuple[RotationSet, Path]:
     if dims["v_head_dim"] != dims["head_dim"]:
         Int2Format(dims["v_head_dim"], G)
     model_id = model_identity(cfg.model)
+    per_head = cfg.per_head and cfg.recipe == "oscar"  # the data-free matrices are shared
     search = cfg.search_clip if cfg.search_clip is not None else cfg.recipe == "oscar"
     needs_data = cfg.recipe == "oscar" or search
     md = dict(
@@ -167,7 +168,7 @@ def calibrate(cfg: CalibrationConfig, loaded=None) -> tuple[RotationSet, Path]:
         model_revision=_model_revision(cfg.model, config),
         architecture=dims["architecture"],
         group_size=G,
-        per_head=cfg.per_head,
+        per_head=per_head,
         created=_created(),
     )
     log.info("model %s: %s", model_id, dims)
@@ -190,7 +191,7 @@ def calibrate(cfg: CalibrationConfig, loaded=None) -> tuple[RotationSet, Path]:
             missing = sorted(set(range(L)) - set(cap.stats))
             if missing:
                 raise RuntimeError(f"no attention captured for layers {missing[:8]}")
-            k_rot, v_rot = rotations_from_stats(cap.stats, L, G, cfg.per_head)
+            k_rot, v_rot = rotations_from_stats(cap.stats, L, G, per_head)
             rs = RotationSet(
                 k_rot, v_rot, torch.ones(L), torch.ones(L),
                 metadata=default_metadata("oscar", L, dims["num_kv_heads"], dims["head_dim"],
@@ -219,7 +220,7 @@ def calibrate(cfg: CalibrationConfig, loaded=None) -> tuple[RotationSet, Path]:
             finally:
                 torch.set_num_threads(threads)
     rs.metadata["created"] = md["created"]
-    out = Path(cfg.out) / (cfg.filename or _default_filename(model_id, cfg.recipe, G, cfg.per_head))
+    out = Path(cfg.out) / (cfg.filename or _default_filename(model_id, cfg.recipe, G, per_head))
     rs.sha256 = save_rotation_file(rs, out)
     rs.source = str(out)
     log.info("wrote %s (sha256 %s) in %.1f s", out, rs.sha256, time.time() - t0)
