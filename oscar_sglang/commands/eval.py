@@ -46,6 +46,8 @@ def add_parser(subparsers) -> None:
                    help="comma-separated quantisation group sizes (default 32,64,128)")
     f.add_argument("--length", type=int, default=2048, help="tokens per window (default 2048)")
     f.add_argument("--windows", type=int, default=2, help="number of windows (default 2)")
+    f.add_argument("--first-window", type=int, default=0,
+                   help="skip this many windows of the text first (default 0)")
     f.add_argument("--sink", type=int, default=64, help="BF16 sink tokens (default 64)")
     f.add_argument("--recent", type=int, default=256, help="BF16 recent window (default 256)")
     f.add_argument("--data", nargs="*", default=None,
@@ -143,7 +145,8 @@ def run_fidelity_command(args) -> int:
     log.info("loading %s ...", args.model)
     model, tok = load_causal_lm(args.model, device=args.device)
     texts = read_texts(args.data) if args.data else read_texts(heldout_essays())
-    windows = make_windows(tok, texts, args.windows, args.length).to(args.device)
+    windows = make_windows(tok, texts, args.first_window + args.windows, args.length)
+    windows = windows[args.first_window :].to(args.device)
     log.info("%d window(s) x %d tokens; recipes: %s; groups %s", args.windows, args.length,
              ", ".join(r.name for r in recipes), args.group_sizes)
     run = run_fidelity(model, windows, recipes, args.group_sizes, sink=args.sink,
@@ -152,7 +155,8 @@ def run_fidelity_command(args) -> int:
                        ref_cache=args.ref_cache)
     d = as_dict(run)
     d["meta"] = {"command": "oscar-sglang eval fidelity", "device": args.device,
-                 "threads": torch.get_num_threads(), "data": args.data or "heldout essays"}
+                 "threads": torch.get_num_threads(), "data": args.data or "heldout essays",
+                 "first_window": args.first_window}
     if args.merge:
         try:
             merge_runs(d, [json.loads(Path(p).read_text()) for p in args.merge])

@@ -59,7 +59,7 @@ def fidelity_plot(run: dict, path) -> None:
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_yscale("log")
     axes[1].set_ylim(0, 1)
-    axes[1].legend(fontsize=8)
+    axes[1].legend(fontsize=8, loc="lower left", framealpha=0.9)
     fig.suptitle(f"{run['model']}: {run['length']}-token windows, sink {run['sink']}, "
                  f"recent {run['recent']}", fontsize=10)
     fig.tight_layout()
