@@ -51,13 +51,6 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         self._token_rows = None
         self._token_seq_lens = None
         self._has_prefix = True
-        self._init_own_buffer()
-
-    def _init_own_buffer(self) -> None:
-        # own_start of each batch entry (see _own_start_arg); fixed address for CUDA graphs
-        from .pool import INT32_MAX
-
-        self._own_b = torch.full((self.pool.req_rows,), INT32_MAX, dtype=torch.int32, device=self.pool.own_start.device)
 
     # ------------------------------------------------------------------ metadata
     def init_forward_metadata(self, forward_batch):
@@ -78,15 +71,6 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         self.pool.apply_pending_resets()
         if fb.forward_mode.is_extend():
             self._prepare_extend(fb)
-        bs = fb.batch_size
-        if bs:
-            self._own_b[:bs].copy_(self.pool.own_start.index_select(0, fb.req_pool_indices[:bs].to(torch.int64)))
-
-    def _own_start_arg(self) -> torch.Tensor:
-        """own_start as the kernels index it. ops.py documents own_start[row]; the kernels as
-        committed read own_start[batch index], so they get the per-batch gather unless
-        oscar_kernels.ops says it indexes by row (OWN_START_BY_ROW = True)."""
-        return self.pool.own_start if getattr(ops, "OWN_START_BY_ROW", False) else self._own_b
 
     def _prepare_extend(self, fb) -> None:
         """Per-token request row and final length (for the store), own_start update."""
@@ -164,7 +148,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             kv_indptr=md.kv_indptr,
             kv_indices=md.kv_indices,
             req_rows=fb.req_pool_indices,
-            own_start=self._own_start_arg(),
+            own_start=self.pool.own_start,
             k_group=self.pool.k_format.group_size,
             v_group=self.pool.v_format.group_size,
             sm_scale=layer.scaling,
@@ -213,7 +197,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
                 kv_indptr=md.kv_indptr,
                 kv_indices=md.kv_indices,
                 req_rows=fb.req_pool_indices,
-                own_start=self._own_start_arg(),
+                own_start=self.pool.own_start,
                 k_group=self.pool.k_format.group_size,
                 v_group=self.pool.v_format.group_size,
                 sm_scale=layer.scaling,

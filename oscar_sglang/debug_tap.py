@@ -52,7 +52,7 @@ def record_extend(backend, layer, fb, q3, k3, v3, o) -> None:
             "q": q3.detach().cpu(), "k": k3.detach().cpu(), "v": v3.detach().cpu(),
             "o": o.detach().reshape(q3.shape[0], q3.shape[1], -1).cpu(),
             "prefix": int(fb.extend_prefix_lens[0]), "seq_len": int(fb.seq_lens[0]),
-            "row": int(fb.req_pool_indices[0]), "own_start": int(backend._own_b[0]),
+            "row": int(fb.req_pool_indices[0]), "own_start": int(backend.pool.own_start[fb.req_pool_indices[0]]),
         },
         os.path.join(TAP_DIR, f"extend_{next(_counter):05d}.pt"),
     )

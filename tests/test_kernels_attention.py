@@ -55,9 +55,13 @@ class Pool:
         slots = (torch.randperm(N - 1)[:total] + 1).int()
         self.kv_indptr = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
         self.kv_indices = slots
-        # request 0 is a CUDA-graph padding request when its len is 1: row 0
-        self.rows = torch.tensor([0] + list(range(1, len(lens))), dtype=torch.int32)
-        self.own_start = torch.tensor(owns, dtype=torch.int32)
+        # request 0 is a CUDA-graph padding request when its len is 1: row 0. The others sit at
+        # shuffled rows with garbage own_start on unused rows, so a kernel that indexed per-request
+        # state by batch position instead of by row would read the wrong own_start.
+        others = (torch.randperm(n_rows - 1)[: len(lens) - 1] + 1).tolist()
+        self.rows = torch.tensor([0] + others, dtype=torch.int32)
+        self.own_start = torch.randint(0, 60, (n_rows,), dtype=torch.int32)
+        self.own_start[self.rows.long()] = torch.tensor(owns, dtype=torch.int32)
         self.k, self.v = [], []
         for b, (L, own) in enumerate(zip(lens, owns)):
             k, v = rotated_kv(L, hkv, d), rotated_kv(L, hkv, d)

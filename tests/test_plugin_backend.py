@@ -72,7 +72,6 @@ def _make(backend_cls, rows=4, slots=64, exact=False):
     b.pool, b.v_head_dim, b.max_kv_splits = pool, D, 4
     b.extend_attention_fwd = extend_attention_fwd
     b._zero_kv_indptr = torch.zeros(rows + 1, dtype=torch.int32)
-    b._init_own_buffer()
     layer = SimpleNamespace(layer_id=0, tp_q_head_num=Hq, tp_k_head_num=H, qk_head_dim=D, v_head_dim=D,
                             scaling=1 / math.sqrt(D), logit_cap=0.0, logit_capping_method="tanh",
                             k_scale=None, v_scale=None, sliding_window_size=-1)

@@ -227,7 +227,7 @@ def attend_kernel(
     if mb * BLOCK_M >= n_tok * GQA:
         return
     row = tl.load(req_rows + b).to(tl.int64)
-    own = tl.load(own_start + b)
+    own = tl.load(own_start + row)  # per-request state is indexed by request row, not batch slot
     sink_lo, sink_hi, ring_lo, n_int2 = source_ranges(kv_len, own, S, W)
     hole = sink_hi - sink_lo
 

@@ -46,14 +46,15 @@ def _merge_splits_kernel(
     Part, stride_pb, stride_ph, stride_ps,
     PLse, stride_lb, stride_lh,
     O, stride_ob, stride_oh,
-    kv_indptr, own_start, num_kv_splits, MAX_SPLITS,
+    kv_indptr, req_rows, own_start, num_kv_splits, MAX_SPLITS,
     S: tl.constexpr, W: tl.constexpr, DV: tl.constexpr, SPLITS_P2: tl.constexpr,
     HAS_NSPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr, NB16: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
     kv_len = tl.load(kv_indptr + b + 1) - tl.load(kv_indptr + b)
-    _, _, _, n_int2 = source_ranges(kv_len, tl.load(own_start + b), S, W)
+    own = tl.load(own_start + tl.load(req_rows + b).to(tl.int64))
+    _, _, _, n_int2 = source_ranges(kv_len, own, S, W)
     n = num_splits_of(n_int2, b, num_kv_splits, HAS_NSPLITS, MAX_SPLITS, MIN_CHUNK, NB16)
     s = tl.arange(0, SPLITS_P2)
     smask = s < n
@@ -114,7 +115,7 @@ def decode_attention(
         attn_logits, attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
         attn_lse, attn_lse.stride(0), attn_lse.stride(1),
         o, o.stride(0), o.stride(1),
-        kv_indptr, own_start, num_kv_splits if num_kv_splits is not None else kv_indptr, max_kv_splits,
+        kv_indptr, req_rows, own_start, num_kv_splits if num_kv_splits is not None else kv_indptr, max_kv_splits,
         S=sink_k.shape[1], W=ring_k.shape[1], DV=Dv, SPLITS_P2=triton.next_power_of_2(max_kv_splits),
         HAS_NSPLITS=num_kv_splits is not None, MIN_CHUNK=min_chunk,
         NB16=nb16, num_warps=4,
