@@ -194,3 +194,13 @@ def test_k_only_and_v_only_ablations_keep_the_other_tensor_bf16(seed):
     assert torch.equal(k2, bf(kr)) and torch.equal(v2, vq)
     with pytest.raises(ValueError, match="unknown option"):
         parse_recipe("hadamard+x", {})
+
+
+def test_cli_refuses_bad_recipes_before_loading_a_model(capsys):
+    from oscar_sglang.cli import build_parser
+
+    p = build_parser()
+    for argv in (["eval", "fidelity", "--recipe", "bogus"], ["eval", "fidelity", "--recipe", "oscar"],
+                 ["eval", "fidelity", "--recipe", "hadamard+clip=0.9"]):
+        args = p.parse_args(argv)
+        assert args.func(args) == 2, argv
