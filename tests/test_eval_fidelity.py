@@ -204,3 +204,32 @@ def test_cli_refuses_bad_recipes_before_loading_a_model(capsys):
                  ["eval", "fidelity", "--recipe", "hadamard+clip=0.9"]):
         args = p.parse_args(argv)
         assert args.func(args) == 2, argv
+
+
+def test_generation_through_the_emulated_cache(seed, tiny_llama):
+    """Decode steps (one query, growing KV cache) read the same mix as teacher forcing."""
+    model = tiny_llama
+    ids = torch.randint(0, 97, (1, 40))
+    # explicit mask: token 0 in the prompt must not be taken for padding
+    gen = dict(max_new_tokens=6, do_sample=False, pad_token_id=0,
+               attention_mask=torch.ones_like(ids))
+    with torch.no_grad():
+        gen.update(output_logits=True, return_dict_in_generate=True)
+        plain = model.generate(ids, **gen)
+        exact = replace(config("bf16", 2, 2, 64), hp_dtype=torch.float32, sink=4, recent=8)
+        with emulate_kv_cache(model, exact):
+            emu = model.generate(ids, **gen)
+            # same logits at every step while the tokens agree (near-ties of a random tiny
+            # model can flip on 1e-7 noise, so only the common prefix is compared)
+            same = int((emu.sequences == plain.sequences).all(0).long().cumprod(0).sum())
+            n = same - ids.shape[1] + 1
+            assert n >= 1
+            torch.testing.assert_close(torch.stack(emu.logits[:n]), torch.stack(plain.logits[:n]),
+                                       atol=1e-5, rtol=1e-5)
+        # INT2 on: the logits of every decode step equal the teacher-forced pass over the
+        # final sequence (prefill_bf16=False makes the prompt read its decode-time mix too)
+        int2 = config("hadamard", 2, 2, 64, sink=4, recent=8)
+        with emulate_kv_cache(model, int2):
+            out = model.generate(ids, **gen)
+            tf = model(out.sequences[:, :-1]).logits[0, ids.shape[1] - 1 :]
+        torch.testing.assert_close(torch.stack(out.logits, 1)[0], tf, atol=1e-4, rtol=1e-4)

@@ -99,7 +99,10 @@ def add_parser(subparsers) -> None:
     n.add_argument("--max-tokens", type=int, default=24, help="answer tokens (default 24)")
     n.add_argument("--seed", type=int, default=0, help="needle numbers / placement seed")
     n.add_argument("--rotation", default=None,
-                   help="--local: rotation file of the INT2 grid (default: Hadamard)")
+                   help="--local: rotation file of the 'oscar' recipe")
+    n.add_argument("--recipe", default=None,
+                   help="--local: comma-separated recipes, one INT2 grid each (names as in "
+                   "eval fidelity; default: oscar with --rotation, else hadamard)")
     n.add_argument("--group-size", type=int, default=64, help="--local: INT2 group (default 64)")
     n.add_argument("--sink", type=int, default=64)
     n.add_argument("--recent", type=int, default=256)

@@ -158,12 +158,15 @@ class LocalChat:
 
         from .emulation import emulate_kv_cache
 
-        ids = self.tok.apply_chat_template([{"role": "user", "content": prompt}],
+        enc = self.tok.apply_chat_template([{"role": "user", "content": prompt}],
                                            add_generation_prompt=True, return_tensors="pt",
-                                           return_dict=True)["input_ids"].to(self.model.device)
+                                           return_dict=True)
+        ids = enc["input_ids"].to(self.model.device)
         ctx = emulate_kv_cache(self.model, self.emulation) if self.emulation else contextlib.nullcontext()
         with ctx, torch.no_grad():
-            out = self.model.generate(ids, max_new_tokens=self.max_tokens, do_sample=False,
+            # explicit all-ones mask: the emulation supports unpadded sequences only
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids),
+                                      max_new_tokens=self.max_tokens, do_sample=False,
                                       pad_token_id=self.tok.eos_token_id)
         return self.tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
@@ -219,7 +222,8 @@ def main_niah(args, progress=None) -> int:
     from .report import niah_heatmaps, niah_markdown, write_outputs
 
     n_req = len(args.lengths) * len(args.depths) * args.trials
-    n_grids = 2 if args.local else len(args.base_url)
+    n_grids = (1 + len((getattr(args, "recipe", None) or "x").split(","))) if args.local \
+        else len(args.base_url)
     if n_req * n_grids > args.max_requests:
         log.error("error: %d requests (%d lengths x %d depths x %d trials x %d grids) exceed "
                   "--max-requests %d; shrink the grid or raise the limit", n_req * n_grids,
@@ -248,20 +252,24 @@ def main_niah(args, progress=None) -> int:
     meta = {"command": "oscar-sglang eval niah", "max_tokens": args.max_tokens}
     if args.local:
         from .emulation import EmulationConfig
-        from .recipes import Recipe, build_rotations, parse_recipe
+        from .recipes import build_rotations, parse_recipe
 
         cfg = model.config
         D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        recipe = (Recipe("oscar", rotation=args.rotation) if args.rotation
-                  else parse_recipe("hadamard", {})[0])
-        rs = build_rotations(recipe, cfg.num_hidden_layers, cfg.num_key_value_heads, D)
-        emu = EmulationConfig(recipe, rs, group_size=args.group_size, sink=args.sink,
-                              recent=args.recent, prefill_bf16=True)
-        int2_name = f"int2 emulated ({args.rotation or 'hadamard'}, g{args.group_size})"
-        for name, e in (("unquantised", None), (int2_name, emu)):
-            grids[name] = run_grid(name, LocalChat(model, tok, e, args.max_tokens), cases,
+        rotations = {"zoo": args.rotation} if args.rotation else {}
+        specs = (getattr(args, "recipe", None) or ("oscar" if args.rotation else "hadamard")).split(",")
+        recipes = [r for s in specs for r in parse_recipe(s.strip(), rotations)]
+        grids["unquantised"] = run_grid("unquantised", LocalChat(model, tok, None, args.max_tokens),
+                                        cases, args.lengths, args.depths, 1, progress)
+        for recipe in recipes:
+            rs = build_rotations(recipe, cfg.num_hidden_layers, cfg.num_key_value_heads, D)
+            emu = EmulationConfig(recipe, rs, group_size=args.group_size, sink=args.sink,
+                                  recent=args.recent, prefill_bf16=True)
+            name = f"{recipe.name} g{args.group_size} (emulated)"
+            grids[name] = run_grid(name, LocalChat(model, tok, emu, args.max_tokens), cases,
                                    args.lengths, args.depths, 1, progress)
-        meta.update(model=args.local, sink=args.sink, recent=args.recent, backend="transformers")
+        meta.update(model=args.local, sink=args.sink, recent=args.recent, backend="transformers",
+                    rotation=args.rotation, group_size=args.group_size)
     else:
         for spec in args.base_url:
             label, sep, url = spec.partition("=")
