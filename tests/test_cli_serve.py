@@ -122,3 +122,23 @@ def test_the_zoo_rotation_is_accepted_for_the_served_copy(monkeypatch, tmp_path)
     rs.validate_for_model(num_layers=30, num_kv_heads=3, head_dim=64, v_head_dim=64,
                           model_id=model_id)
     assert served_model_id(str(tmp_path / "hf-from-gguf" / "Other-Model-1-2")) != model_id
+
+
+def test_a_config_file_that_names_the_model_is_respected(no_conversion):
+    # `oscar-sglang serve --config launch/qwen3-8b-int2.yaml` must serve Qwen3-8B: adding the
+    # embedded --model-path on the command line would override the recipe (CLI > config)
+    from oscar_sglang.commands.serve import build_command
+
+    recipe = str(ROOT / "launch" / "qwen3-8b-int2.yaml")
+    argv, env = build_command(["--config", recipe])
+    assert argv == ["--config", recipe] and env == {} and no_conversion == []
+
+
+def test_a_config_file_without_a_model_gets_the_embedded_default(no_conversion, tmp_path):
+    from oscar_sglang.commands.serve import build_command
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("port: 31000\n")
+    argv, _ = build_command(["--config", str(cfg)])
+    assert argv[argv.index("--model-path") + 1] == str(tmp_path)
+    assert argv[-2:] == ["--kv-cache-dtype", "int2"]

@@ -14,7 +14,23 @@ import sys
 
 
 def _has(argv: list[str], *flags: str) -> bool:
-    return any(a == f or a.startswith(f + "=") for a in argv for f in flags)
+    return any(a == f or a.startswith(f + "=") for a in argv for f in flags) or any(
+        f"--{key}" in flags for key in _config_keys(argv))
+
+
+def _config_keys(argv: list[str]) -> list[str]:
+    """Keys of an SGLang `--config FILE.yaml` in argv (dashed), so that a model or KV dtype set
+    there counts as given (SGLang merges the YAML with CLI > config)."""
+    if "--config" not in argv or argv.index("--config") + 1 >= len(argv):
+        return []
+    import yaml
+
+    try:
+        with open(argv[argv.index("--config") + 1]) as f:
+            data = yaml.safe_load(f) or {}
+    except OSError:
+        return []  # SGLang reports the missing file itself
+    return [str(k).replace("_", "-") for k in data] if isinstance(data, dict) else []
 
 
 def embedded_model_args() -> tuple[list[str], dict]:
