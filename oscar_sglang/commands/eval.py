@@ -23,8 +23,11 @@ def _floats(s: str) -> list[float]:
 
 
 def add_parser(subparsers) -> None:
+    import argparse
+
+    raw = argparse.RawDescriptionHelpFormatter  # keep the line breaks of descriptions/examples
     p = subparsers.add_parser("eval", help="accuracy: fidelity vs BF16, needle-in-a-haystack",
-                              description=__doc__)
+                              description=__doc__, formatter_class=raw)
     sub = p.add_subparsers(dest="eval_command", metavar="WHAT")
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
@@ -67,6 +70,7 @@ def add_parser(subparsers) -> None:
 
     n = sub.add_parser(
         "niah", help="needle-in-a-haystack over the essays (OpenAI server or local)",
+        formatter_class=raw,
         description="Needle-in-a-haystack: a random 7-digit 'magic number' is hidden at a "
         "given depth of a Paul Graham essay haystack; the answer is correct when it contains "
         "the number. Against --base-url (any OpenAI-compatible server, e.g. ours with "
