@@ -37,7 +37,7 @@ def add_parser(subparsers) -> None:
         "model on held-out text. Query t reads key j in BF16 iff j < sink or j > t - recent, "
         "else its INT2 copy; only positions t >= sink + recent are scored.",
         epilog="Example: oscar-sglang eval fidelity --model smollm2 --rotation "
-        "cal=rotation_zoo/smollm2.oscar.g64.safetensors --group-sizes 32,64 --out docs/results",
+        "cal=rotation_zoo/SmolLM2-135M-Instruct.oscar.g64.safetensors --group-sizes 32,64 --out docs/results",
     )
     f.add_argument("--model", default="smollm2", help="HF id, directory, .gguf, or 'smollm2'")
     f.add_argument("--rotation", action="append", metavar="[LABEL=]FILE",
@@ -78,7 +78,7 @@ def add_parser(subparsers) -> None:
         "INT2 cache (greedy). Writes a JSON, a markdown table and an accuracy heatmap PNG.",
         epilog="Examples:\n  oscar-sglang eval niah --base-url http://127.0.0.1:30000/v1 "
         "--label int2\n  oscar-sglang eval niah --local smollm2 --rotation "
-        "rotation_zoo/smollm2.oscar.g64.safetensors --lengths 1024,2048",
+        "rotation_zoo/SmolLM2-135M-Instruct.oscar.g64.safetensors --lengths 1024,2048",
     )
     src = n.add_mutually_exclusive_group(required=True)
     src.add_argument("--base-url", nargs="+", metavar="[LABEL=]URL",
