@@ -50,7 +50,7 @@ def channel_groups(
     token_scale: divide each token by its L2 norm over all heads and channels first (OScaR).
     """
     B, H, T, D = x.shape
-    x = x.float()
+    x = x if x.dtype == torch.float64 else x.float()  # float64 stays (tests check invariances)
     out = x.clone()
     n_full = max(0, (T - start) // group_size)
     if n_full == 0:
