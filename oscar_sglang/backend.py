@@ -128,6 +128,21 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         k_r, v_r = self._rot_kv(k3, v3, layer.layer_id)
         self.pool.store(layer.layer_id, fb.out_cache_loc, k_r, v_r, fb.positions, rows, seq_lens)
 
+    def _cached_kv_args(self, layer, fb) -> dict:
+        """Arguments the INT2-aware decode and prefix kernels share: this layer's pool buffers,
+        the position-ordered slots of each request, its row and own_start, formats, scale."""
+        md = self.forward_metadata
+        return dict(
+            **self.pool.layer_buffers(layer.layer_id),
+            kv_indptr=md.kv_indptr,
+            kv_indices=md.kv_indices,
+            req_rows=fb.req_pool_indices,
+            own_start=self.pool.own_start,
+            k_group=self.pool.k_format.group_size,
+            v_group=self.pool.v_format.group_size,
+            sm_scale=layer.scaling,
+        )
+
     # ------------------------------------------------------------------ forward
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None,
                        score_mod=None, aux_tensors=None):
@@ -144,14 +159,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         ops.decode_attention(
             self._rot_q(q3, layer.layer_id),
             o,
-            **self.pool.layer_buffers(layer.layer_id),
-            kv_indptr=md.kv_indptr,
-            kv_indices=md.kv_indices,
-            req_rows=fb.req_pool_indices,
-            own_start=self.pool.own_start,
-            k_group=self.pool.k_format.group_size,
-            v_group=self.pool.v_format.group_size,
-            sm_scale=layer.scaling,
+            **self._cached_kv_args(layer, fb),
             num_kv_splits=md.num_kv_splits,
             max_kv_splits=self.max_kv_splits,
             attn_logits=md.attn_logits,
@@ -193,14 +201,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             o_pre, lse_pre = ops.extend_prefix_attention(
                 self._rot_q(q3, layer.layer_id),
                 md.qo_indptr,
-                **self.pool.layer_buffers(layer.layer_id),
-                kv_indptr=md.kv_indptr,
-                kv_indices=md.kv_indices,
-                req_rows=fb.req_pool_indices,
-                own_start=self.pool.own_start,
-                k_group=self.pool.k_format.group_size,
-                v_group=self.pool.v_format.group_size,
-                sm_scale=layer.scaling,
+                **self._cached_kv_args(layer, fb),
                 max_len_extend=md.max_extend_len,
                 logit_cap=cap,
             )
