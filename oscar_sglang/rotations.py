@@ -39,7 +39,7 @@ class RotationFileError(ValueError):
     """A rotation file (or RotationSet) that cannot be used; the message says what to do."""
 
 
-def _sha256_file(path) -> str:
+def sha256_file(path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -324,7 +324,7 @@ def save_rotation_file(rs: RotationSet, path) -> str:
         "v_clip": rs.v_clip.contiguous(),
     }
     save_file(tensors, str(path), metadata={METADATA_KEY: json.dumps(md, sort_keys=True)})
-    return _sha256_file(path)
+    return sha256_file(path)
 
 
 def load_rotation_file(path, v_path=None, check: bool = True) -> RotationSet:
@@ -369,7 +369,7 @@ def load_rotation_file(path, v_path=None, check: bool = True) -> RotationSet:
             f"rotation file {path} has format_version {md['format_version']}, newer than this "
             f"oscar-sglang understands ({FORMAT_VERSION}); upgrade oscar-sglang"
         )
-    rs = RotationSet(**t, metadata=md, source=str(path), sha256=_sha256_file(path))
+    rs = RotationSet(**t, metadata=md, source=str(path), sha256=sha256_file(path))
     if check:
         rs.check()
     return rs
@@ -442,7 +442,7 @@ def load_oscar_pt(k_path, v_path=None, check: bool = True, k_clip=None, v_clip=N
     md.setdefault("head_dim", kr.shape[-1])
     md.setdefault("v_head_dim", vr.shape[-1])
     md.setdefault("converted_from", "OSCAR fork .pt (" + str(kstate.get("objective", "?")) + ")")
-    sha = _sha256_file(k_path)
+    sha = sha256_file(k_path)
     rs = RotationSet(kr, vr, clips(k_clip, "k_clip"), clips(v_clip, "v_clip"), metadata=md,
                      source=str(k_path), sha256=sha)
     if check:

@@ -13,12 +13,11 @@ matches the index and it loads as a valid rotation file.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 
-from .rotations import RotationFileError, RotationSet, _same_model, load_rotation_file
+from .rotations import RotationFileError, RotationSet, _same_model, load_rotation_file, sha256_file
 
 INDEX_NAME = "index.json"
 # Hugging Face repo the zoo is published to (override with --repo or OSCAR_SGLANG_ZOO_REPO).
@@ -29,12 +28,6 @@ class ZooError(RuntimeError):
     """Zoo lookup / download / verification failure; the message says what to do."""
 
 
-def sha256_file(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def default_zoo_dir() -> Path:

@@ -53,3 +53,21 @@ def _cuda_available() -> bool:
 # GPU-only checks live in tests/gpu/ and run on the H100 (see bench/ and docs/); on a machine
 # without CUDA they are not collected at all, so CI never reports them as skipped-passing.
 collect_ignore_glob = [] if _cuda_available() else ["gpu/*"]
+
+
+@pytest.fixture
+def no_conversion(monkeypatch, tmp_path):
+    """Stand-in for the one-minute GGUF -> HF conversion of the embedded model: returns tmp_path
+    and records the GGUF paths it was asked to convert."""
+    from pathlib import Path
+
+    from oscar_sglang import models
+
+    calls = []
+
+    def fake_copy(path, gguf):
+        calls.append(Path(path) / gguf)
+        return tmp_path
+
+    monkeypatch.setattr(models, "_dequantised_copy", fake_copy)
+    return calls

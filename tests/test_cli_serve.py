@@ -12,21 +12,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def no_conversion(monkeypatch, tmp_path):
-    """Stand-in for the one-minute GGUF -> HF conversion: returns tmp_path, records the GGUF."""
-    from oscar_sglang import models
-
-    calls = []
-
-    def fake_copy(path, gguf):
-        calls.append(Path(path) / gguf)
-        return tmp_path
-
-    monkeypatch.setattr(models, "_dequantised_copy", fake_copy)
-    return calls
-
-
 def _zoo_file() -> Path:
     from oscar_sglang import zoo
     from oscar_sglang.models import EMBEDDED_MODEL_ID

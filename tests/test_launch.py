@@ -56,21 +56,6 @@ def test_the_three_recipes_are_there():
     assert {p.stem for p in RECIPES} == set(EXPECTED)
 
 
-@pytest.fixture
-def no_conversion(monkeypatch, tmp_path):
-    """Stand-in for the one-minute GGUF -> HF conversion of the embedded model: returns tmp_path."""
-    from oscar_sglang import models
-
-    calls = []
-
-    def fake_copy(path, gguf):
-        calls.append(Path(path) / gguf)
-        return tmp_path
-
-    monkeypatch.setattr(models, "_dequantised_copy", fake_copy)
-    return calls
-
-
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 def test_recipe_parses_with_int2(recipe, sglang_parse, no_conversion, tmp_path):
     # exactly the argv launch/launch.py hands to `python -m sglang.launch_server`
