@@ -27,7 +27,8 @@ wait_up() {  # port, seconds
   for i in $(seq 1 "$2"); do curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0; sleep 1; done; return 1
 }
 echo "== int2: oscar-sglang serve (no model argument)"
-python3 -m oscar_sglang.cli serve --port 30000 $COMMON > "$OUT/serve_int2.log" 2>&1 &
+OSCAR_DEBUG_TAP_DIR=${TAP_DIR:-} OSCAR_DEBUG_TAP_LAYER=${TAP_LAYER:--1} \
+  python3 -m oscar_sglang.cli serve --port 30000 $COMMON > "$OUT/serve_int2.log" 2>&1 &
 wait_up 30000 300 || { echo "int2 server did not come up"; tail -40 "$OUT/serve_int2.log"; exit 1; }
 grep -E "oscar-sglang|oscar_sglang|max_total_num_tokens|KV" "$OUT/serve_int2.log" | head -20
 curl -s http://127.0.0.1:30000/v1/chat/completions -H 'Content-Type: application/json' -d \
@@ -44,8 +45,14 @@ python3 -m sglang.launch_server --model-path "$HF" --dtype bfloat16 --attention-
   --port 30001 $COMMON > "$OUT/serve_bf16.log" 2>&1 &
 wait_up 30001 300 || { echo "bf16 server did not come up"; tail -40 "$OUT/serve_bf16.log"; exit 1; }
 
+echo "== same chats, greedy, both servers (answers + first-token log-probs)"
+python3 bench/chat_compare.py --base-url int2=http://127.0.0.1:30000/v1 bf16=http://127.0.0.1:30001/v1 \
+  --out "$OUT/chat_compare.json" 2>&1 | tail -40
+
+if [ "${NIAH:-1}" = 1 ]; then
 echo "== needle in a haystack, both servers"
 python3 -m oscar_sglang.cli eval niah --base-url int2=http://127.0.0.1:30000/v1 bf16=http://127.0.0.1:30001/v1 \
   --tokenizer "$HF" --lengths 1024,2048,4096,7680 --depths 0,0.25,0.5,0.75,1 --trials 2 --concurrency 8 \
   --timeout 120 --out "$OUT" --name niah-h100 --quiet 2>&1 | tail -30
+fi
 kill %1 %2 2>/dev/null; wait 2>/dev/null; true
