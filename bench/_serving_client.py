@@ -169,6 +169,38 @@ def full_occupancy_decode(records: List[RequestRecord], min_span_s: float = 0.5)
     return {"tok_s": tokens / (b - a), "span_s": b - a, "requests": peak}
 
 
+def phase_split(records: List[RequestRecord], max_step_s: float = 0.15) -> dict:
+    """Split a load's wall time into decoding and prefill (and everything else) from the client's
+    token timestamps. SGLang runs prefill chunks between decode steps, never inside one, so the
+    gaps between consecutive streamed tokens (of any request) are decode steps (tens of ms) or
+    stretches that also hold a prefill chunk (an 8K chunk of Llama-3.1-8B takes ~0.5 s). A gap
+    counts as decoding when it is at most `max_step_s` long and some request was decoding in it."""
+    ok = [r for r in records if r.first_token is not None and r.finished is not None]
+    if not ok:
+        return {}
+    t_start, t_end = min(r.sent for r in ok), max(r.finished for r in ok)
+    times = sorted({t for r in ok for t, _ in r.chunks} | {t_start, t_end})
+    spans = sorted((r.first_token, r.finished) for r in ok)
+    decode_s, steps = 0.0, 0
+    for a, b in zip(times, times[1:]):
+        if b - a <= max_step_s and any(f <= a < e for f, e in spans):
+            decode_s += b - a
+            steps += 1
+    decode_tokens = sum(max(r.output_tokens - 1, 0) for r in ok)
+    return {"max_step_s": max_step_s, "decode_s": decode_s, "other_s": (t_end - t_start) - decode_s,
+            "decode_tokens": decode_tokens,
+            "decode_tok_s_while_decoding": decode_tokens / decode_s if decode_s else None}
+
+
+def timelines(records: List[RequestRecord]) -> List[dict]:
+    """Per-request timestamps (s, relative to the first send) for later analysis and plots."""
+    t0 = min(r.sent for r in records)
+    rel = lambda t: None if t is None else round(t - t0, 4)  # noqa: E731
+    return [{"prompt_len": r.prompt_len, "sent": rel(r.sent), "first_token": rel(r.first_token),
+             "finished": rel(r.finished), "error": r.error,
+             "chunks": [[rel(t), n] for t, n in r.chunks]} for r in records]
+
+
 def summarize(records: List[RequestRecord]) -> dict:
     ok = [r for r in records if r.error is None and r.first_token is not None]
     errors = [r.error for r in records if r.error is not None]
@@ -196,6 +228,7 @@ def summarize(records: List[RequestRecord]) -> dict:
                     for k, v in _pct([r.tpot for r in ok]).items()},
         "max_concurrent_decoding": max_concurrent_decoding(ok),
         "full_occupancy_decode": full_occupancy_decode(ok),
+        "phase_split": phase_split(ok),
     }
 
 

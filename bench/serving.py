@@ -192,8 +192,9 @@ def part_attribution(server, rec: dict, contexts: List[int], vocab: int, out_dir
                 t.unlink()
 
 
-def part_throughput(server, rec: dict, loads: List[tuple], vocab: int) -> None:
-    from _serving_client import random_prompts, run_requests, summarize
+def part_throughput(server, rec: dict, loads: List[tuple], vocab: int, out_dir: Path,
+                    tag: str) -> None:
+    from _serving_client import random_prompts, run_requests, summarize, timelines
     from _serving_server import log_size, log_slice, parse_decode_log
 
     rec.setdefault("throughput", {})
@@ -210,6 +211,15 @@ def part_throughput(server, rec: dict, loads: List[tuple], vocab: int) -> None:
         s["cuda_graph_all"] = all(d["cuda_graph"] for d in dec) if dec else None
         s["wall_s"] = time.time() - t0
         rec["throughput"][key] = s
+        # every request's token timestamps, for the phase split and the timeline plot
+        tl_path = out_dir / f"{tag}_timelines.json"
+        tl = json.loads(tl_path.read_text()) if tl_path.exists() else {}
+        tl[key] = timelines(records)
+        tl_path.write_text(json.dumps(tl, separators=(",", ":")))
+        ps = s.get("phase_split") or {}
+        if ps:
+            print(f"  load {key}: {ps['decode_s']:.1f} s decoding, {ps['other_s']:.1f} s prefill/other "
+                  f"(gaps > {ps['max_step_s'] * 1e3:.0f} ms between tokens)", flush=True)
         if s.get("ok"):
             print(f"  load {key}: {s['ok']}/{n} ok, {s['output_tok_s']:.0f} output tok/s overall, "
                   f"{(s['full_occupancy_decode']['tok_s'] or float('nan')):.0f} tok/s at full occupancy "
@@ -325,6 +335,7 @@ def cmd_run(args) -> int:
                         rec["server_info_subset"] = {k: info.get(k) for k in (
                             "max_total_num_tokens", "max_running_requests", "chunked_prefill_size",
                             "cuda_graph_max_bs", "context_length", "kv_cache_dtype",
+                            "triton_attention_num_kv_splits", "stream_interval",
                             "attention_backend", "disable_overlap_schedule", "page_size")}
                         states = info.get("internal_states") or [{}]
                         if isinstance(states[0], dict) and "oscar_int2" in states[0]:
@@ -347,7 +358,7 @@ def cmd_run(args) -> int:
                                              args.keep_traces)
                             res.save()
                         if "throughput" in parts and loads:
-                            part_throughput(server, rec, loads, vocab)
+                            part_throughput(server, rec, loads, vocab, out_dir, tag)
                             res.save()
                 except Exception as e:  # record and go on with the next configuration
                     rec["error"] = f"{type(e).__name__}: {e}"[:2000]
