@@ -98,8 +98,10 @@ def decode_attention(
     B * Hkv <= 16. (Changed compatibly: the default was 16.)
     """
     args = dict(locals())  # before the import below adds a local
-    from .triton import decode as _decode
+    from .triton import attend_fast as _fast, decode as _decode
 
+    if _fast.selected(q, k_codes, v_codes, k_group, v_group):  # env OSCAR_INT2_DECODE_KERNEL=fast|base
+        return _fast.decode_attention_fast(**args)
     return _decode.decode_attention(**args)
 
 

@@ -1,0 +1,285 @@
+"""Decode stage-1 kernel with fewer instructions per INT2 key ("fast" variant of attend.py).
+
+Same semantics, split-K layout and outputs as attend.attend_kernel with SPLIT=True (split 0..NB16-1
+read the BF16 sink ++ ring, splits NB16.. equal BLOCK_N-aligned chunks of the INT2 range; every
+program writes a normalised partial output and its natural-log LSE that decode's merge kernel
+combines). Only the INT2 loop is organised differently; see bench/kernel_sass.py for the counts.
+
+Why it is cheaper (SASS of the hot loop, H100 / sm_90, Hq=32, Hkv=8, D=128, G=128):
+* Scores are computed transposed, s^T = codes @ q^T: the key tile is the MMA's M side (128 keys,
+  no padding) and the GQA query rows are its N side, padded only to 8 (an MMA n8 tile) instead of
+  the 16 rows of an m16 tile. Half the q.k MMAs, half the softmax elements, and the unpacked codes
+  are the register-resident A operand (no shared-memory round trip).
+* q^T is loop-invariant and stays in registers in the B-operand layout.
+The V side keeps the p @ codes orientation (p is [rows, keys], codes [keys, Dv]).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from . import attend as _base
+from .attend import (_bf16_source_loop, _cap_and_scale, _codes, _pick4, _unpack_params, as_param_words,
+                     num_splits_of, source_ranges)
+
+LN2 = tl.constexpr(0.6931471805599453)
+# One warp per program: the [BLOCK_N, 8] score tile is one warp's MMA column, so a second warp
+# would only duplicate it (Triton gives every chained dot the same warp split). Twice the base
+# kernel's programs per SM keeps the same number of warps in flight.
+NUM_WARPS = 1
+PROGRAMS_PER_SM = 8
+
+
+def default_max_splits(batch: int, kv_heads: int, device, nb16: int = 2) -> int:
+    """BF16 splits + enough INT2 splits for PROGRAMS_PER_SM one-warp programs per SM."""
+    import torch
+
+    from .decode import _num_sms
+
+    sms = _num_sms(device.index or 0) if torch.device(device).type == "cuda" else 8
+    want = triton.cdiv(PROGRAMS_PER_SM * sms, batch * kv_heads)
+    return min(128, triton.next_power_of_2(max(1, want))) + nb16
+
+
+@triton.jit
+def attend_fast_kernel(
+    Q, stride_qt, stride_qh,
+    Out, stride_ot, stride_oh, stride_os,
+    Lse, stride_lt, stride_lh, stride_ls,
+    KC, stride_kcn, stride_kch,
+    KP, stride_kpn, stride_kph,
+    VC, stride_vcn, stride_vch,
+    VP, stride_vpn, stride_vph,
+    SK, stride_skr, stride_skp, stride_skh,
+    SV, stride_svr, stride_svp, stride_svh,
+    RK, stride_rkr, stride_rkp, stride_rkh,
+    RV, stride_rvr, stride_rvp, stride_rvh,
+    kv_indptr, kv_indices, req_rows, own_start, sink_start, num_kv_splits,
+    sm_scale_log2, logit_cap, MAX_SPLITS,
+    GQA: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, GK: tl.constexpr, GV: tl.constexpr,
+    S: tl.constexpr, W: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, HAS_NSPLITS: tl.constexpr,
+    MIN_CHUNK: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, NB16: tl.constexpr,
+    USE_ASM: tl.constexpr,
+):
+    QD: tl.constexpr = D // 4
+    QDV: tl.constexpr = DV // 4
+    CODE_OFS: tl.constexpr = 128.0 if USE_ASM else 0.0  # _codes returns code + CODE_OFS
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+
+    kv_start = tl.load(kv_indptr + b)
+    kv_len = tl.load(kv_indptr + b + 1) - kv_start
+    row = tl.load(req_rows + b).to(tl.int64)
+    own = tl.load(own_start + row)  # per-request state is indexed by request row, not batch slot
+    sink_own = tl.load(sink_start + row)
+    sink_lo, sink_hi, ring_lo, n_int2 = source_ranges(kv_len, own, sink_own, S, W)
+    hole = sink_hi - sink_lo
+
+    n_splits = num_splits_of(n_int2, b, num_kv_splits, HAS_NSPLITS, MAX_SPLITS, MIN_CHUNK, NB16)
+    if split >= n_splits:
+        return
+    do_bf16 = split < NB16
+    # INT2 splits NB16..n-1: equal BLOCK_N-aligned chunks of the INT2 index range (as attend.py)
+    chunk = tl.cdiv(tl.cdiv(n_int2, n_splits - NB16), BLOCK_N) * BLOCK_N
+    i_lo = tl.minimum((split - NB16) * chunk, n_int2)
+    i_hi = tl.minimum(i_lo + chunk, n_int2)
+    i_hi = tl.where(do_bf16, 0, i_hi)
+    i_lo = tl.where(do_bf16, 0, i_lo)
+    # BF16 splits 0..NB16-1: equal chunks of the sink ++ ring key list
+    n_sink = sink_hi - sink_lo
+    n_bf = n_sink + kv_len - ring_lo
+    bchunk = tl.cdiv(n_bf, NB16)
+    b_lo = tl.where(do_bf16, tl.minimum(split * bchunk, n_bf), 0)
+    b_hi = tl.where(do_bf16, tl.minimum(b_lo + bchunk, n_bf), 0)
+    s_lo = sink_lo + tl.minimum(b_lo, n_sink)
+    s_hi = sink_lo + tl.minimum(b_hi, n_sink)
+    r_lo = ring_lo + tl.maximum(b_lo - n_sink, 0)
+    r_hi = ring_lo + tl.maximum(b_hi - n_sink, 0)
+
+    # ---- query rows (GQA heads of this KV head, padded to BLOCK_M) ---------------------------
+    rows = tl.arange(0, BLOCK_M)
+    hq = kvh * GQA + rows
+    rmask = rows < GQA
+    dq = tl.arange(0, QD)
+    qb = Q + b.to(tl.int64) * stride_qt + hq[:, None] * stride_qh + dq[None, :]
+    q0 = tl.load(qb, mask=rmask[:, None], other=0.0)
+    q1 = tl.load(qb + QD, mask=rmask[:, None], other=0.0)
+    q2 = tl.load(qb + 2 * QD, mask=rmask[:, None], other=0.0)
+    q3 = tl.load(qb + 3 * QD, mask=rmask[:, None], other=0.0)
+    if PV_DT == tl.float32:  # interpreter: its bf16 tl.dot is wrong, compute in fp32
+        q0 = q0.to(tl.float32)
+        q1 = q1.to(tl.float32)
+        q2 = q2.to(tl.float32)
+        q3 = q3.to(tl.float32)
+    qsum = tl.sum(q0.to(tl.float32), 1) + tl.sum(q1.to(tl.float32), 1) \
+        + tl.sum(q2.to(tl.float32), 1) + tl.sum(q3.to(tl.float32), 1)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    a0 = tl.zeros([BLOCK_M, QDV], tl.float32)
+    a1 = tl.zeros([BLOCK_M, QDV], tl.float32)
+    a2 = tl.zeros([BLOCK_M, QDV], tl.float32)
+    a3 = tl.zeros([BLOCK_M, QDV], tl.float32)
+
+    # ---- BF16 sink and ring (the shared loop of attend.py) -----------------------------------
+    m_i, l_i, a0, a1, a2, a3 = _bf16_source_loop(
+        s_lo, s_hi,
+        SK + row * stride_skr + kvh * stride_skh, SV + row * stride_svr + kvh * stride_svh,
+        stride_skp, stride_svp, q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3,
+        sm_scale_log2, logit_cap, False, W, QD, QDV, BLOCK_B, LOGIT_CAP, PV_DT)
+    m_i, l_i, a0, a1, a2, a3 = _bf16_source_loop(
+        r_lo, r_hi,
+        RK + row * stride_rkr + kvh * stride_rkh, RV + row * stride_rvr + kvh * stride_rvh,
+        stride_rkp, stride_rvp, q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3,
+        sm_scale_log2, logit_cap, True, W, QD, QDV, BLOCK_B, LOGIT_CAP, PV_DT)
+
+    # ---- INT2 body: scores transposed, s^T [BLOCK_N keys, BLOCK_M rows] ----------------------
+    q0t = tl.trans(q0)
+    q1t = tl.trans(q1)
+    q2t = tl.trans(q2)
+    q3t = tl.trans(q3)
+    offs_n = tl.arange(0, BLOCK_N)
+    dv = tl.arange(0, QDV)
+    KCh = KC + kvh * stride_kch
+    KPh = KP + kvh * stride_kph
+    VCh = VC + kvh * stride_vch
+    VPh = VP + kvh * stride_vph
+    idx_base = kv_indices + kv_start
+    for i0 in range(i_lo, i_hi, BLOCK_N):
+        ii = i0 + offs_n
+        kmask = ii < i_hi
+        pos = ii + tl.where(ii >= sink_lo, hole, 0)
+        # masked lanes read slot 0 (always a valid pool row) and are dropped via -inf scores
+        slot = tl.load(idx_base + pos, mask=kmask, other=0).to(tl.int64)
+        kc = tl.load(KCh + slot[:, None] * stride_kcn + dq[None, :])
+        ksc, kmn = _unpack_params(tl.load(KPh + slot * stride_kpn))
+        part = tl.dot(_codes(kc, 0, q0.dtype, USE_ASM), q0t)
+        part = tl.dot(_codes(kc, 1, q0.dtype, USE_ASM), q1t, part)
+        part = tl.dot(_codes(kc, 2, q0.dtype, USE_ASM), q2t, part)
+        part = tl.dot(_codes(kc, 3, q0.dtype, USE_ASM), q3t, part)
+        # q.(c + OFS) * sc + (mn - OFS * sc) * sum(q) = q.(c * sc + mn)   (one group per row)
+        qkt = part * ksc[:, None] + (kmn - CODE_OFS * ksc)[:, None] * qsum[None, :]
+        st = _cap_and_scale(qkt, sm_scale_log2, logit_cap, LOGIT_CAP)
+        st = tl.where(kmask[:, None], st, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(st, 0))
+        alpha = tl.exp2(m_i - m_new)
+        pt = tl.exp2(st - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(pt, 0)
+        m_i = m_new
+
+        vc = tl.load(VCh + slot[:, None] * stride_vcn + dv[None, :])
+        vsc, vmn = _unpack_params(tl.load(VPh + slot * stride_vpn))
+        pst = (pt * vsc[:, None]).to(PV_DT)
+        # (p*sc) @ (c + OFS) + p @ mn - OFS * sum(p*sc) = p @ (c * sc + mn)
+        pm = tl.sum(pt * vmn[:, None] - CODE_OFS * pst.to(tl.float32), 0)[:, None]
+        ps = tl.trans(pst)
+        a0 = a0 * alpha[:, None] + tl.dot(ps, _codes(vc, 0, PV_DT, USE_ASM)) + pm
+        a1 = a1 * alpha[:, None] + tl.dot(ps, _codes(vc, 1, PV_DT, USE_ASM)) + pm
+        a2 = a2 * alpha[:, None] + tl.dot(ps, _codes(vc, 2, PV_DT, USE_ASM)) + pm
+        a3 = a3 * alpha[:, None] + tl.dot(ps, _codes(vc, 3, PV_DT, USE_ASM)) + pm
+
+    # ---- normalised partial output + LSE -----------------------------------------------------
+    has = l_i > 0
+    inv_l = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)
+    lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * LN2, float("-inf"))
+    ob = Out + b.to(tl.int64) * stride_ot + hq[:, None] * stride_oh + split * stride_os + dv[None, :]
+    tl.store(ob, a0 * inv_l[:, None], mask=rmask[:, None])
+    tl.store(ob + QDV, a1 * inv_l[:, None], mask=rmask[:, None])
+    tl.store(ob + 2 * QDV, a2 * inv_l[:, None], mask=rmask[:, None])
+    tl.store(ob + 3 * QDV, a3 * inv_l[:, None], mask=rmask[:, None])
+    tl.store(Lse + b.to(tl.int64) * stride_lt + hq * stride_lh + split * stride_ls, lse, mask=rmask)
+
+
+def supports(D, Dv, k_group, v_group, gqa) -> bool:
+    """Shapes the fast kernel handles: one (scale, min) group per K and per V row."""
+    return k_group == D and v_group == Dv and D % 64 == 0 and Dv % 64 == 0
+
+
+def selected(q, k_codes, v_codes, k_group, v_group) -> bool:
+    """ops.decode_attention uses this kernel when OSCAR_INT2_DECODE_KERNEL=fast (default: base)
+    and the shapes are supported; other group sizes keep the base kernel."""
+    import os
+
+    kind = os.environ.get("OSCAR_INT2_DECODE_KERNEL", "base")
+    if kind not in ("base", "fast"):
+        raise ValueError(f"OSCAR_INT2_DECODE_KERNEL must be 'fast' or 'base', got {kind!r}")
+    D, Dv = k_codes.shape[-1] * 4, v_codes.shape[-1] * 4
+    return kind == "fast" and supports(D, Dv, k_group, v_group, q.shape[1] // k_codes.shape[1])
+
+
+def decode_attention_fast(
+    q, o, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
+    kv_indptr, kv_indices, req_rows, own_start, *, k_group, v_group, sm_scale, sink_start=None,
+    num_kv_splits=None, max_kv_splits=None, attn_logits=None, attn_lse=None, logit_cap=0.0,
+    block_n=None, num_warps=None, num_stages=2, min_chunk=None, bf16_keys_per_split=None, use_asm=None,
+    maxnreg=None, block_m=None,
+):
+    """decode.decode_attention with the fast stage-1 kernel (same arguments, same results)."""
+    import torch
+
+    from . import decode as _dec
+
+    _base.check_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_group, v_group)
+    sink_start = own_start if sink_start is None else sink_start
+    B, Hq, D = q.shape
+    Hkv = k_codes.shape[1]
+    Dv = v_codes.shape[-1] * 4
+    gqa = Hq // Hkv
+    if not supports(D, Dv, k_group, v_group, gqa):
+        raise ValueError(f"fast INT2 decode needs group size == head_dim (got D={D}, G={k_group}/{v_group}); "
+                         "use OSCAR_INT2_DECODE_KERNEL=base")
+    if kv_indptr.shape[0] < B + 1:
+        raise ValueError(f"kv_indptr has {kv_indptr.shape[0]} entries, need batch + 1 = {B + 1}")
+    if o.shape != (B, Hq, Dv) or o.stride(-1) != 1:
+        raise ValueError(f"o must be [{B}, {Hq}, {Dv}] with a contiguous last dim, got {tuple(o.shape)}")
+    S, W = sink_k.shape[1], ring_k.shape[1]
+    if max_kv_splits is None:
+        max_kv_splits = (attn_logits.shape[2] if attn_logits is not None
+                         else default_max_splits(B, Hkv, q.device,
+                                                 _dec.bf16_splits(S, W, 1 << 30, bf16_keys_per_split)))
+    nb16 = _dec.bf16_splits(S, W, max_kv_splits, bf16_keys_per_split)
+    min_chunk = min_chunk or _dec.MIN_CHUNK
+    if max_kv_splits < 2:
+        raise ValueError("INT2 decode needs max_kv_splits >= 2 (one BF16 split + INT2 splits)")
+    if attn_logits is None:
+        attn_logits = torch.empty(B, Hq, max_kv_splits, Dv, dtype=torch.float32, device=q.device)
+    if attn_lse is None:
+        attn_lse = torch.empty(B, Hq, max_kv_splits, dtype=torch.float32, device=q.device)
+    assert attn_logits.shape[2] >= max_kv_splits and attn_lse.shape[2] >= max_kv_splits
+    bm = block_m or max(8, triton.next_power_of_2(gqa))
+    bn = block_n or _dec.BLOCK_N
+    kp = as_param_words(k_params)
+    vp = as_param_words(v_params)
+    attend_fast_kernel[(B, Hkv, max_kv_splits)](
+        q, q.stride(0), q.stride(1),
+        attn_logits, attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
+        attn_lse, attn_lse.stride(0), attn_lse.stride(1), attn_lse.stride(2),
+        k_codes, k_codes.stride(0), k_codes.stride(1),
+        kp, kp.stride(0), kp.stride(1),
+        v_codes, v_codes.stride(0), v_codes.stride(1),
+        vp, vp.stride(0), vp.stride(1),
+        sink_k, sink_k.stride(0), sink_k.stride(1), sink_k.stride(2),
+        sink_v, sink_v.stride(0), sink_v.stride(1), sink_v.stride(2),
+        ring_k, ring_k.stride(0), ring_k.stride(1), ring_k.stride(2),
+        ring_v, ring_v.stride(0), ring_v.stride(1), ring_v.stride(2),
+        kv_indptr, kv_indices, req_rows, own_start, sink_start,
+        num_kv_splits if num_kv_splits is not None else kv_indptr,
+        sm_scale * _base.LOG2E, float(logit_cap), int(max_kv_splits),
+        GQA=gqa, D=D, DV=Dv, GK=k_group, GV=v_group, S=S, W=W,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_B=_dec.BLOCK_B, HAS_NSPLITS=num_kv_splits is not None,
+        MIN_CHUNK=min_chunk, LOGIT_CAP=logit_cap > 0, PV_DT=_base.PV_DTYPE, NB16=nb16,
+        USE_ASM=(_base.USE_ASM if use_asm is None else use_asm) and q.dtype == torch.bfloat16,
+        num_warps=num_warps or NUM_WARPS, num_stages=num_stages, **({} if maxnreg is None else {"maxnreg": maxnreg}),
+    )
+    _dec._merge_splits_kernel[(B, Hq)](
+        attn_logits, attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
+        attn_lse, attn_lse.stride(0), attn_lse.stride(1),
+        o, o.stride(0), o.stride(1),
+        kv_indptr, req_rows, own_start, sink_start,
+        num_kv_splits if num_kv_splits is not None else kv_indptr, max_kv_splits,
+        S=S, W=W, DV=Dv, SPLITS_P2=triton.next_power_of_2(max_kv_splits),
+        HAS_NSPLITS=num_kv_splits is not None, MIN_CHUNK=min_chunk, NB16=nb16, num_warps=4,
+    )
+    return o
