@@ -67,8 +67,9 @@ class OscarInt2TritonBackend(TritonAttnBackend):
 
     def _prepare_forward(self, fb) -> None:
         """Eager per-forward bookkeeping on the forward stream, before any layer runs."""
-        # rows handed out since the last forward trust no side buffer yet
-        self.pool.apply_pending_resets()
+        # rows handed out since the last forward trust no side buffer yet, except what their radix
+        # hit's copies give them
+        self.pool.apply_pending_resets(getattr(self, "req_to_token", None))
         if fb.forward_mode.is_extend():
             self._prepare_extend(fb)
 
@@ -138,6 +139,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             kv_indices=md.kv_indices,
             req_rows=fb.req_pool_indices,
             own_start=self.pool.own_start,
+            sink_start=self.pool.sink_start,
             k_group=self.pool.k_format.group_size,
             v_group=self.pool.v_format.group_size,
             sm_scale=layer.scaling,

@@ -7,13 +7,20 @@ Per local layer (see kernels/oscar_kernels/ops.py for the exact layout):
 * request-row-indexed BF16 side buffers: sink [rows, S, H, D] (positions < S) and recent ring
   [rows, W, H, D] (position p at p % W), rows = max_running_requests + 1 (row 0 is SGLang's
   padding row, used by padded CUDA-graph slots).
-* own_start int32 [rows]: first position the request computed itself; earlier positions came
-  from the radix cache and exist only as INT2, so readers must not trust side buffers there.
+* own_start / sink_start int32 [rows]: first position whose ring / sink copy the row holds.
+  Normally the first position the request computed itself: earlier positions came from the radix
+  cache and exist only as INT2, unless their copies could be carried over (below).
+* slot_entry int32 [N] and entry_owner int32 [rows * (S + W)]: where each slot's side copy lives
+  (written by the store) and which slot each entry holds now. A request that inherits slots from
+  the radix cache copies their sink / ring entries into its own row while they are still intact
+  (entry_owner[entry] == slot): chat requests share their system prompt through the radix cache,
+  and without this their attention-sink tokens would be read as INT2.
 
-Row bookkeeping: when SGLang hands a request a row (ReqToTokenPool.alloc, hooked), the row id is
-queued here; the attention backend applies the queued resets at the start of the next forward,
-on the forward stream (the alloc runs on the scheduler stream, which may run ahead of a forward
-still reading that row).
+Row bookkeeping: when SGLang hands a request a row (ReqToTokenPool.alloc, hooked), the row id and
+the request's radix-hit length are queued here; the attention backend applies the queued resets
+and carry-overs at the start of the next forward, on the forward stream (the alloc runs on the
+scheduler stream, which may run ahead of a forward still reading that row; the request's
+req_to_token row is written right after the alloc, before that forward).
 
 Only the oscar_triton backend reads or writes this pool; `set_kv_buffer` refuses, so nothing can
 silently store unrotated BF16 bytes into it.
@@ -35,19 +42,21 @@ logger = logging.getLogger(__name__)
 INT32_MAX = 2**31 - 1
 HP_DTYPE = torch.bfloat16
 
-# Rows handed out by ReqToTokenPool.alloc since the last forward (see module docstring).
-_pending_rows: list[int] = []
+# (row, radix-hit length) handed out by ReqToTokenPool.alloc since the last forward (see module
+# docstring).
+_pending_rows: list[tuple[int, int]] = []
 _pending_lock = threading.Lock()
 
 
-def note_new_rows(rows) -> None:
+def note_new_rows(rows, prefix_lens=None) -> None:
     """Called from the ReqToTokenPool.alloc hook (scheduler thread): CPU only, no GPU work."""
     if rows:
+        prefix_lens = prefix_lens if prefix_lens is not None else [0] * len(rows)
         with _pending_lock:
-            _pending_rows.extend(int(r) for r in rows)
+            _pending_rows.extend((int(r), int(p)) for r, p in zip(rows, prefix_lens))
 
 
-def take_pending_rows() -> list[int]:
+def take_pending_rows() -> list[tuple[int, int]]:
     with _pending_lock:
         rows = list(_pending_rows)
         _pending_rows.clear()
@@ -118,6 +127,9 @@ class OscarInt2KVPool(KVCache):
             self.ring_v = [z((req_rows, recent, H, Dv), HP_DTYPE) for _ in range(layer_num)]
             # INT32_MAX: a row nobody has claimed trusts no side buffer
             self.own_start = torch.full((req_rows,), INT32_MAX, dtype=torch.int32, device=device)
+            self.sink_start = torch.full((req_rows,), INT32_MAX, dtype=torch.int32, device=device)
+            self.slot_entry = torch.full((n,), -1, dtype=torch.int32, device=device)
+            self.entry_owner = torch.full((req_rows * (sink + recent),), -1, dtype=torch.int32, device=device)
 
         def per_layer(rot, d):
             if rot is None:
@@ -135,10 +147,14 @@ class OscarInt2KVPool(KVCache):
 
     # ---------------------------------------------------------------- sizes and info
     def _int2_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for ts in (self.k_codes, self.v_codes, self.k_params, self.v_params) for t in ts)
+        """Per-slot bytes: INT2 codes and params of every layer + the slot's side-copy pointer."""
+        return (sum(t.numel() * t.element_size() for ts in (self.k_codes, self.v_codes, self.k_params, self.v_params) for t in ts)
+                + self.slot_entry.numel() * 4)
 
     def _side_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for ts in (self.sink_k, self.sink_v, self.ring_k, self.ring_v) for t in ts) + self.own_start.numel() * 4
+        bookkeeping = (self.own_start, self.sink_start, self.entry_owner)
+        return (sum(t.numel() * t.element_size() for ts in (self.sink_k, self.sink_v, self.ring_k, self.ring_v) for t in ts)
+                + sum(t.numel() * 4 for t in bookkeeping))
 
     def get_kv_size_bytes(self):
         """(K bytes, V bytes), side buffers split evenly (they hold K and V alike)."""
@@ -150,18 +166,88 @@ class OscarInt2KVPool(KVCache):
         return {"int2_bytes": self._int2_bytes(), "side_buffer_bytes": self._side_bytes()}
 
     # ---------------------------------------------------------------- row bookkeeping
-    def apply_pending_resets(self) -> None:
-        """Forward stream, eager: rows handed out since the last forward trust nothing yet."""
-        rows = take_pending_rows()
-        if rows:
-            idx = torch.tensor(rows, dtype=torch.int64, device=self.own_start.device)
-            self.own_start.index_fill_(0, idx, INT32_MAX)
+    def apply_pending_resets(self, req_to_token: torch.Tensor | None = None) -> None:
+        """Forward stream, eager: rows handed out since the last forward trust nothing yet, except
+        the side copies of their radix hit that can be carried over (needs req_to_token)."""
+        pending = take_pending_rows()
+        if not pending:
+            return
+        idx = torch.tensor([r for r, _ in pending], dtype=torch.int64, device=self.own_start.device)
+        self.own_start.index_fill_(0, idx, INT32_MAX)
+        self.sink_start.index_fill_(0, idx, INT32_MAX)
+        hits = [(r, p) for r, p in dict(pending).items() if p > 0]  # a row's latest claim wins
+        if hits and req_to_token is not None:
+            self.carry_over_side_copies(req_to_token, hits)
+
+    def carry_over_side_copies(self, req_to_token: torch.Tensor, hits: list[tuple[int, int]]) -> None:
+        """Copy the BF16 sink / ring entries of radix-hit positions into the new rows.
+
+        hits: (row, P) with P = radix-hit length; positions 0..P-1 of the row are inherited slots.
+        Sink positions [0, min(P, S)) carry over all together or not at all (sink_start 0 or P);
+        ring positions [max(S, P - W), P) carry over from the newest backwards, as far as their
+        entries are intact (own_start = first carried position). No host synchronisation: the
+        copies are masked gathers/scatters of the whole (S + W)-entry window of each row.
+        """
+        dev = self.own_start.device
+        S, W, R = self.sink, self.recent, self.req_rows
+        rows = torch.tensor([r for r, _ in hits], dtype=torch.int64, device=dev)
+        P = torch.tensor([p for _, p in hits], dtype=torch.int64, device=dev)
+        ctx = req_to_token.shape[1]
+
+        def lookup(pos, valid, lo, hi):
+            """Entry holding each inherited position's copy, and whether it is intact."""
+            slots = req_to_token[rows[:, None], pos.clamp(0, ctx - 1)].to(torch.int64)
+            ent = self.slot_entry[slots].to(torch.int64)
+            inside = (ent >= lo) & (ent < hi)
+            owner = self.entry_owner[ent.clamp(lo, hi - 1)].to(torch.int64)
+            return ent.clamp(lo, hi - 1), valid & inside & (owner == slots), slots
+
+        # sink: all of [0, min(P, S)) or nothing
+        ps = torch.arange(S, device=dev)[None, :]
+        need_s = ps < P[:, None]
+        src_s, ok_s, slot_s = lookup(ps.expand(len(hits), S), need_s, 0, R * S)
+        all_s = (ok_s | ~need_s).all(1)
+        take_s = need_s & all_s[:, None]
+        dst_s = rows[:, None] * S + ps
+        # ring: positions P-W..P-1 (those >= S), intact from the newest backwards
+        pr = P[:, None] - W + torch.arange(W, device=dev)[None, :]
+        need_r = pr >= S
+        src_r, ok_r, slot_r = lookup(pr, need_r, R * S, R * (S + W))
+        bad_r = need_r & ~ok_r
+        # a position carries over iff no needed position at or after it is broken
+        later_bad = torch.flip(torch.cummax(torch.flip(bad_r.int(), [1]), 1).values, [1]).bool()
+        take_r = need_r & ~later_bad
+        dst_r = R * S + rows[:, None] * W + pr % W  # tensor % is non-negative: W distinct entries
+        first_r = torch.where(take_r, pr, P[:, None]).min(1).values
+
+        for bufs, n_s in ((self.sink_k, self.ring_k), (self.sink_v, self.ring_v)):
+            for sink_buf, ring_buf in zip(bufs, n_s):
+                self._masked_copy(sink_buf.view(R * S, *sink_buf.shape[2:]), src_s, dst_s, take_s)
+                self._masked_copy(ring_buf.view(R * W, *ring_buf.shape[2:]), src_r - R * S, dst_r - R * S, take_r)
+        # the new row now holds those copies: point the slots at it (refreshes their lifetime)
+        for dst, take, slots in ((dst_s, take_s, slot_s), (dst_r, take_r, slot_r)):
+            self.entry_owner[dst] = torch.where(take, slots.to(torch.int32), self.entry_owner[dst])
+            # masked-out lanes (possibly repeated slots) all write to slot 0, SGLang's padding
+            # slot, whose pointer no reader trusts (no request's position maps to it)
+            self.slot_entry[torch.where(take, slots, 0)] = dst.to(torch.int32)
+        self.sink_start[rows] = torch.where(all_s, 0, P).to(torch.int32)
+        self.own_start[rows] = first_r.to(torch.int32)
+
+    @staticmethod
+    def _masked_copy(buf: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, take: torch.Tensor) -> None:
+        """buf[dst] = buf[src] where take (entries [n, ...]); dst entries are distinct."""
+        src, dst, take = src.reshape(-1), dst.reshape(-1), take.reshape(-1)
+        moved = torch.where(take.view(-1, *([1] * (buf.dim() - 1))), buf[src], buf[dst])
+        buf[dst] = moved
 
     def note_extend(self, req_pool_indices: torch.Tensor, extend_prefix_lens: torch.Tensor) -> None:
-        """A request computes positions >= its prefix length itself (first chunk: the radix hit)."""
+        """A request computes positions >= its prefix length itself (first chunk: the radix hit,
+        unless carry_over_side_copies already moved its starts earlier)."""
         rows = req_pool_indices.to(torch.int64)
-        cur = self.own_start.index_select(0, rows)
-        self.own_start.index_copy_(0, rows, torch.minimum(cur, extend_prefix_lens.to(torch.int32)))
+        pre = extend_prefix_lens.to(torch.int32)
+        for start in (self.own_start, self.sink_start):
+            cur = start.index_select(0, rows)
+            start.index_copy_(0, rows, torch.minimum(cur, pre))
 
     # ---------------------------------------------------------------- per-layer access
     def local(self, layer_id: int) -> int:
@@ -199,6 +285,9 @@ class OscarInt2KVPool(KVCache):
             sink_v=self.sink_v[i],
             ring_k=self.ring_k[i],
             ring_v=self.ring_v[i],
+            # where each token's side copy lives: the same for every layer, recorded once
+            slot_entry=self.slot_entry if i == 0 else None,
+            entry_owner=self.entry_owner if i == 0 else None,
         )
 
     def layer_buffers(self, layer_id: int) -> dict:

@@ -1,10 +1,12 @@
 """Memory sizing of the INT2 KV pool: how many tokens fit and how many requests may run.
 
 Two kinds of memory (per attention-TP rank, local layers only):
-* per token: INT2 codes + fp16 (scale, min) per group, for K and V, every layer and KV head.
+* per token: INT2 codes + fp16 (scale, min) per group, for K and V, every layer and KV head, plus
+  one int32 per token (not per layer): where the slot's BF16 side copy lives (pool.slot_entry).
   This is SGLang's "cell size"; the token count is budget // cell size.
 * per running request (fixed): the BF16 side buffers, sink (S tokens) + recent ring (W tokens),
-  K and V, every layer and KV head, plus one int32 (own_start). They exist for every row of the
+  K and V, every layer and KV head, plus int32 bookkeeping (own_start, sink_start and the owner
+  slot of each of the S + W entries). They exist for every row of the
   request pool (max_running_requests + 1 padding row), whether a request uses them or not, so
   they are subtracted from the budget before dividing (SGLang's own sizing has no such term).
 
@@ -17,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from oscar_kernels.format import Int2Format
 
 BF16_BYTES = 2
+INT32_BYTES = 4
 # A request count the user asked for explicitly is honoured unless its side buffers would take
 # more than this share of the budget (then it is lowered, with a warning).
 USER_REQUEST_MAX_FRACTION = 0.5
@@ -31,10 +34,11 @@ class ModelKVShape:
 
 
 def int2_bytes_per_token(shape: ModelKVShape, group_size: int) -> int:
-    """INT2 bytes of one token over all local layers and KV heads (K and V)."""
+    """INT2 bytes of one token over all local layers and KV heads (K and V), plus its int32
+    side-copy pointer (pool.slot_entry)."""
     k = Int2Format(shape.head_dim, min(group_size, shape.head_dim)).bytes_per_row
     v = Int2Format(shape.v_head_dim, min(group_size, shape.v_head_dim)).bytes_per_row
-    return shape.num_layers * shape.num_kv_heads * (k + v)
+    return shape.num_layers * shape.num_kv_heads * (k + v) + INT32_BYTES
 
 
 def bf16_bytes_per_token(shape: ModelKVShape) -> int:
@@ -43,14 +47,15 @@ def bf16_bytes_per_token(shape: ModelKVShape) -> int:
 
 
 def side_bytes_per_request(shape: ModelKVShape, sink: int, recent: int) -> int:
-    """BF16 sink + ring bytes of one request row (all local layers, K and V) + own_start."""
+    """BF16 sink + ring bytes of one request row (all local layers, K and V) + its int32
+    bookkeeping: own_start, sink_start and the owner slot of each of its S + W entries."""
     return (
         shape.num_layers
         * shape.num_kv_heads
         * (sink + recent)
         * (shape.head_dim + shape.v_head_dim)
         * BF16_BYTES
-        + 4
+        + INT32_BYTES * (2 + sink + recent)
     )
 
 

@@ -121,3 +121,14 @@ def test_hadamard_orthonormal(n):
     torch.testing.assert_close(h, h.T)
     perm = bit_reverse_indices(n)
     assert sorted(perm.tolist()) == list(range(n))
+
+
+def test_source_masks_carried_sink():
+    # a radix hit whose sink copies were carried over: sink from 0, ring from own_start
+    s, r, i = ref.source_masks(400, 64, 256, own_start=300, sink_start=0)
+    assert s[:64].all() and not s[64:].any()
+    assert r[300:].all() and not r[:300].any()
+    assert i[64:300].all() and not i[:64].any() and not i[300:].any()
+    # sink_start defaults to own_start
+    s2, _, _ = ref.source_masks(400, 64, 256, own_start=10)
+    assert not s2[:10].any() and s2[10:64].all()

@@ -39,9 +39,10 @@ def rotated_kv(n, h, d):
 class Pool:
     """Paged INT2 pool + BF16 side buffers holding a batch of requests (slot 0 = padding)."""
 
-    def __init__(self, lens, owns, hkv, d, g, n_rows=6):
+    def __init__(self, lens, owns, hkv, d, g, n_rows=6, sinks=None):
         self.fmt = Int2Format(d, g)
-        self.lens, self.owns = lens, owns
+        sinks = owns if sinks is None else sinks  # sink_start per request (default: own_start)
+        self.lens, self.owns, self.sinks = lens, owns, sinks
         total = sum(lens)
         N = total + 7
         self.k_codes = torch.randint(0, 256, (N, hkv, d // 4), dtype=torch.uint8)
@@ -62,8 +63,10 @@ class Pool:
         self.rows = torch.tensor([0] + others, dtype=torch.int32)
         self.own_start = torch.randint(0, 60, (n_rows,), dtype=torch.int32)
         self.own_start[self.rows.long()] = torch.tensor(owns, dtype=torch.int32)
+        self.sink_start = torch.randint(0, 60, (n_rows,), dtype=torch.int32)
+        self.sink_start[self.rows.long()] = torch.tensor(sinks, dtype=torch.int32)
         self.k, self.v = [], []
-        for b, (L, own) in enumerate(zip(lens, owns)):
+        for b, (L, own, sink0) in enumerate(zip(lens, owns, sinks)):
             k, v = rotated_kv(L, hkv, d), rotated_kv(L, hkv, d)
             self.k.append(k)
             self.v.append(v)
@@ -75,7 +78,7 @@ class Pool:
                 c, p = ref.quantize(x, self.fmt)
                 codes[sl], params[sl] = c, p
                 r = int(self.rows[b])
-                for pos in range(own, min(S, L)):
+                for pos in range(sink0, min(S, L)):
                     sink[r, pos] = x[pos].bfloat16()
                 for pos in range(max(own, L - W), L):
                     ring[r, pos % W] = x[pos].bfloat16()
@@ -87,11 +90,15 @@ class Pool:
     def meta(self):
         return [t.to(DEV) for t in (self.kv_indptr, self.kv_indices, self.rows, self.own_start)]
 
+    def kw(self):
+        return {"sink_start": self.sink_start.to(DEV)}
+
     def request_kv(self, b):
         sl = self.kv_indices[self.kv_indptr[b]:self.kv_indptr[b + 1]]
         r = int(self.rows[b])
-        K = ref.pool_request_kv(self.k_codes, self.k_params, self.sink_k, self.ring_k, sl, r, self.owns[b], self.fmt)
-        V = ref.pool_request_kv(self.v_codes, self.v_params, self.sink_v, self.ring_v, sl, r, self.owns[b], self.fmt)
+        own, sink0 = self.owns[b], self.sinks[b]
+        K = ref.pool_request_kv(self.k_codes, self.k_params, self.sink_k, self.ring_k, sl, r, own, self.fmt, sink0)
+        V = ref.pool_request_kv(self.v_codes, self.v_params, self.sink_v, self.ring_v, sl, r, own, self.fmt, sink0)
         return K, V
 
 
@@ -99,10 +106,13 @@ def rel_err(a, b):
     return ((a.double() - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-# lens/own_start: padding request (len 1, row 0), short (< S+W: all BF16), own_start inside the
-# sink (INT2 hole around the sink), own_start past the sink and the ring start (radix hit)
-LENS = [1, 7, 45, 70]
-OWNS = [0, 0, 2, 66]
+# lens/own_start/sink_start: padding request (len 1, row 0), short (< S+W: all BF16), own_start
+# inside the sink (INT2 hole around the sink), own_start past the sink and the ring start (radix
+# hit), and a radix hit whose sink and part of its ring copies were carried over (sink_start 0,
+# own_start past the ring start: INT2 between the sink and the ring)
+LENS = [1, 7, 45, 70, 60]
+OWNS = [0, 0, 2, 66, 55]
+SINKS = [0, 0, 2, 66, 0]
 CASES = [  # (D, G, gqa)
     (128, 128, 4),
     (128, 64, 8),
@@ -124,16 +134,16 @@ def test_pool_oracle_matches_mixed_kv(seed):
 @pytest.mark.parametrize("splits", ["auto", "given"])
 def test_decode_matches_reference(seed, D, G, gqa, splits):
     hkv = 2
-    pool = Pool(LENS, OWNS, hkv, D, G)
+    pool = Pool(LENS, OWNS, hkv, D, G, sinks=SINKS)
     B, Hq = len(LENS), hkv * gqa
     q = (torch.randn(B, Hq, D) * 2).bfloat16()
     o = torch.full((B, Hq, D), float("nan"), device=DEV)
     max_splits = 4
     logits = torch.full((B, Hq, max_splits, D), float("nan"), device=DEV)
     lse = torch.full((B, Hq, max_splits), float("nan"), device=DEV)
-    nsplit = torch.tensor([2, 3, 4, 4], dtype=torch.int32, device=DEV) if splits == "given" else None
+    nsplit = torch.tensor([2, 3, 4, 4, 3], dtype=torch.int32, device=DEV) if splits == "given" else None
     ops.decode_attention(
-        q.to(DEV), o, *pool.tensors(), *pool.meta(), k_group=G, v_group=G, sm_scale=1 / math.sqrt(D),
+        q.to(DEV), o, *pool.tensors(), *pool.meta(), **pool.kw(), k_group=G, v_group=G, sm_scale=1 / math.sqrt(D),
         num_kv_splits=nsplit, max_kv_splits=max_splits, attn_logits=logits, attn_lse=lse,
     )
     assert not o.isnan().any()
@@ -187,10 +197,11 @@ def test_decode_logit_cap(seed):
 @pytest.mark.parametrize("D,G,gqa", [CASES[0], CASES[3], CASES[5]])
 def test_extend_prefix_matches_reference_and_merges(seed, D, G, gqa):
     hkv = 2
-    prefix = [0, 7, 45, 70]  # request 0: no prefix -> o = 0, lse = -inf
-    owns = [0, 0, 2, 66]
-    ext = [3, 1, 5, 2]
-    pool = Pool(prefix, owns, hkv, D, G)
+    prefix = [0, 7, 45, 70, 60]  # request 0: no prefix -> o = 0, lse = -inf
+    owns = [0, 0, 2, 66, 55]
+    sinks = [0, 0, 2, 66, 0]
+    ext = [3, 1, 5, 2, 2]
+    pool = Pool(prefix, owns, hkv, D, G, sinks=sinks)
     Hq = hkv * gqa
     qo_indptr = torch.tensor([0] + torch.tensor(ext).cumsum(0).tolist(), dtype=torch.int32)
     T = sum(ext)
@@ -199,7 +210,7 @@ def test_extend_prefix_matches_reference_and_merges(seed, D, G, gqa):
     lse = torch.full((T, Hq), float("nan"), device=DEV)
     sm = 1 / math.sqrt(D)
     o, lse = ops.extend_prefix_attention(
-        q.to(DEV), qo_indptr.to(DEV), *pool.tensors(), *pool.meta(), k_group=G, v_group=G,
+        q.to(DEV), qo_indptr.to(DEV), *pool.tensors(), *pool.meta(), **pool.kw(), k_group=G, v_group=G,
         sm_scale=sm, max_len_extend=max(ext), o=o, lse=lse,
     )
     o, lse = o.cpu(), lse.cpu()

@@ -4,8 +4,9 @@ CPU), against a float64 reference built from oscar_kernels.reference.
 Scenario (one layer, GQA 4 q heads / 2 KV heads, D = 64, sink 4, recent 8, random orthogonal
 per-head K rotation and shared V rotation (signed permutations), K clip 0.9):
   1. request A prefills 20 tokens in two chunks (12, then 8 with a 12-token prefix);
-  2. request B shares A's first 8 tokens through the "radix cache" (same slots, own_start 8)
-     and prefills 7 more;
+  2. request B shares A's first 8 tokens through the "radix cache" (same slots) and prefills 7
+     more; A's sink copies of those tokens are still intact, so they are carried over into B's
+     row (sink_start 0) while its ring copies of positions 4..7 are not (own_start 8);
   3. both decode 3 tokens as one batch.
 Model tensors are float32 holding bf16-representable values: SGLang's stock extend kernel gives
 garbage for bf16 under TRITON_INTERPRET (numpy has no bf16; fine on GPU), and the GPU run covers
@@ -85,9 +86,10 @@ def _heavy(n, d):
     return x.bfloat16().float()
 
 
-def _ref_mixed(x_rot_bf16, kv_len, own, clip):
+def _ref_mixed(x_rot_bf16, kv_len, own, clip, sink_start=None):
     fmt = Int2Format(D, 64)
-    return ref.mixed_kv(x_rot_bf16.float(), fmt, kv_len=kv_len, sink=S, window=W, own_start=own, clip_ratio=clip).double()
+    return ref.mixed_kv(x_rot_bf16.float(), fmt, kv_len=kv_len, sink=S, window=W, own_start=own, clip_ratio=clip,
+                        sink_start=sink_start).double()
 
 
 def _reference(q, keys, vals):
@@ -120,6 +122,8 @@ def test_extend_chunks_radix_share_and_decode(backend_cls, seed):
     # rotated K/V as stored (bf16) and the un-rotation of V outputs
     kAr, vAr, kBr, vBr = _rot(kA, Rk), _rot(vA, Rv), _rot(kB, Rk), _rot(vB, Rv)
     RvT = Rv.double().T
+    b.req_to_token = req_to_token
+    sink0 = {rowA: 0, rowB: 0}  # B's sink copies come from A's row (carried over)
 
     def extend(reqs):
         """reqs: list of (row, k, v, q, start, end, own) -> outputs per request (float32)."""
@@ -136,8 +140,8 @@ def test_extend_chunks_radix_share_and_decode(backend_cls, seed):
         )
         fb.forward_mode = SimpleNamespace(is_extend=lambda: True)
         for r, *_, s, e, own in reqs:
-            if s == own:  # a new request: the alloc hook queued its row
-                note_new_rows([r])
+            if s == own:  # a new request: the alloc hook queued its row and radix-hit length
+                note_new_rows([r], [s])
         b.forward_metadata = SimpleNamespace(
             qo_indptr=torch.cat([torch.zeros(1, dtype=torch.int64), ext.cumsum(0)]),
             kv_indptr=torch.cat([torch.zeros(1, dtype=torch.int32), pre.cumsum(0).int()]),
@@ -155,8 +159,8 @@ def test_extend_chunks_radix_share_and_decode(backend_cls, seed):
         _, _, _, _, s, e, own = req
         qr = torch.einsum("thgd,hde->thge", q.float().reshape(-1, H, Hq // H, D), Rk).reshape(-1, Hq, D).to(q.dtype)
         if s:
-            Kp = _ref_mixed(kr[:s], s, own, K_CLIP)
-            Vp = _ref_mixed(vr[:s], s, own, V_CLIP) @ RvT
+            Kp = _ref_mixed(kr[:s], s, own, K_CLIP, sink0[req[0]])
+            Vp = _ref_mixed(vr[:s], s, own, V_CLIP, sink0[req[0]]) @ RvT
         for i, t in enumerate(range(s, e)):
             keys, vals, qs = [], [], []
             # prefix in rotated space with rotated q, new tokens with plain q: same scores
@@ -192,7 +196,8 @@ def test_extend_chunks_radix_share_and_decode(backend_cls, seed):
     # 2. B: radix hit on A's first 8 tokens (own_start = 8), prefill 7 more
     bx = (rowB, kB, vB, qB, share, share + LB_new, share)
     o, _ = extend([bx])
-    assert pool.own_start[rowB].item() == share
+    assert pool.own_start[rowB].item() == share and pool.sink_start[rowB].item() == 0
+    torch.testing.assert_close(pool.sink_k[0][rowB], pool.sink_k[0][rowA], rtol=0, atol=0)
     check_extend(o, bx, kBr, vBr, kB, vB, qB)
 
     # 3. decode 3 steps, batch [A, B]
@@ -221,7 +226,8 @@ def test_extend_chunks_radix_share_and_decode(backend_cls, seed):
         for i, (row, kr, vr, qq, own) in enumerate(seqs):
             n = int(lens[i])
             qr = torch.einsum("hgd,hde->hge", qq[n - 1].float().reshape(H, Hq // H, D), Rk).reshape(Hq, D).to(qq.dtype)
-            want = _reference(qr.double(), [_ref_mixed(kr[:n], n, own, K_CLIP)], [_ref_mixed(vr[:n], n, own, V_CLIP)])
+            want = _reference(qr.double(), [_ref_mixed(kr[:n], n, own, K_CLIP, sink0[row])],
+                              [_ref_mixed(vr[:n], n, own, V_CLIP, sink0[row])])
             _close(o[i], want @ RvT)
 
 

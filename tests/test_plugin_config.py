@@ -87,16 +87,16 @@ QWEN3_8B = Z.ModelKVShape(num_layers=36, num_kv_heads=8, head_dim=128, v_head_di
 def test_bytes_per_token_formula():
     # per layer, per head: K and V each D/4 code bytes + D/G groups x (fp16 scale + fp16 min)
     for G, per_row in ((128, 32 + 4), (64, 32 + 8), (32, 32 + 16)):
-        assert Z.int2_bytes_per_token(QWEN3_8B, G) == 36 * 8 * 2 * per_row
+        assert Z.int2_bytes_per_token(QWEN3_8B, G) == 36 * 8 * 2 * per_row + 4  # + slot_entry
     assert Z.bf16_bytes_per_token(QWEN3_8B) == 36 * 8 * 256 * 2
     # the map's worked example: Llama-3-8B, G=128 -> 18432 B/token, 7.1x
     llama = Z.ModelKVShape(32, 8, 128, 128)
-    assert Z.int2_bytes_per_token(llama, 128) == 18432
-    assert Z.bf16_bytes_per_token(llama) / 18432 == pytest.approx(7.11, abs=0.01)
+    assert Z.int2_bytes_per_token(llama, 128) == 18432 + 4
+    assert Z.bf16_bytes_per_token(llama) / (18432 + 4) == pytest.approx(7.11, abs=0.01)
     # head_dim 64 with the default group 128: the group is the whole head
     small = Z.ModelKVShape(2, 2, 64, 64)
-    assert Z.int2_bytes_per_token(small, 128) == 2 * 2 * 2 * (16 + 4)
-    assert Z.side_bytes_per_request(QWEN3_8B, 64, 256) == 36 * 8 * 320 * 256 * 2 + 4
+    assert Z.int2_bytes_per_token(small, 128) == 2 * 2 * 2 * (16 + 4) + 4
+    assert Z.side_bytes_per_request(QWEN3_8B, 64, 256) == 36 * 8 * 320 * 256 * 2 + 4 * (2 + 320)
 
 
 def test_plan_default_requests_capped_by_fraction():

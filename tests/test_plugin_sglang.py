@@ -365,7 +365,7 @@ def test_server_info_and_metrics(kvc, monkeypatch):
     assert after_get_internal_state({"x": 1}, sched)["oscar_int2"] == info  # a bare dict too
     assert info["recipe"] == "hadamard" and info["group_size"] == 64 and info["sink_tokens"] == 64
     assert info["max_total_num_tokens"] == pool.size and info["tokens_free"] == 100
-    assert info["bytes_per_token"] == 3 * 2 * 2 * (16 + 4) and info["hooks_ok"]
+    assert info["bytes_per_token"] == 3 * 2 * 2 * (16 + 4) + 4 and info["hooks_ok"]
     json.dumps(info)  # serialisable for /server_info
 
     set_values = {}

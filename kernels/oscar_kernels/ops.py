@@ -6,11 +6,14 @@ Conventions shared by every op (see docs/format.md):
     v_codes  uint8   [N, H, Dv // 4]       v_params float16 [N, H, Dv // Gv, 2]
     sink_k   bf16    [R, S, H, D]          sink_v   bf16    [R, S, H, Dv]   (R = request rows)
     ring_k   bf16    [R, W, H, D]          ring_v   bf16    [R, W, H, Dv]   (slot of position p = p % W)
-    own_start int32  [R]  first position the request of that row computed itself
+    own_start int32  [R]  first position whose ring copy the row holds (normally the first
+                          position the request computed itself)
+    sink_start int32 [R]  first position whose sink copy the row holds (optional; default
+                          own_start); they differ when a radix hit's side copies were carried over
 * Keys of request b are positions 0..len_b-1, their slots are kv_indices[kv_indptr[b] + p]
   (SGLang Triton-backend layout, position order).
 * Source of key position p for a reader that sees len keys, row r (same rule as
-  reference.source_masks):  sink if p < S and p >= own_start[r];  ring if
+  reference.source_masks):  sink if p < S and p >= sink_start[r];  ring if
   p >= max(own_start[r], len - W);  INT2 otherwise.
 * q, k, v given to these ops are already rotated (k by R_k, v by R_v, q by its KV head's R_k);
   outputs are in the rotated V space (the caller multiplies by R_v^T), unless a rotation is passed.
@@ -43,6 +46,8 @@ def store_kv(
     sink_v: torch.Tensor | None = None,
     ring_k: torch.Tensor | None = None,
     ring_v: torch.Tensor | None = None,
+    slot_entry: torch.Tensor | None = None,
+    entry_owner: torch.Tensor | None = None,
 ) -> None:
     """Quantise T new tokens of many requests and scatter them to their slots.
 
@@ -51,6 +56,11 @@ def store_kv(
     Side buffers (all optional, given together): token at position p of row r is also written
     in BF16 to sink[r, p] if p < S, and to ring[r, p % W] if p >= token_seq_lens - W
     (token_seq_lens[t] = length of the token's request after this forward).
+    slot_entry int32 [N] / entry_owner int32 [R * (S + W)] (optional, with the side buffers): record
+    where each token's side copy lives (sink entry r * S + p, ring entry R * S + r * W + p % W,
+    -1 for none) and which slot owns each entry, so a request inheriting these slots from the
+    radix cache can carry the copies over (pass them for one layer per forward; the entries are
+    the same for every layer).
     """
     args = dict(locals())  # before the import below adds a local
     from .triton import store as _store
@@ -77,6 +87,7 @@ def decode_attention(
     k_group: int,
     v_group: int,
     sm_scale: float,
+    sink_start: torch.Tensor | None = None,
     num_kv_splits: torch.Tensor | None = None,
     max_kv_splits: int | None = None,
     attn_logits: torch.Tensor | None = None,
@@ -125,6 +136,7 @@ def extend_prefix_attention(
     v_group: int,
     sm_scale: float,
     max_len_extend: int,
+    sink_start: torch.Tensor | None = None,
     logit_cap: float = 0.0,
     o: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,

@@ -91,18 +91,22 @@ def fake_quant(x: torch.Tensor, fmt: Int2Format, clip_ratio: float | None = 1.0)
 # --------------------------------------------------------------------------------------------
 
 
-def source_masks(kv_len: int, sink: int, window: int, own_start: int = 0, device=None):
+def source_masks(kv_len: int, sink: int, window: int, own_start: int = 0, device=None,
+                 sink_start: int | None = None):
     """Which source each key position 0..kv_len-1 is read from, for a reader that sees kv_len keys.
 
     Returns boolean masks (is_sink, is_ring, is_int2) over positions, by the rule
-      sink : p < sink and p >= own_start
+      sink : p < sink and p >= sink_start
       ring : p >= max(own_start, kv_len - window)   (and not sink)
       int2 : everything else
-    ``own_start`` is the first position the request computed itself (earlier positions came from
-    the radix cache and only exist as INT2).
+    ``own_start`` is the first position whose ring copy the request's row holds (the first
+    position it computed itself, or earlier when a radix hit's ring copies were carried over);
+    ``sink_start`` (default: own_start) the first whose sink copy it holds. Positions before them
+    came from the radix cache and exist only as INT2.
     """
+    sink_start = own_start if sink_start is None else sink_start
     p = torch.arange(kv_len, device=device)
-    is_sink = (p < sink) & (p >= own_start)
+    is_sink = (p < sink) & (p >= sink_start)
     is_ring = (p >= max(own_start, kv_len - window)) & ~is_sink
     is_int2 = ~(is_sink | is_ring)
     return is_sink, is_ring, is_int2
@@ -117,6 +121,7 @@ def mixed_kv(
     own_start: int = 0,
     clip_ratio: float | None = 1.0,
     hp_dtype: torch.dtype = torch.bfloat16,
+    sink_start: int | None = None,
 ) -> torch.Tensor:
     """Effective float32 K or V [L, H, D] that a reader of kv_len keys sees.
 
@@ -125,7 +130,8 @@ def mixed_kv(
     """
     kv_len = x.shape[0] if kv_len is None else kv_len
     x = x[:kv_len]
-    is_sink, is_ring, _ = source_masks(kv_len, sink, window, own_start, device=x.device)
+    is_sink, is_ring, _ = source_masks(kv_len, sink, window, own_start, device=x.device,
+                                       sink_start=sink_start)
     hp = (is_sink | is_ring).view(-1, 1, 1)
     return torch.where(hp, x.to(hp_dtype).float(), fake_quant(x, fmt, clip_ratio))
 
@@ -183,6 +189,7 @@ def pool_request_kv(
     row: int,
     own_start: int,
     fmt: Int2Format,
+    sink_start: int | None = None,
 ) -> torch.Tensor:
     """Effective float32 K (or V) [len, H, D] of one request read from pool tensors.
 
@@ -195,7 +202,7 @@ def pool_request_kv(
     S, W = sink.shape[1], ring.shape[1]
     slots = slots.long()
     out = dequantize(codes[slots], params[slots], fmt)
-    is_sink, is_ring, _ = source_masks(L, S, W, own_start, device=codes.device)
+    is_sink, is_ring, _ = source_masks(L, S, W, own_start, device=codes.device, sink_start=sink_start)
     p = torch.arange(L, device=codes.device)
     out[is_sink] = sink[row, p[is_sink]].float()
     out[is_ring] = ring[row, p[is_ring] % W].float()

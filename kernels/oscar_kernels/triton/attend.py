@@ -55,9 +55,11 @@ def num_splits_of(n_int2, b, num_kv_splits, HAS_NSPLITS: tl.constexpr, MAX_SPLIT
 
 
 @triton.jit
-def source_ranges(kv_len, own, S: tl.constexpr, W: tl.constexpr):
-    """(sink_lo, sink_hi, ring_lo, n_int2) for a reader of kv_len keys; see module docstring."""
-    sink_lo = tl.minimum(own, kv_len)
+def source_ranges(kv_len, own, sink_own, S: tl.constexpr, W: tl.constexpr):
+    """(sink_lo, sink_hi, ring_lo, n_int2) for a reader of kv_len keys; see module docstring.
+
+    own: first position whose ring copy the row holds; sink_own: first whose sink copy it holds."""
+    sink_lo = tl.minimum(sink_own, kv_len)
     sink_hi = tl.maximum(sink_lo, tl.minimum(kv_len, S))
     ring_lo = tl.minimum(tl.maximum(tl.maximum(own, kv_len - W), S), kv_len)
     n_int2 = ring_lo - (sink_hi - sink_lo)
@@ -196,7 +198,7 @@ def attend_kernel(
     SV, stride_svr, stride_svp, stride_svh,
     RK, stride_rkr, stride_rkp, stride_rkh,
     RV, stride_rvr, stride_rvp, stride_rvh,
-    kv_indptr, kv_indices, qo_indptr, req_rows, own_start, num_kv_splits,
+    kv_indptr, kv_indices, qo_indptr, req_rows, own_start, sink_start, num_kv_splits,
     sm_scale_log2, logit_cap, MAX_SPLITS,
     GQA: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, GK: tl.constexpr, GV: tl.constexpr,
     S: tl.constexpr, W: tl.constexpr, NUM_MB: tl.constexpr,
@@ -228,7 +230,8 @@ def attend_kernel(
         return
     row = tl.load(req_rows + b).to(tl.int64)
     own = tl.load(own_start + row)  # per-request state is indexed by request row, not batch slot
-    sink_lo, sink_hi, ring_lo, n_int2 = source_ranges(kv_len, own, S, W)
+    sink_own = tl.load(sink_start + row)
+    sink_lo, sink_hi, ring_lo, n_int2 = source_ranges(kv_len, own, sink_own, S, W)
     hole = sink_hi - sink_lo
 
     if SPLIT:
@@ -382,7 +385,7 @@ def attend_kernel(
 
 def launch_attend(
     grid, q, out, lse, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
-    kv_indptr, kv_indices, qo_indptr, req_rows, own_start, num_kv_splits, *,
+    kv_indptr, kv_indices, qo_indptr, req_rows, own_start, sink_start, num_kv_splits, *,
     out_split_stride, lse_split_stride, k_group, v_group, sm_scale, logit_cap,
     num_mb, block_m, block_n, block_b, split, max_splits, min_chunk, num_warps, num_stages, nb16=1,
     use_asm=None, maxnreg=None,
@@ -410,6 +413,7 @@ def launch_attend(
         ring_k, ring_k.stride(0), ring_k.stride(1), ring_k.stride(2),
         ring_v, ring_v.stride(0), ring_v.stride(1), ring_v.stride(2),
         kv_indptr, kv_indices, qo_indptr, req_rows, own_start,
+        own_start if sink_start is None else sink_start,
         num_kv_splits if num_kv_splits is not None else kv_indptr,
         sm_scale * LOG2E, float(logit_cap), int(max_splits),
         GQA=gqa, D=D, DV=Dv, GK=k_group, GV=v_group, S=sink_k.shape[1], W=ring_k.shape[1],

@@ -46,15 +46,15 @@ def _merge_splits_kernel(
     Part, stride_pb, stride_ph, stride_ps,
     PLse, stride_lb, stride_lh,
     O, stride_ob, stride_oh,
-    kv_indptr, req_rows, own_start, num_kv_splits, MAX_SPLITS,
+    kv_indptr, req_rows, own_start, sink_start, num_kv_splits, MAX_SPLITS,
     S: tl.constexpr, W: tl.constexpr, DV: tl.constexpr, SPLITS_P2: tl.constexpr,
     HAS_NSPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr, NB16: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
     kv_len = tl.load(kv_indptr + b + 1) - tl.load(kv_indptr + b)
-    own = tl.load(own_start + tl.load(req_rows + b).to(tl.int64))
-    _, _, _, n_int2 = source_ranges(kv_len, own, S, W)
+    row = tl.load(req_rows + b).to(tl.int64)
+    _, _, _, n_int2 = source_ranges(kv_len, tl.load(own_start + row), tl.load(sink_start + row), S, W)
     n = num_splits_of(n_int2, b, num_kv_splits, HAS_NSPLITS, MAX_SPLITS, MIN_CHUNK, NB16)
     s = tl.arange(0, SPLITS_P2)
     smask = s < n
@@ -72,12 +72,13 @@ def _merge_splits_kernel(
 
 def decode_attention(
     q, o, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
-    kv_indptr, kv_indices, req_rows, own_start, *, k_group, v_group, sm_scale,
+    kv_indptr, kv_indices, req_rows, own_start, *, k_group, v_group, sm_scale, sink_start=None,
     num_kv_splits=None, max_kv_splits=None, attn_logits=None, attn_lse=None, logit_cap=0.0,
     block_n=None, num_warps=2, num_stages=2, min_chunk=None, bf16_keys_per_split=None, use_asm=None, maxnreg=None,
 ):
     """See ops.decode_attention; the extra keywords are tuning knobs for bench/kernels.py."""
     check_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_group, v_group)
+    sink_start = own_start if sink_start is None else sink_start
     B, Hq, D = q.shape
     Hkv = k_codes.shape[1]
     Dv = v_codes.shape[-1] * 4
@@ -104,7 +105,7 @@ def decode_attention(
     launch_attend(
         (B, Hkv, max_kv_splits), q, attn_logits, attn_lse, k_codes, k_params, v_codes, v_params,
         sink_k, sink_v, ring_k, ring_v, kv_indptr, kv_indices, kv_indptr, req_rows, own_start,
-        num_kv_splits,
+        sink_start, num_kv_splits,
         out_split_stride=attn_logits.stride(2), lse_split_stride=attn_lse.stride(2),
         k_group=k_group, v_group=v_group, sm_scale=sm_scale, logit_cap=logit_cap,
         num_mb=1, block_m=block_m, block_n=bn, block_b=BLOCK_B, split=True,
@@ -115,7 +116,7 @@ def decode_attention(
         attn_logits, attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
         attn_lse, attn_lse.stride(0), attn_lse.stride(1),
         o, o.stride(0), o.stride(1),
-        kv_indptr, req_rows, own_start, num_kv_splits if num_kv_splits is not None else kv_indptr, max_kv_splits,
+        kv_indptr, req_rows, own_start, sink_start, num_kv_splits if num_kv_splits is not None else kv_indptr, max_kv_splits,
         S=sink_k.shape[1], W=ring_k.shape[1], DV=Dv, SPLITS_P2=triton.next_power_of_2(max_kv_splits),
         HAS_NSPLITS=num_kv_splits is not None, MIN_CHUNK=min_chunk,
         NB16=nb16, num_warps=4,

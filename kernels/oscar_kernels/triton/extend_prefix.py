@@ -19,7 +19,7 @@ BLOCK_B = 64
 def extend_prefix_attention(
     q, qo_indptr, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
     kv_indptr, kv_indices, req_rows, own_start, *, k_group, v_group, sm_scale, max_len_extend,
-    logit_cap=0.0, o=None, lse=None, block_m=None, num_warps=4, num_stages=2,
+    sink_start=None, logit_cap=0.0, o=None, lse=None, block_m=None, num_warps=4, num_stages=2,
 ):
     check_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_group, v_group)
     T, Hq, D = q.shape
@@ -41,7 +41,7 @@ def extend_prefix_attention(
     launch_attend(
         (B, Hkv * num_mb, 1), q, o, lse, k_codes, k_params, v_codes, v_params,
         sink_k, sink_v, ring_k, ring_v, kv_indptr, kv_indices, qo_indptr, req_rows, own_start,
-        None, out_split_stride=0, lse_split_stride=0,
+        sink_start, None, out_split_stride=0, lse_split_stride=0,
         k_group=k_group, v_group=v_group, sm_scale=sm_scale, logit_cap=logit_cap,
         num_mb=num_mb, block_m=bm, block_n=BLOCK_N, block_b=BLOCK_B, split=False,
         max_splits=1, min_chunk=1, num_warps=num_warps, num_stages=num_stages,

@@ -97,20 +97,48 @@ def _store_rows(
 
 
 @triton.jit
+def _record_side_slots(
+    pid, Loc, Pos, Rows, SeqLens, SlotEntry, EntryOwner, T, n_rows,
+    S: tl.constexpr, W: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    """Which side-buffer entry holds each new token's BF16 copy, for radix-hit reuse.
+
+    Entries: sink row r position p -> r * S + p; ring row r position p -> R * S + r * W + p % W.
+    SlotEntry[slot] = entry (-1 when the token has no side copy) and EntryOwner[entry] = slot, so a
+    later request that inherits the slot from the radix cache can find the copy and check that no
+    newer token has overwritten it (EntryOwner[entry] == slot).
+    """
+    t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = t < T
+    pos = tl.load(Pos + t, mask=tmask, other=0)
+    row = tl.load(Rows + t, mask=tmask, other=0).to(tl.int64)
+    seq = tl.load(SeqLens + t, mask=tmask, other=0)
+    loc = tl.load(Loc + t, mask=tmask, other=0).to(tl.int64)
+    entry = tl.where(pos < S, row * S + pos,
+                     tl.where(pos >= seq - W, n_rows * S + row * W + pos % W, -1))
+    tl.store(SlotEntry + loc, entry.to(tl.int32), mask=tmask)
+    tl.store(EntryOwner + tl.where(entry >= 0, entry, 0), loc.to(tl.int32), mask=tmask & (entry >= 0))
+
+
+@triton.jit
 def _store_kv_kernel(
     XK, sxk_t, sxk_h, RotK, srk_h, srk_k, CK, sck_n, sck_h, PK, spk_n, spk_h, spk_g,
     SinkK, ssk_r, ssk_p, ssk_h, RingK, srgk_r, srgk_p, srgk_h, clip_k,
     XV, sxv_t, sxv_h, RotV, srv_h, srv_k, CV, scv_n, scv_h, PV, spv_n, spv_h, spv_g,
     SinkV, ssv_r, ssv_p, ssv_h, RingV, srgv_r, srgv_p, srgv_h, clip_v,
-    Loc, Pos, Rows, SeqLens, T,
+    Loc, Pos, Rows, SeqLens, T, SlotEntry, EntryOwner, n_rows,
     DK: tl.constexpr, GK: tl.constexpr, ROT_K: tl.constexpr, CLIP_K: tl.constexpr,
     DV: tl.constexpr, GV: tl.constexpr, ROT_V: tl.constexpr, CLIP_V: tl.constexpr,
     S: tl.constexpr, W: tl.constexpr, HAS_SIDE: tl.constexpr, BLOCK_T: tl.constexpr,
+    HAS_MAP: tl.constexpr,
 ):
     """K and V in one launch (grid axis 2: 0 = K, 1 = V), so decode-size stores cost one
     kernel's latency, not two."""
     pid = tl.program_id(0)
     h = tl.program_id(1)
+    if HAS_MAP:
+        if (h == 0) and (tl.program_id(2) == 0):
+            _record_side_slots(pid, Loc, Pos, Rows, SeqLens, SlotEntry, EntryOwner, T, n_rows, S, W, BLOCK_T)
     if tl.program_id(2) == 0:
         _store_rows(pid, h, XK, sxk_t, sxk_h, RotK, srk_h, srk_k, Loc, CK, sck_n, sck_h,
                     PK, spk_n, spk_h, spk_g, Pos, Rows, SeqLens, SinkK, ssk_r, ssk_p, ssk_h,
@@ -158,7 +186,7 @@ def _tensor_args(x, codes, params, group, clip, rot, sink, ring):
 def store_kv(
     k, v, loc, k_codes, k_params, v_codes, v_params, *, k_group, v_group, k_clip=1.0, v_clip=1.0,
     k_rot=None, v_rot=None, positions=None, token_rows=None, token_seq_lens=None,
-    sink_k=None, sink_v=None, ring_k=None, ring_v=None,
+    sink_k=None, sink_v=None, ring_k=None, ring_v=None, slot_entry=None, entry_owner=None,
 ):
     side = (positions, token_rows, token_seq_lens, sink_k, sink_v, ring_k, ring_v)
     if any(s is not None for s in side) and any(s is None for s in side):
@@ -175,11 +203,19 @@ def store_kv(
     k_args, (dk, gk, rot_k, clip_k) = _tensor_args(k, k_codes, k_params, k_group, k_clip, k_rot, sink_k, ring_k)
     v_args, (dv, gv, rot_v, clip_v) = _tensor_args(v, v_codes, v_params, v_group, v_clip, v_rot, sink_v, ring_v)
     has_side = sink_k is not None
+    has_map = slot_entry is not None
+    if has_map and (not has_side or entry_owner is None or slot_entry.dtype != torch.int32
+                    or entry_owner.dtype != torch.int32
+                    or entry_owner.numel() < sink_k.shape[0] * (sink_k.shape[1] + ring_k.shape[1])):
+        raise ValueError("store_kv: slot_entry / entry_owner need the side buffers and int32 "
+                         "tensors, entry_owner with rows * (S + W) entries")
     _store_kv_kernel[(triton.cdiv(T, BLOCK_T), H, 2)](
         *k_args, *v_args,
         loc, positions if has_side else loc, token_rows if has_side else loc,
         token_seq_lens if has_side else loc, T,
+        slot_entry if has_map else loc, entry_owner if has_map else loc,
+        sink_k.shape[0] if has_side else 0,
         DK=dk, GK=gk, ROT_K=rot_k, CLIP_K=clip_k, DV=dv, GV=gv, ROT_V=rot_v, CLIP_V=clip_v,
         S=sink_k.shape[1] if has_side else 0, W=ring_k.shape[1] if has_side else 1, HAS_SIDE=has_side,
-        BLOCK_T=BLOCK_T, num_warps=4, enable_fp_fusion=False,
+        BLOCK_T=BLOCK_T, HAS_MAP=has_map, num_warps=4, enable_fp_fusion=False,
     )
