@@ -58,13 +58,16 @@ def _dequantised_copy(path: str, gguf: str) -> Path:
     """GGUF -> a Hugging Face directory (fp32 safetensors + tokenizer), made once and cached.
 
     transformers dequantises GGUF on every load (over a minute for SmolLM2 on 2 cores); the cached
-    copy loads in seconds. Keyed by file name, size and mtime.
+    copy loads in seconds. Keyed by file name, size and content hash (not mtime: every reinstall
+    of the package would leave another ~0.5 GB copy behind).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    st = (Path(path) / gguf).stat()
-    out = cache_dir() / "hf-from-gguf" / f"{Path(gguf).stem}-{st.st_size}-{int(st.st_mtime)}"
+    from .rotations import sha256_file
+
+    src = Path(path) / gguf
+    out = cache_dir() / "hf-from-gguf" / f"{src.stem}-{src.stat().st_size}-{sha256_file(src)[:12]}"
     if (out / "config.json").is_file():
         return out
     tmp = out.with_name(out.name + ".tmp")
