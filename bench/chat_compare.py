@@ -3,7 +3,9 @@ log-probabilities side by side.
 
 Used on the H100 to compare the INT2-KV server with a BF16-KV server of the same weights
 (bench/embedded_default_h100.sh). Short prompts fit entirely in the BF16 sink (< 64 tokens), so
-there the two must agree up to kernel rounding; the long ones read the INT2 body.
+there the two must agree up to kernel rounding; the long ones read the INT2 body. Every prompt is
+sent twice (--repeat): the second time it hits the radix cache, and an INT2 server must still
+answer the same (its sink tokens' BF16 copies are carried over to the new request).
 
     python bench/chat_compare.py --base-url int2=http://127.0.0.1:30000/v1 \
         bf16=http://127.0.0.1:30001/v1 --out results/chat_compare.json
@@ -62,6 +64,7 @@ def main(argv=None) -> int:
     ap.add_argument("--base-url", nargs="+", required=True, help="NAME=URL (OpenAI base, .../v1)")
     ap.add_argument("--long-words", default="300,1500", help="word counts of the long prompts")
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--repeat", type=int, default=2, help="times each prompt is sent (radix hits)")
     ap.add_argument("--out", required=True, help="JSON file to write")
     a = ap.parse_args(argv)
     servers = dict(s.split("=", 1) for s in a.base_url)
@@ -70,7 +73,10 @@ def main(argv=None) -> int:
     for i, p in enumerate(prompts):
         row = {"prompt": p if len(p) < 80 else p[:40] + " ... " + p[-50:], "servers": {}}
         for name, url in servers.items():
-            row["servers"][name] = chat(url, p, a.max_tokens)
+            runs = [chat(url, p, a.max_tokens) for _ in range(max(1, a.repeat))]
+            row["servers"][name] = runs[0]
+            runs[0]["repeat_answers"] = [r["answer"] for r in runs[1:]]
+            runs[0]["repeat_same"] = all(r["answer"] == runs[0]["answer"] for r in runs[1:])
         names = list(servers)
         ref = row["servers"][names[-1]]
         for name in names[:-1]:
@@ -84,7 +90,16 @@ def main(argv=None) -> int:
         print(f"[{i + 1}/{len(prompts)}] {row['prompt']!r} ({ref['prompt_tokens']} prompt tokens)")
         for name in names:
             r = row["servers"][name]
-            print(f"   {name:>6}: {r['answer'][:110]!r}  first: {r['first_token_top5'][:3]}")
+            print(f"   {name:>6}: {r['answer'][:110]!r}  first: {r['first_token_top5'][:3]}"
+                  f"  repeat same: {r['repeat_same']}")
+    for name in servers:
+        same = sum(row["servers"][name]["repeat_same"] for row in rows)
+        print(f"{name}: {same}/{len(rows)} prompts answered the same when repeated (radix hit)")
+    if len(servers) > 1:
+        names = list(servers)
+        for name in names[:-1]:
+            agree = sum(row["servers"][name]["answer"] == row["servers"][names[-1]]["answer"] for row in rows)
+            print(f"{name} vs {names[-1]}: {agree}/{len(rows)} identical greedy answers")
     with open(a.out, "w") as f:
         json.dump(rows, f, indent=1)
     print(f"wrote {a.out}")
