@@ -19,8 +19,7 @@ import triton
 import triton.language as tl
 
 from . import attend as _base
-from .attend import (_bf16_source_loop, _cap_and_scale, _codes, _pick4, _unpack_params, as_param_words,
-                     num_splits_of, source_ranges)
+from .attend import _bf16_source_loop, _cap_and_scale, _unpack_params, as_param_words, num_splits_of, source_ranges
 
 LN2 = tl.constexpr(0.6931471805599453)
 # One warp per program: the [BLOCK_N, 8] score tile is one warp's MMA column, so a second warp
@@ -28,6 +27,70 @@ LN2 = tl.constexpr(0.6931471805599453)
 # kernel's programs per SM keeps the same number of warps in flight.
 NUM_WARPS = 1
 PROGRAMS_PER_SM = 8
+
+
+# Codes as small floats with a constant offset and a power-of-two scale per quarter j (scale
+# folded into q for K and into the output for V), all four quarters of 4 bytes in one PTX block:
+#   K (fp16): 1024 + c_j * 4^j   two byte-spreading permutes + 8 and/or per 4 bytes (16 codes)
+#   V (bf16):  128 + c_j * (1, 4, 16, 16)[j]   (bf16 has 7 mantissa bits: quarter 3 is shifted down
+#             by 2 first) one shift, 4 permutes + 8 and/or per 16 codes
+# The base kernel's per-quarter block costs 4 instructions per 4 codes (16 per 16).
+# (the plain-Triton fallback, used by the CPU interpreter, has no offset: exact small integers)
+
+
+@triton.jit
+def _k_scale(J: tl.constexpr):
+    return 4.0 ** J
+
+
+@triton.jit
+def _v_scale(J: tl.constexpr):
+    return 4.0 ** J if J < 3 else 16.0
+
+
+@triton.jit
+def _unpack_k(c, DT: tl.constexpr, USE_ASM: tl.constexpr):
+    """uint8 codes -> 4 tensors (quarter j) of K_OFS + code_j * _k_scale(j) in DT."""
+    if USE_ASM:
+        r0, r1, r2, r3 = tl.inline_asm_elementwise(
+            "{.reg .b32 x, y, z, m; mov.b32 z, 0; mov.b32 m, 0x64006400; "
+            "prmt.b32 x, $8, z, 0x4140; prmt.b32 y, $8, z, 0x4342; "
+            "lop3.b32 $0, x, 0x00030003, m, 0xEA; lop3.b32 $1, y, 0x00030003, m, 0xEA; "
+            "lop3.b32 $2, x, 0x000C000C, m, 0xEA; lop3.b32 $3, y, 0x000C000C, m, 0xEA; "
+            "lop3.b32 $4, x, 0x00300030, m, 0xEA; lop3.b32 $5, y, 0x00300030, m, 0xEA; "
+            "lop3.b32 $6, x, 0x00C000C0, m, 0xEA; lop3.b32 $7, y, 0x00C000C0, m, 0xEA;}",
+            "=r,=r,=r,=r,=r,=r,=r,=r,r", [c], dtype=(tl.float16,) * 4, is_pure=True, pack=4)
+        r0, r1, r2, r3 = r0.to(DT), r1.to(DT), r2.to(DT), r3.to(DT)
+    else:
+        ci = c.to(tl.int32)
+        r0 = (ci & 3).to(DT)
+        r1 = (ci & 12).to(DT)
+        r2 = (ci & 48).to(DT)
+        r3 = (ci & 192).to(DT)
+    return r0, r1, r2, r3
+
+
+@triton.jit
+def _unpack_v(c, DT: tl.constexpr, USE_ASM: tl.constexpr):
+    """uint8 codes -> 4 tensors (quarter j) of V_OFS + code_j * _v_scale(j) in DT."""
+    if USE_ASM:
+        r0, r1, r2, r3 = tl.inline_asm_elementwise(
+            "{.reg .b32 x, y, u, v, w, z, m; mov.b32 z, 0; mov.b32 m, 0x43004300; "
+            "prmt.b32 x, $8, z, 0x4140; prmt.b32 y, $8, z, 0x4342; shr.b32 w, $8, 2; "
+            "prmt.b32 u, w, z, 0x4140; prmt.b32 v, w, z, 0x4342; "
+            "lop3.b32 $0, x, 0x00030003, m, 0xEA; lop3.b32 $1, y, 0x00030003, m, 0xEA; "
+            "lop3.b32 $2, x, 0x000C000C, m, 0xEA; lop3.b32 $3, y, 0x000C000C, m, 0xEA; "
+            "lop3.b32 $4, x, 0x00300030, m, 0xEA; lop3.b32 $5, y, 0x00300030, m, 0xEA; "
+            "lop3.b32 $6, u, 0x00300030, m, 0xEA; lop3.b32 $7, v, 0x00300030, m, 0xEA;}",
+            "=r,=r,=r,=r,=r,=r,=r,=r,r", [c], dtype=(tl.bfloat16,) * 4, is_pure=True, pack=4)
+        r0, r1, r2, r3 = r0.to(DT), r1.to(DT), r2.to(DT), r3.to(DT)
+    else:
+        ci = c.to(tl.int32)
+        r0 = (ci & 3).to(DT)
+        r1 = (ci & 12).to(DT)
+        r2 = (ci & 48).to(DT)
+        r3 = ((ci >> 2) & 48).to(DT)
+    return r0, r1, r2, r3
 
 
 def default_max_splits(batch: int, kv_heads: int, device, nb16: int = 2) -> int:
@@ -64,7 +127,8 @@ def attend_fast_kernel(
 ):
     QD: tl.constexpr = D // 4
     QDV: tl.constexpr = DV // 4
-    CODE_OFS: tl.constexpr = 128.0 if USE_ASM else 0.0  # _codes returns code + CODE_OFS
+    K_OFS: tl.constexpr = 1024.0 if USE_ASM else 0.0  # offsets of _unpack_k / _unpack_v
+    V_OFS: tl.constexpr = 128.0 if USE_ASM else 0.0
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -113,8 +177,6 @@ def attend_fast_kernel(
         q1 = q1.to(tl.float32)
         q2 = q2.to(tl.float32)
         q3 = q3.to(tl.float32)
-    qsum = tl.sum(q0.to(tl.float32), 1) + tl.sum(q1.to(tl.float32), 1) \
-        + tl.sum(q2.to(tl.float32), 1) + tl.sum(q3.to(tl.float32), 1)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -136,10 +198,26 @@ def attend_fast_kernel(
         sm_scale_log2, logit_cap, True, W, QD, QDV, BLOCK_B, LOGIT_CAP, PV_DT)
 
     # ---- INT2 body: scores transposed, s^T [BLOCK_N keys, BLOCK_M rows] ----------------------
-    q0t = tl.trans(q0)
-    q1t = tl.trans(q1)
-    q2t = tl.trans(q2)
-    q3t = tl.trans(q3)
+    # quarter j of q divided by the code scale of quarter j (a power of two: exact in fp16
+    # unless |q| < 2^-8 where fp16 goes subnormal); KDT = fp16 for the K codes' exponent trick
+    KDT: tl.constexpr = tl.float32 if PV_DT == tl.float32 else tl.float16
+    q0s = q0.to(tl.float32).to(KDT)
+    q1s = (q1.to(tl.float32) * (1.0 / _k_scale(1))).to(KDT)
+    q2s = (q2.to(tl.float32) * (1.0 / _k_scale(2))).to(KDT)
+    q3s = (q3.to(tl.float32) * (1.0 / _k_scale(3))).to(KDT)
+    # scores: part = sum_j q'_j.(K_OFS + s_j c_j) = q.c + K_OFS * qs_ofs, q.k_hat = sc q.c + mn sum(q)
+    qs_ofs = K_OFS * (tl.sum(q0s.to(tl.float32), 1) + tl.sum(q1s.to(tl.float32), 1)
+                      + tl.sum(q2s.to(tl.float32), 1) + tl.sum(q3s.to(tl.float32), 1))
+    qsum = (tl.sum(q0s.to(tl.float32), 1) + _k_scale(1) * tl.sum(q1s.to(tl.float32), 1)
+            + _k_scale(2) * tl.sum(q2s.to(tl.float32), 1) + _k_scale(3) * tl.sum(q3s.to(tl.float32), 1))
+    q0t = tl.trans(q0s)
+    q1t = tl.trans(q1s)
+    q2t = tl.trans(q2s)
+    q3t = tl.trans(q3s)
+    # V accumulators in scaled units during the INT2 loop: a'_j = s_j * a_j
+    a1 = a1 * _v_scale(1)
+    a2 = a2 * _v_scale(2)
+    a3 = a3 * _v_scale(3)
     offs_n = tl.arange(0, BLOCK_N)
     dv = tl.arange(0, QDV)
     KCh = KC + kvh * stride_kch
@@ -155,12 +233,12 @@ def attend_fast_kernel(
         slot = tl.load(idx_base + pos, mask=kmask, other=0).to(tl.int64)
         kc = tl.load(KCh + slot[:, None] * stride_kcn + dq[None, :])
         ksc, kmn = _unpack_params(tl.load(KPh + slot * stride_kpn))
-        part = tl.dot(_codes(kc, 0, q0.dtype, USE_ASM), q0t)
-        part = tl.dot(_codes(kc, 1, q0.dtype, USE_ASM), q1t, part)
-        part = tl.dot(_codes(kc, 2, q0.dtype, USE_ASM), q2t, part)
-        part = tl.dot(_codes(kc, 3, q0.dtype, USE_ASM), q3t, part)
-        # q.(c + OFS) * sc + (mn - OFS * sc) * sum(q) = q.(c * sc + mn)   (one group per row)
-        qkt = part * ksc[:, None] + (kmn - CODE_OFS * ksc)[:, None] * qsum[None, :]
+        c0, c1, c2, c3 = _unpack_k(kc, KDT, USE_ASM)
+        part = tl.dot(c0, q0t)
+        part = tl.dot(c1, q1t, part)
+        part = tl.dot(c2, q2t, part)
+        part = tl.dot(c3, q3t, part)
+        qkt = (part - qs_ofs[None, :]) * ksc[:, None] + kmn[:, None] * qsum[None, :]  # one group per row
         st = _cap_and_scale(qkt, sm_scale_log2, logit_cap, LOGIT_CAP)
         st = tl.where(kmask[:, None], st, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(st, 0))
@@ -172,13 +250,20 @@ def attend_fast_kernel(
         vc = tl.load(VCh + slot[:, None] * stride_vcn + dv[None, :])
         vsc, vmn = _unpack_params(tl.load(VPh + slot * stride_vpn))
         pst = (pt * vsc[:, None]).to(PV_DT)
-        # (p*sc) @ (c + OFS) + p @ mn - OFS * sum(p*sc) = p @ (c * sc + mn)
-        pm = tl.sum(pt * vmn[:, None] - CODE_OFS * pst.to(tl.float32), 0)[:, None]
+        # (p*sc) @ (V_OFS + s_j c) = V_OFS sum(p*sc) + s_j (p*sc) @ c, and s_j p @ v_hat_j =
+        # s_j (p*sc) @ c + s_j p @ mn: add s_j * sum(p*mn) - V_OFS * sum(p*sc) per row
+        pmn = tl.sum(pt * vmn[:, None], 0)[:, None]
+        pofs = V_OFS * tl.sum(pst.to(tl.float32), 0)[:, None]
         ps = tl.trans(pst)
-        a0 = a0 * alpha[:, None] + tl.dot(ps, _codes(vc, 0, PV_DT, USE_ASM)) + pm
-        a1 = a1 * alpha[:, None] + tl.dot(ps, _codes(vc, 1, PV_DT, USE_ASM)) + pm
-        a2 = a2 * alpha[:, None] + tl.dot(ps, _codes(vc, 2, PV_DT, USE_ASM)) + pm
-        a3 = a3 * alpha[:, None] + tl.dot(ps, _codes(vc, 3, PV_DT, USE_ASM)) + pm
+        v0, v1, v2, v3 = _unpack_v(vc, PV_DT, USE_ASM)
+        a0 = a0 * alpha[:, None] + tl.dot(ps, v0) + (pmn * _v_scale(0) - pofs)
+        a1 = a1 * alpha[:, None] + tl.dot(ps, v1) + (pmn * _v_scale(1) - pofs)
+        a2 = a2 * alpha[:, None] + tl.dot(ps, v2) + (pmn * _v_scale(2) - pofs)
+        a3 = a3 * alpha[:, None] + tl.dot(ps, v3) + (pmn * _v_scale(3) - pofs)
+
+    a1 = a1 * (1.0 / _v_scale(1))
+    a2 = a2 * (1.0 / _v_scale(2))
+    a3 = a3 * (1.0 / _v_scale(3))
 
     # ---- normalised partial output + LSE -----------------------------------------------------
     has = l_i > 0
