@@ -84,7 +84,9 @@ def check_correctness(group: int, lens=(3000, 700, 150, 1), owns=(0, 40, 2000, 0
     slots = (torch.randperm(N - 1, device=DEV, generator=gen) + 1).int()
     kv_indptr = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device=DEV)
     rows = torch.tensor([1, 2, 3, 0], dtype=torch.int32, device=DEV)  # last = CUDA-graph padding row 0
-    own = torch.tensor(owns, dtype=torch.int32, device=DEV)
+    # own_start is per request row (ops.py): row rows[b] holds request b's value
+    own = torch.zeros(R, dtype=torch.int32, device=DEV)
+    own[rows.long()] = torch.tensor(owns, dtype=torch.int32, device=DEV)
     ks, vs = [], []
     worst = {}
     for b, L in enumerate(lens):
@@ -251,7 +253,7 @@ class Int2Case:
         self.indices = contiguous_indices(B, L, self.copies)
         self.indptr = torch.arange(0, B * L + 1, L, dtype=torch.int32, device=DEV)
         self.rows = [torch.arange(B, dtype=torch.int32, device=DEV) + 1 + c * B for c in range(self.copies)]
-        self.own = torch.zeros(B, dtype=torch.int32, device=DEV)
+        self.own = torch.zeros(R, dtype=torch.int32, device=DEV)  # per request row, like ops.py
         self.q = [torch.randn(B, HQ, D, device=DEV).bfloat16() for _ in range(self.copies)]
         self.o = torch.empty(B, HQ, D, dtype=torch.bfloat16, device=DEV)
 
