@@ -11,7 +11,15 @@ starts `python -m sglang.launch_server` with dummy weights and measures, over HT
   one_batch    `sglang.bench_one_batch` in-process batch-1 decode step (no scheduler, no HTTP).
 
 Results go to OUT/results.json (rewritten after every measurement, so a cut-off run keeps what it
-measured) plus server logs. `report` renders the markdown section and PNG plots from that JSON.
+measured) plus server logs and, for throughput loads, OUT/<model>_<config>_timelines.json (every
+request's token timestamps). `report` renders the markdown section and PNG plots from those files.
+To keep a run, copy results.json to bench/_serving_results/<date>_<time>_<configs>_<model>.json and
+the timelines, gzipped as {"model/config": {...}}, to the same name with .timelines.json.gz.
+
+The working tree plus the devkit carry must stay under 64 MiB: carry the SmolLM2 tokenizer as
+.devkit/smollm2_tok.tar.xz (0.45 MB; `tar -C .devkit/models -cJf .devkit/smollm2_tok.tar.xz
+smollm2-135m`) and unpack it on the device (`tar -C .devkit/models -xJf ...`) instead of carrying
+.devkit/models/smollm2-135m (3.5 MB).
 
 Run on the GPU machine from the project root (see ../shared/devkit/README.md):
 
