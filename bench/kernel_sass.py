@@ -6,8 +6,8 @@ decode op would launch it at the benchmark shape (Hq=32, Hkv=8, D=128, G=128, B=
 is intercepted, its arguments become an ASTSource signature (pointers and multiples of 16 get the
 same specialisation the runtime gives them), and the SASS is disassembled.
 
-The hot loop is the innermost SASS loop (a backward branch) that holds the most tensor-core
-instructions (HMMA/IMMA); its instruction count x num_warps / BLOCK_N = warp-instructions per
+The hot loop is the largest SASS loop (a backward branch) that holds tensor-core instructions
+(the BF16 sink/ring loops are much shorter); its instruction count x num_warps / BLOCK_N = warp-instructions per
 (key, KV head). Opcodes are grouped so the split (unpack, MMA, moves, shared memory, softmax...)
 is visible.
 
@@ -148,13 +148,27 @@ def disassemble(cubin: bytes) -> str:
         return subprocess.run([tool, "-sass", f.name], check=True, capture_output=True, text=True).stdout
 
 
+def resource_usage(cubin: bytes) -> str:
+    """Registers, spills and shared memory per program (cuobjdump -res-usage)."""
+    import subprocess
+    import tempfile
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "-res-usage", f.name], check=True, capture_output=True, text=True).stdout
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", out)
+    return f"regs {m.group(1)}, stack {m.group(2)} B, local {m.group(4)} B, static smem {m.group(3)} B" if m else out.strip()
+
+
 def parse_sass(sass: str):
     """[(address, opcode, operands)] in program order."""
     return [(int(m.group(1), 16), m.group(3), m.group(4)) for m in _LINE.finditer(sass)]
 
 
 def hot_loop(instrs):
-    """[(opcode, operands)] of the loop (backward branch) with the most MMAs, then the tightest."""
+    """[(opcode, operands)] of the largest loop (backward branch) that holds MMAs."""
     index = {a: k for k, (a, _, _) in enumerate(instrs)}
     best = None
     for k, (a, op, rest) in enumerate(instrs):
@@ -163,7 +177,7 @@ def hot_loop(instrs):
             continue
         body = [(o, r) for _, o, r in instrs[index[int(m.group(1), 16)]:k + 1]]
         n_mma = sum(o.startswith(("HMMA", "IMMA", "HGMMA")) for o, _ in body)
-        key = (n_mma, -len(body))
+        key = (n_mma > 0, len(body))  # the INT2 loop is the largest loop with tensor-core work
         if best is None or key > best[0]:
             best = (key, body)
     return best[1] if best else []
@@ -200,10 +214,10 @@ def report(label, compiled, num_warps, block_n, show_ops=False, dump=None):
     n = len(body)
     per_key = n * num_warps / block_n
     ttgir = compiled.asm["ttgir"]
-    regs = compiled.n_regs if hasattr(compiled, "n_regs") else "?"
+    smem = compiled.metadata.shared if hasattr(compiled.metadata, "shared") else "?"
     print(f"{label}: hot loop {n} instructions/warp/tile x {num_warps} warps / {block_n} keys = "
-          f"{per_key:.1f} warp-instructions per (key, KV head); regs {regs}, "
-          f"spills {getattr(compiled, 'n_spills', '?')}; TTGIR: {ttgir.count('convert_layout')} convert_layout, "
+          f"{per_key:.1f} warp-instructions per (key, KV head); {resource_usage(compiled.asm['cubin'])}, "
+          f"dynamic smem {smem} B; TTGIR: {ttgir.count('convert_layout')} convert_layout, "
           f"{ttgir.count('local_alloc')} local_alloc, {ttgir.count('local_load')} local_load")
     grp = collections.Counter(group_of(op) for op, _ in body)
     print("   " + ", ".join(f"{g} {c} ({c * num_warps / block_n:.1f}/key)" for g, c in grp.most_common()))

@@ -404,8 +404,9 @@ def main():
         if args.tune_fast:
             base = int2_fast.default_max_splits(B, HKV, torch.device(DEV))
             nb16 = int2_decode.bf16_splits(SINK, WINDOW, base)
-            for cfg in (dict(num_warps=2), dict(block_n=64), dict(num_stages=3),
-                        dict(max_kv_splits=(base - nb16) * 2 + nb16), dict(max_kv_splits=(base - nb16) // 2 + nb16)):
+            for cfg in (dict(block_n=128), dict(block_n=32), dict(num_warps=2), dict(maxnreg=128),
+                        dict(maxnreg=168), dict(max_kv_splits=(base - nb16) * 2 + nb16),
+                        dict(max_kv_splits=(base - nb16) // 2 + nb16)):
                 try:
                     t = bench_graph(ic.fn(kind="fast", **cfg), ic.copies)
                     log(f"  tune-fast B={B} L={L} {cfg}: {t * 1e3:.1f} us (default {t_fast * 1e3:.1f} us)")

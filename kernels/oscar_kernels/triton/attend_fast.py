@@ -3,15 +3,20 @@
 Same semantics, split-K layout and outputs as attend.attend_kernel with SPLIT=True (split 0..NB16-1
 read the BF16 sink ++ ring, splits NB16.. equal BLOCK_N-aligned chunks of the INT2 range; every
 program writes a normalised partial output and its natural-log LSE that decode's merge kernel
-combines). Only the INT2 loop is organised differently; see bench/kernel_sass.py for the counts.
+combines). Only the INT2 loop is organised differently. Selected by ops.decode_attention when
+OSCAR_INT2_DECODE_KERNEL=fast and K and V use one (scale, min) group per row (G = head_dim).
 
-Why it is cheaper (SASS of the hot loop, H100 / sm_90, Hq=32, Hkv=8, D=128, G=128):
-* Scores are computed transposed, s^T = codes @ q^T: the key tile is the MMA's M side (128 keys,
-  no padding) and the GQA query rows are its N side, padded only to 8 (an MMA n8 tile) instead of
-  the 16 rows of an m16 tile. Half the q.k MMAs, half the softmax elements, and the unpacked codes
-  are the register-resident A operand (no shared-memory round trip).
-* q^T is loop-invariant and stays in registers in the B-operand layout.
-The V side keeps the p @ codes orientation (p is [rows, keys], codes [keys, Dv]).
+What changes (SASS counts: bench/kernel_sass.py, sm_90, Hq=32, Hkv=8, D=128, G=128):
+* Scores are computed transposed, s^T = codes @ q^T: the key tile is the MMA's M side (no
+  padding) and the GQA query rows are its N side, padded only to 8 (an MMA n8 tile) instead of the
+  16 rows of an m16 tile: half the q.k MMAs and half the softmax elements. The V side keeps
+  p @ codes (p^T goes through shared memory once per tile).
+* One warp per program (see NUM_WARPS).
+* Codes are unpacked four quarters at a time with an exponent trick (_unpack_k / _unpack_v):
+  10 (K) and 13 (V) instructions per 16 codes instead of 16.
+Base kernel 29.1 warp-instructions per (key, KV head); this one 19.5 at BLOCK_N=128 and 21.1 at
+the default BLOCK_N=64, which was nevertheless the faster tile on the H100 at every benchmarked
+shape (fewer registers: no spills; bench/kernels.py --tune-fast, 2026-11-22).
 """
 from __future__ import annotations
 
@@ -27,6 +32,9 @@ LN2 = tl.constexpr(0.6931471805599453)
 # kernel's programs per SM keeps the same number of warps in flight.
 NUM_WARPS = 1
 PROGRAMS_PER_SM = 8
+# H100, same run vs BLOCK_N=128 (us): B=64 L=32K 778 vs 1258, B=8 L=32K 107 vs 133, B=32 L=8K 122 vs
+# 146, B=1 L=128K 58 vs 67 (bench/kernels.py --tune-fast, 2026-11-22 10:01 UTC)
+BLOCK_N = 64
 
 
 # Codes as small floats with a constant offset and a power-of-two scale per quarter j (scale
@@ -334,7 +342,7 @@ def decode_attention_fast(
         attn_lse = torch.empty(B, Hq, max_kv_splits, dtype=torch.float32, device=q.device)
     assert attn_logits.shape[2] >= max_kv_splits and attn_lse.shape[2] >= max_kv_splits
     bm = block_m or max(8, triton.next_power_of_2(gqa))
-    bn = block_n or _dec.BLOCK_N
+    bn = block_n or BLOCK_N
     kp = as_param_words(k_params)
     vp = as_param_words(v_params)
     attend_fast_kernel[(B, Hkv, max_kv_splits)](
