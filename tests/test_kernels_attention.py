@@ -20,6 +20,13 @@ import triton.language as tl
 # the Triton interpreter trips a numpy deprecation on every scalar index
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
+
+@pytest.fixture(autouse=True)
+def _base_decode_kernel(monkeypatch):
+    """These tests cover the base decode kernel (attend.py); test_kernels_fast.py the fast one,
+    which ops.decode_attention picks by default where it applies."""
+    monkeypatch.setenv("OSCAR_INT2_DECODE_KERNEL", "base")
+
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 REL_TOL = 1e-4 if PV_DTYPE == tl.float32 else 2e-2
 S, W = 4, 8  # tiny sink / ring so short requests cross every boundary

@@ -15,7 +15,7 @@ from oscar_kernels import ops
 from oscar_kernels import reference as ref
 from oscar_kernels.triton import attend_fast
 
-from test_kernels_attention import DEV, LENS, OWNS, REL_TOL, S, W, Pool, rel_err
+from test_kernels_attention import DEV, LENS, OWNS, REL_TOL, S, SINKS, W, Pool, rel_err
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -27,7 +27,8 @@ def run_fast(pool, q, G, **kw):
     logits = torch.full((B, Hq, ms, D), float("nan"), device=DEV)
     lse = torch.full((B, Hq, ms), float("nan"), device=DEV)
     attend_fast.decode_attention_fast(
-        q.to(DEV), o, *pool.tensors(), *pool.meta(), k_group=G, v_group=G, sm_scale=kw.pop("sm_scale", 1 / math.sqrt(D)),
+        q.to(DEV), o, *pool.tensors(), *pool.meta(), **pool.kw(), k_group=G, v_group=G,
+        sm_scale=kw.pop("sm_scale", 1 / math.sqrt(D)),
         max_kv_splits=ms, attn_logits=logits, attn_lse=lse, **kw)
     assert not o.isnan().any()
     return o.cpu()
@@ -37,10 +38,10 @@ def run_fast(pool, q, G, **kw):
 @pytest.mark.parametrize("splits", ["auto", "given"])
 def test_fast_decode_matches_reference(seed, D, gqa, splits):
     hkv = 2
-    pool = Pool(LENS, OWNS, hkv, D, D)
+    pool = Pool(LENS, OWNS, hkv, D, D, sinks=SINKS)
     B = len(LENS)
     q = (torch.randn(B, hkv * gqa, D) * 2).bfloat16()
-    nsplit = torch.tensor([2, 3, 4, 4], dtype=torch.int32, device=DEV) if splits == "given" else None
+    nsplit = torch.tensor([2, 3, 4, 4, 3], dtype=torch.int32, device=DEV) if splits == "given" else None
     o = run_fast(pool, q, D, num_kv_splits=nsplit)
     for b in range(B):
         K, V = pool.request_kv(b)
@@ -81,15 +82,19 @@ def test_fast_decode_logit_cap(seed):
     assert rel_err(o[0], o_ref[0]) <= REL_TOL
 
 
-def test_ops_switch_selects_fast(seed, monkeypatch):
-    """OSCAR_INT2_DECODE_KERNEL=fast routes ops.decode_attention through the fast kernel (and
-    falls back to the base kernel for group sizes it does not handle)."""
+@pytest.mark.parametrize("env,use_fast", [(None, True), ("fast", True), ("base", False)])
+def test_ops_switch_selects_fast(seed, monkeypatch, env, use_fast):
+    """ops.decode_attention uses the fast kernel by default and with OSCAR_INT2_DECODE_KERNEL=fast,
+    the base one with =base, and the base one for group sizes the fast one does not handle."""
     calls = []
     real = attend_fast.decode_attention_fast
     monkeypatch.setattr(attend_fast, "decode_attention_fast", lambda *a, **k: calls.append(1) or real(*a, **k))
-    monkeypatch.setenv("OSCAR_INT2_DECODE_KERNEL", "fast")
+    if env is None:
+        monkeypatch.delenv("OSCAR_INT2_DECODE_KERNEL", raising=False)
+    else:
+        monkeypatch.setenv("OSCAR_INT2_DECODE_KERNEL", env)
     D, hkv, gqa = 64, 1, 4
-    for G, expect in ((64, 1), (32, 0)):
+    for G, expect in ((64, int(use_fast)), (32, 0)):
         calls.clear()
         pool = Pool([30], [0], hkv, D, G)
         q = torch.randn(1, hkv * gqa, D).bfloat16()

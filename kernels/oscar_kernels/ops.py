@@ -111,7 +111,8 @@ def decode_attention(
     args = dict(locals())  # before the import below adds a local
     from .triton import attend_fast as _fast, decode as _decode
 
-    if _fast.selected(q, k_codes, v_codes, k_group, v_group):  # env OSCAR_INT2_DECODE_KERNEL=fast|base
+    # default: the fast kernel where it applies (G = head_dim); OSCAR_INT2_DECODE_KERNEL=base opts out
+    if _fast.selected(q, k_codes, v_codes, k_group, v_group):
         return _fast.decode_attention_fast(**args)
     return _decode.decode_attention(**args)
 

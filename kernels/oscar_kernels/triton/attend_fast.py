@@ -3,8 +3,10 @@
 Same semantics, split-K layout and outputs as attend.attend_kernel with SPLIT=True (split 0..NB16-1
 read the BF16 sink ++ ring, splits NB16.. equal BLOCK_N-aligned chunks of the INT2 range; every
 program writes a normalised partial output and its natural-log LSE that decode's merge kernel
-combines). Only the INT2 loop is organised differently. Selected by ops.decode_attention when
-OSCAR_INT2_DECODE_KERNEL=fast and K and V use one (scale, min) group per row (G = head_dim).
+combines). Only the INT2 loop is organised differently. ops.decode_attention uses it by default
+when K and V use one (scale, min) group per row (G = head_dim); OSCAR_INT2_DECODE_KERNEL=base
+selects the original kernel (H100, 2026-11-22 10:08 UTC, docs/benchmarks.md: 20-30% faster at
+B >= 8 or L >= 32K, 2.6 us slower per layer at B=1, L=8K; batch-1 TPOT in the server unchanged).
 
 What changes (SASS counts: bench/kernel_sass.py, sm_90, Hq=32, Hkv=8, D=128, G=128):
 * Scores are computed transposed, s^T = codes @ q^T: the key tile is the MMA's M side (no
@@ -291,11 +293,11 @@ def supports(D, Dv, k_group, v_group, gqa) -> bool:
 
 
 def selected(q, k_codes, v_codes, k_group, v_group) -> bool:
-    """ops.decode_attention uses this kernel when OSCAR_INT2_DECODE_KERNEL=fast (default: base)
-    and the shapes are supported; other group sizes keep the base kernel."""
+    """ops.decode_attention uses this kernel unless OSCAR_INT2_DECODE_KERNEL=base (default: fast)
+    and when the shapes are supported; other group sizes keep the base kernel."""
     import os
 
-    kind = os.environ.get("OSCAR_INT2_DECODE_KERNEL", "base")
+    kind = os.environ.get("OSCAR_INT2_DECODE_KERNEL", "fast")
     if kind not in ("base", "fast"):
         raise ValueError(f"OSCAR_INT2_DECODE_KERNEL must be 'fast' or 'base', got {kind!r}")
     D, Dv = k_codes.shape[-1] * 4, v_codes.shape[-1] * 4
