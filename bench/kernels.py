@@ -405,7 +405,9 @@ def main():
             base = int2_fast.default_max_splits(B, HKV, torch.device(DEV))
             nb16 = int2_decode.bf16_splits(SINK, WINDOW, base)
             for cfg in (dict(block_n=128), dict(block_n=32), dict(num_warps=2), dict(maxnreg=128),
-                        dict(maxnreg=168), dict(max_kv_splits=(base - nb16) * 2 + nb16),
+                        dict(maxnreg=168), dict(maxnreg=200), dict(num_stages=1), dict(num_stages=3),
+                        dict(num_stages=4), dict(max_kv_splits=(base - nb16) * 2 + nb16),
+                        dict(max_kv_splits=(base - nb16) * 4 + nb16),
                         dict(max_kv_splits=(base - nb16) // 2 + nb16)):
                 try:
                     t = bench_graph(ic.fn(kind="fast", **cfg), ic.copies)
