@@ -373,6 +373,8 @@ def main():
                     help="also time the fast INT2 decode kernel (attend_fast.py, OSCAR_INT2_DECODE_KERNEL=fast)")
     ap.add_argument("--tune-fast", action="store_true", help="also sweep a few settings of the fast kernel")
     ap.add_argument("--skip-store-extend", action="store_true", help="decode only (no store / extend timings)")
+    ap.add_argument("--fast-max-splits", default="", help="comma list: also time the fast kernel at these "
+                    "max_kv_splits (BF16 splits + INT2 splits) for every shape")
     ap.add_argument("--bf16-splits", default="8,16,32,64", help="num_kv_splits values tried for SGLang BF16")
     args = ap.parse_args()
     t_start = time.time()
@@ -415,6 +417,10 @@ def main():
                     raw["tune"].append({"B": B, "L": L, "fast": str(cfg), "ms": t})
                 except Exception as e:  # a config that does not compile/fit: report, go on
                     log(f"  tune-fast {cfg} failed: {type(e).__name__}: {str(e)[:200]}")
+        for ms in [int(x) for x in args.fast_max_splits.split(",") if x]:
+            t = bench_graph(ic.fn(kind="fast", max_kv_splits=ms), ic.copies)
+            log(f"  fast B={B} L={L} max_kv_splits={ms}: {t * 1e3:.1f} us (default {t_fast * 1e3:.1f} us)")
+            raw["tune"].append({"B": B, "L": L, "fast": f"max_kv_splits={ms}", "ms": t})
         tuned = {}
         if args.tune:
             base = int2_decode.default_max_splits(B, HKV, torch.device(DEV))
