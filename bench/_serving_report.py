@@ -68,7 +68,12 @@ def _load(paths: List[Path]) -> dict:
             for k, v in run.items():
                 if k in ("model", "config"):
                     continue
-                dst[k] = v
+                if k == "throughput":  # merged load by load: each load keeps its latest run
+                    dst.setdefault(k, {}).update(v)
+                    for load in v:
+                        dst["_dates"][f"throughput:{load}"] = date
+                else:
+                    dst[k] = v
                 if k in PARTS:
                     dst["_dates"][k] = date
             for load, tl in tls.get(key, {}).items():
@@ -147,7 +152,7 @@ def throughput_table(runs: dict) -> str:
     # longest prompts first, then by N; configurations keep their order (stable sort)
     for model, load, cfg, r, s in sorted(items, key=lambda it: (
             it[0], -int(it[1].split("x")[1]), int(it[1].split("x")[0]))):
-        when = r.get("_dates", {}).get("throughput", "")[-5:]
+        when = r.get("_dates", {}).get(f"throughput:{load}", "")[-5:]
         if not s.get("ok"):
             rows.append(f"| {model} | {load} | {cfg} | {when} | 0/{s.get('n')} | failed: "
                         f"{str(s.get('errors'))[:80]} |||||||")
@@ -250,7 +255,7 @@ def targets(runs: dict) -> str:
                 if bs.get("ok") and is_.get("ok"):
                     r1 = is_["output_tok_s"] / bs["output_tok_s"]
                     rows.append(f"| {model} {load}: int2 >= 3x output tok/s (end to end) | {pair} | "
-                                f"{r1:.2f}x{when('throughput')} | {'yes' if r1 >= 3 else 'no'} |")
+                                f"{r1:.2f}x{when('throughput:' + load)} | {'yes' if r1 >= 3 else 'no'} |")
                     fb = bs.get("full_occupancy_decode") or {}
                     fi = is_.get("full_occupancy_decode") or {}
                     if fb.get("tok_s") and fi.get("tok_s"):

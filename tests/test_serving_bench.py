@@ -93,7 +93,17 @@ def test_report_merges_parts_and_relabels_pre_fix_int2(tmp_path, seed):
     assert runs["m/int2"]["throughput"]["4x32768x8"]["output_tok_s"] == 30
     assert runs["m/int2"]["_dates"] == {"latency": "2026-11-22 08:09",
                                          "throughput": "2026-11-22 09:43",
+                                         "throughput:4x32768x8": "2026-11-22 09:43",
                                          "capacity": "2026-11-22 09:43"}
+    # throughput merges load by load: a later run with another load keeps the earlier loads
+    other = _results(tmp_path, "d", "2026-11-22 10:24", {
+        "m/int2": {"model": "m", "config": "int2",
+                   "server_info_subset": {"triton_attention_num_kv_splits": 64},
+                   "throughput": {"2x32768x8": _tp(7, 70, 2)}}})
+    runs2 = _load([old, lat_only, tp_only, other])["runs"]
+    assert set(runs2["m/int2"]["throughput"]) == {"4x32768x8", "2x32768x8"}
+    assert runs2["m/int2"]["_dates"]["throughput:4x32768x8"] == "2026-11-22 09:43"
+    assert runs2["m/int2"]["_dates"]["throughput:2x32768x8"] == "2026-11-22 10:24"
     table = targets(runs)
     # each int2 is compared with the BF16 of the same split cap
     assert f"| int2-splits8 vs bf16 | {lat_old:.2f} ms vs {2 * lat_old:.2f} ms | yes |" in table
