@@ -67,6 +67,32 @@ def source_ranges(kv_len, own, sink_own, S: tl.constexpr, W: tl.constexpr):
 
 
 @triton.jit
+def split_ranges(split, n_splits, n_int2, sink_lo, sink_hi, ring_lo, kv_len,
+                 BLOCK_N: tl.constexpr, NB16: tl.constexpr):
+    """Key ranges of decode split `split`: (i_lo, i_hi) of the INT2 index range and the sink /
+    ring position ranges (s_lo, s_hi), (r_lo, r_hi); empty ranges for the other kind of split.
+
+    INT2 splits NB16..n-1 get equal BLOCK_N-aligned chunks of the INT2 index range; BF16 splits
+    0..NB16-1 equal chunks of the sink ++ ring key list (a BF16 key costs ~7x an INT2 key)."""
+    do_bf16 = split < NB16
+    chunk = tl.cdiv(tl.cdiv(n_int2, n_splits - NB16), BLOCK_N) * BLOCK_N
+    i_lo = tl.minimum((split - NB16) * chunk, n_int2)
+    i_hi = tl.minimum(i_lo + chunk, n_int2)
+    i_hi = tl.where(do_bf16, 0, i_hi)
+    i_lo = tl.where(do_bf16, 0, i_lo)
+    n_sink = sink_hi - sink_lo
+    n_bf = n_sink + kv_len - ring_lo
+    bchunk = tl.cdiv(n_bf, NB16)
+    b_lo = tl.where(do_bf16, tl.minimum(split * bchunk, n_bf), 0)
+    b_hi = tl.where(do_bf16, tl.minimum(b_lo + bchunk, n_bf), 0)
+    s_lo = sink_lo + tl.minimum(b_lo, n_sink)
+    s_hi = sink_lo + tl.minimum(b_hi, n_sink)
+    r_lo = ring_lo + tl.maximum(b_lo - n_sink, 0)
+    r_hi = ring_lo + tl.maximum(b_hi - n_sink, 0)
+    return i_lo, i_hi, s_lo, s_hi, r_lo, r_hi
+
+
+@triton.jit
 def _unpack_params(w):
     """int32 word = (fp16 scale | fp16 min << 16) -> (scale, min) in fp32."""
     sc = (w & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
@@ -238,23 +264,8 @@ def attend_kernel(
         n_splits = num_splits_of(n_int2, b, num_kv_splits, HAS_NSPLITS, MAX_SPLITS, MIN_CHUNK, NB16)
         if split >= n_splits:
             return
-        do_bf16 = split < NB16
-        # INT2 splits NB16..n-1: equal BLOCK_N-aligned chunks of the INT2 index range
-        chunk = tl.cdiv(tl.cdiv(n_int2, n_splits - NB16), BLOCK_N) * BLOCK_N
-        i_lo = tl.minimum((split - NB16) * chunk, n_int2)
-        i_hi = tl.minimum(i_lo + chunk, n_int2)
-        i_hi = tl.where(do_bf16, 0, i_hi)
-        i_lo = tl.where(do_bf16, 0, i_lo)
-        # BF16 splits 0..NB16-1: equal chunks of the sink ++ ring key list
-        n_sink = sink_hi - sink_lo
-        n_bf = n_sink + kv_len - ring_lo
-        bchunk = tl.cdiv(n_bf, NB16)
-        b_lo = tl.where(do_bf16, tl.minimum(split * bchunk, n_bf), 0)
-        b_hi = tl.where(do_bf16, tl.minimum(b_lo + bchunk, n_bf), 0)
-        s_lo = sink_lo + tl.minimum(b_lo, n_sink)
-        s_hi = sink_lo + tl.minimum(b_hi, n_sink)
-        r_lo = ring_lo + tl.maximum(b_lo - n_sink, 0)
-        r_hi = ring_lo + tl.maximum(b_hi - n_sink, 0)
+        i_lo, i_hi, s_lo, s_hi, r_lo, r_hi = split_ranges(
+            split, n_splits, n_int2, sink_lo, sink_hi, ring_lo, kv_len, BLOCK_N, NB16)
     else:
         i_lo = 0
         i_hi = n_int2

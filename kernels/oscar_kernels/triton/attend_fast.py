@@ -26,7 +26,8 @@ import triton
 import triton.language as tl
 
 from . import attend as _base
-from .attend import _bf16_source_loop, _cap_and_scale, _unpack_params, as_param_words, num_splits_of, source_ranges
+from .attend import (_bf16_source_loop, _cap_and_scale, _unpack_params, as_param_words, num_splits_of,
+                     source_ranges, split_ranges)
 
 LN2 = tl.constexpr(0.6931471805599453)
 # One warp per program: the [BLOCK_N, 8] score tile is one warp's MMA column, so a second warp
@@ -154,23 +155,9 @@ def attend_fast_kernel(
     n_splits = num_splits_of(n_int2, b, num_kv_splits, HAS_NSPLITS, MAX_SPLITS, MIN_CHUNK, NB16)
     if split >= n_splits:
         return
-    do_bf16 = split < NB16
-    # INT2 splits NB16..n-1: equal BLOCK_N-aligned chunks of the INT2 index range (as attend.py)
-    chunk = tl.cdiv(tl.cdiv(n_int2, n_splits - NB16), BLOCK_N) * BLOCK_N
-    i_lo = tl.minimum((split - NB16) * chunk, n_int2)
-    i_hi = tl.minimum(i_lo + chunk, n_int2)
-    i_hi = tl.where(do_bf16, 0, i_hi)
-    i_lo = tl.where(do_bf16, 0, i_lo)
-    # BF16 splits 0..NB16-1: equal chunks of the sink ++ ring key list
-    n_sink = sink_hi - sink_lo
-    n_bf = n_sink + kv_len - ring_lo
-    bchunk = tl.cdiv(n_bf, NB16)
-    b_lo = tl.where(do_bf16, tl.minimum(split * bchunk, n_bf), 0)
-    b_hi = tl.where(do_bf16, tl.minimum(b_lo + bchunk, n_bf), 0)
-    s_lo = sink_lo + tl.minimum(b_lo, n_sink)
-    s_hi = sink_lo + tl.minimum(b_hi, n_sink)
-    r_lo = ring_lo + tl.maximum(b_lo - n_sink, 0)
-    r_hi = ring_lo + tl.maximum(b_hi - n_sink, 0)
+    # the same split of keys as attend.py
+    i_lo, i_hi, s_lo, s_hi, r_lo, r_hi = split_ranges(
+        split, n_splits, n_int2, sink_lo, sink_hi, ring_lo, kv_len, BLOCK_N, NB16)
 
     # ---- query rows (GQA heads of this KV head, padded to BLOCK_M) ---------------------------
     rows = tl.arange(0, BLOCK_M)
@@ -325,24 +312,11 @@ def decode_attention_fast(
     if not supports(D, Dv, k_group, v_group, gqa):
         raise ValueError(f"fast INT2 decode needs group size == head_dim (got D={D}, G={k_group}/{v_group}); "
                          "use OSCAR_INT2_DECODE_KERNEL=base")
-    if kv_indptr.shape[0] < B + 1:
-        raise ValueError(f"kv_indptr has {kv_indptr.shape[0]} entries, need batch + 1 = {B + 1}")
-    if o.shape != (B, Hq, Dv) or o.stride(-1) != 1:
-        raise ValueError(f"o must be [{B}, {Hq}, {Dv}] with a contiguous last dim, got {tuple(o.shape)}")
     S, W = sink_k.shape[1], ring_k.shape[1]
-    if max_kv_splits is None:
-        max_kv_splits = (attn_logits.shape[2] if attn_logits is not None
-                         else default_max_splits(B, Hkv, q.device,
-                                                 _dec.bf16_splits(S, W, 1 << 30, bf16_keys_per_split)))
-    nb16 = _dec.bf16_splits(S, W, max_kv_splits, bf16_keys_per_split)
+    max_kv_splits, nb16, attn_logits, attn_lse = _dec.plan_decode(
+        q, o, k_codes, v_codes, sink_k, ring_k, kv_indptr, max_kv_splits, attn_logits, attn_lse,
+        bf16_keys_per_split, default_max_splits)
     min_chunk = min_chunk or _dec.MIN_CHUNK
-    if max_kv_splits < 2:
-        raise ValueError("INT2 decode needs max_kv_splits >= 2 (one BF16 split + INT2 splits)")
-    if attn_logits is None:
-        attn_logits = torch.empty(B, Hq, max_kv_splits, Dv, dtype=torch.float32, device=q.device)
-    if attn_lse is None:
-        attn_lse = torch.empty(B, Hq, max_kv_splits, dtype=torch.float32, device=q.device)
-    assert attn_logits.shape[2] >= max_kv_splits and attn_lse.shape[2] >= max_kv_splits
     bm = block_m or max(8, triton.next_power_of_2(gqa))
     bn = block_n or BLOCK_N
     kp = as_param_words(k_params)
@@ -368,13 +342,5 @@ def decode_attention_fast(
         USE_ASM=(_base.USE_ASM if use_asm is None else use_asm) and q.dtype == torch.bfloat16,
         num_warps=num_warps or NUM_WARPS, num_stages=num_stages, **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
-    _dec._merge_splits_kernel[(B, Hq)](
-        attn_logits, attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
-        attn_lse, attn_lse.stride(0), attn_lse.stride(1),
-        o, o.stride(0), o.stride(1),
-        kv_indptr, req_rows, own_start, sink_start,
-        num_kv_splits if num_kv_splits is not None else kv_indptr, max_kv_splits,
-        S=S, W=W, DV=Dv, SPLITS_P2=triton.next_power_of_2(max_kv_splits),
-        HAS_NSPLITS=num_kv_splits is not None, MIN_CHUNK=min_chunk, NB16=nb16, num_warps=4,
-    )
-    return o
+    return _dec.merge_splits(o, attn_logits, attn_lse, kv_indptr, req_rows, own_start, sink_start,
+                             num_kv_splits, max_kv_splits, nb16, min_chunk, S, W)

@@ -70,6 +70,50 @@ def _merge_splits_kernel(
     tl.store(O + b * stride_ob + h * stride_oh + d, o.to(O.dtype.element_ty))
 
 
+def plan_decode(q, o, k_codes, v_codes, sink_k, ring_k, kv_indptr, max_kv_splits, attn_logits, attn_lse,
+                bf16_keys_per_split, default_splits):
+    """Checks and split plan shared by both stage-1 kernels (base and fast):
+    (max_kv_splits, BF16 splits, attn_logits, attn_lse); scratch is allocated only when not given.
+    default_splits(B, Hkv, device, nb16) sizes max_kv_splits when neither it nor scratch is given."""
+    B, Hq, _ = q.shape
+    Hkv = k_codes.shape[1]
+    Dv = v_codes.shape[-1] * 4
+    if kv_indptr.shape[0] < B + 1:
+        raise ValueError(f"kv_indptr has {kv_indptr.shape[0]} entries, need batch + 1 = {B + 1}")
+    if o.shape != (B, Hq, Dv) or o.stride(-1) != 1:
+        raise ValueError(f"o must be [{B}, {Hq}, {Dv}] with a contiguous last dim, got {tuple(o.shape)}")
+    S, W = sink_k.shape[1], ring_k.shape[1]
+    if max_kv_splits is None:
+        max_kv_splits = (attn_logits.shape[2] if attn_logits is not None
+                         else default_splits(B, Hkv, q.device, bf16_splits(S, W, 1 << 30, bf16_keys_per_split)))
+    if max_kv_splits < 2:
+        raise ValueError("INT2 decode needs max_kv_splits >= 2 (one BF16 split + INT2 splits)")
+    nb16 = bf16_splits(S, W, max_kv_splits, bf16_keys_per_split)
+    if attn_logits is None:
+        attn_logits = torch.empty(B, Hq, max_kv_splits, Dv, dtype=torch.float32, device=q.device)
+    if attn_lse is None:
+        attn_lse = torch.empty(B, Hq, max_kv_splits, dtype=torch.float32, device=q.device)
+    assert attn_logits.shape[2] >= max_kv_splits and attn_lse.shape[2] >= max_kv_splits
+    return max_kv_splits, nb16, attn_logits, attn_lse
+
+
+def merge_splits(o, attn_logits, attn_lse, kv_indptr, req_rows, own_start, sink_start, num_kv_splits,
+                 max_kv_splits, nb16, min_chunk, S, W):
+    """Stage 2: LSE-merge the per-split partial outputs into o (both stage-1 kernels)."""
+    B, Hq, Dv = o.shape
+    _merge_splits_kernel[(B, Hq)](
+        attn_logits, attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
+        attn_lse, attn_lse.stride(0), attn_lse.stride(1),
+        o, o.stride(0), o.stride(1),
+        kv_indptr, req_rows, own_start, sink_start,
+        num_kv_splits if num_kv_splits is not None else kv_indptr, max_kv_splits,
+        S=S, W=W, DV=Dv, SPLITS_P2=triton.next_power_of_2(max_kv_splits),
+        HAS_NSPLITS=num_kv_splits is not None, MIN_CHUNK=min_chunk,
+        NB16=nb16, num_warps=4,
+    )
+    return o
+
+
 def decode_attention(
     q, o, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
     kv_indptr, kv_indices, req_rows, own_start, *, k_group, v_group, sm_scale, sink_start=None,
@@ -81,25 +125,11 @@ def decode_attention(
     sink_start = own_start if sink_start is None else sink_start
     B, Hq, D = q.shape
     Hkv = k_codes.shape[1]
-    Dv = v_codes.shape[-1] * 4
     gqa = Hq // Hkv
-    if kv_indptr.shape[0] < B + 1:
-        raise ValueError(f"kv_indptr has {kv_indptr.shape[0]} entries, need batch + 1 = {B + 1}")
-    if o.shape != (B, Hq, Dv) or o.stride(-1) != 1:
-        raise ValueError(f"o must be [{B}, {Hq}, {Dv}] with a contiguous last dim, got {tuple(o.shape)}")
-    S, W = sink_k.shape[1], ring_k.shape[1]
-    if max_kv_splits is None:
-        max_kv_splits = (attn_logits.shape[2] if attn_logits is not None
-                         else default_max_splits(B, Hkv, q.device, bf16_splits(S, W, 1 << 30, bf16_keys_per_split)))
-    nb16 = bf16_splits(S, W, max_kv_splits, bf16_keys_per_split)
+    max_kv_splits, nb16, attn_logits, attn_lse = plan_decode(
+        q, o, k_codes, v_codes, sink_k, ring_k, kv_indptr, max_kv_splits, attn_logits, attn_lse,
+        bf16_keys_per_split, default_max_splits)
     min_chunk = min_chunk or MIN_CHUNK
-    if max_kv_splits < 2:
-        raise ValueError("INT2 decode needs max_kv_splits >= 2 (one BF16 split + INT2 splits)")
-    if attn_logits is None:
-        attn_logits = torch.empty(B, Hq, max_kv_splits, Dv, dtype=torch.float32, device=q.device)
-    if attn_lse is None:
-        attn_lse = torch.empty(B, Hq, max_kv_splits, dtype=torch.float32, device=q.device)
-    assert attn_logits.shape[2] >= max_kv_splits and attn_lse.shape[2] >= max_kv_splits
     block_m = max(16, triton.next_power_of_2(gqa))
     bn = block_n or BLOCK_N
     launch_attend(
@@ -112,13 +142,5 @@ def decode_attention(
         max_splits=max_kv_splits, min_chunk=min_chunk, num_warps=num_warps, num_stages=num_stages,
         nb16=nb16, use_asm=use_asm, maxnreg=maxnreg,
     )
-    _merge_splits_kernel[(B, Hq)](
-        attn_logits, attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
-        attn_lse, attn_lse.stride(0), attn_lse.stride(1),
-        o, o.stride(0), o.stride(1),
-        kv_indptr, req_rows, own_start, sink_start, num_kv_splits if num_kv_splits is not None else kv_indptr, max_kv_splits,
-        S=sink_k.shape[1], W=ring_k.shape[1], DV=Dv, SPLITS_P2=triton.next_power_of_2(max_kv_splits),
-        HAS_NSPLITS=num_kv_splits is not None, MIN_CHUNK=min_chunk,
-        NB16=nb16, num_warps=4,
-    )
-    return o
+    return merge_splits(o, attn_logits, attn_lse, kv_indptr, req_rows, own_start, sink_start, num_kv_splits,
+                        max_kv_splits, nb16, min_chunk, sink_k.shape[1], ring_k.shape[1])
