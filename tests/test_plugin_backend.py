@@ -7,7 +7,9 @@ per-head K rotation and shared V rotation (signed permutations), K clip 0.9):
   2. request B shares A's first 8 tokens through the "radix cache" (same slots) and prefills 7
      more; A's sink copies of those tokens are still intact, so they are carried over into B's
      row (sink_start 0) while its ring copies of positions 4..7 are not (own_start 8);
-  3. both decode 3 tokens as one batch.
+  3. both decode 3 tokens as one batch;
+  4. both take one more token as a batched extend with their whole cache as prefix (what SGLang's
+     --enable-mixed-chunk does with decoding requests: extend mode, 1 new token each).
 Model tensors are float32 holding bf16-representable values: SGLang's stock extend kernel gives
 garbage for bf16 under TRITON_INTERPRET (numpy has no bf16; fine on GPU), and the GPU run covers
 bf16 end to end. Side buffers are BF16 as in serving.
@@ -111,14 +113,14 @@ def test_extend_chunks_radix_share_and_decode(backend_cls, seed):
     req_to_token = torch.zeros(4, 64, dtype=torch.int64)
     rowA, rowB = 1, 2
     LA, LB_new, share = 20, 7, 8
-    kA, vA, qA = _heavy(LA + 3, D), _heavy(LA + 3, D), torch.randn(LA + 3, Hq, D).bfloat16().float()
-    kB = torch.cat([kA[:share], _heavy(LB_new + 3, D)])
-    vB = torch.cat([vA[:share], _heavy(LB_new + 3, D)])
-    qB = torch.randn(share + LB_new + 3, Hq, D).bfloat16().float()
-    slotsA = torch.arange(1, 1 + LA + 3)
-    slotsB = torch.cat([slotsA[:share], torch.arange(40, 40 + LB_new + 3)])
-    req_to_token[rowA, : LA + 3] = slotsA
-    req_to_token[rowB, : share + LB_new + 3] = slotsB
+    kA, vA, qA = _heavy(LA + 4, D), _heavy(LA + 4, D), torch.randn(LA + 4, Hq, D).bfloat16().float()
+    kB = torch.cat([kA[:share], _heavy(LB_new + 4, D)])
+    vB = torch.cat([vA[:share], _heavy(LB_new + 4, D)])
+    qB = torch.randn(share + LB_new + 4, Hq, D).bfloat16().float()
+    slotsA = torch.arange(1, 1 + LA + 4)
+    slotsB = torch.cat([slotsA[:share], torch.arange(40, 40 + LB_new + 4)])
+    req_to_token[rowA, : LA + 4] = slotsA
+    req_to_token[rowB, : share + LB_new + 4] = slotsB
     # rotated K/V as stored (bf16) and the un-rotation of V outputs
     kAr, vAr, kBr, vBr = _rot(kA, Rk), _rot(vA, Rv), _rot(kB, Rk), _rot(vB, Rv)
     RvT = Rv.double().T
@@ -230,6 +232,15 @@ def test_extend_chunks_radix_share_and_decode(backend_cls, seed):
                               [_ref_mixed(vr[:n], n, own, V_CLIP, sink0[row])])
             _close(o[i], want @ RvT)
 
+
+    # 4. one more token each as a batched extend (mixed-chunk style): prefix = the whole cache
+    nA, nB = LA + 3, share + LB_new + 3
+    ma = (rowA, kA, vA, qA, nA, nA + 1, 0)
+    mb = (rowB, kB, vB, qB, nB, nB + 1, share)
+    o, ext = extend([ma, mb])
+    assert pool.own_start[rowA].item() == 0 and pool.own_start[rowB].item() == share
+    check_extend(o[:1], ma, kAr, vAr, kA, vA, qA)
+    check_extend(o[1:], mb, kBr, vBr, kB, vB, qB)
 
 def test_rotations_preserve_attention_scores(backend_cls, seed):
     """q rotated per KV head and k rotated by the same matrix give the same q.k; o un-rotates."""
