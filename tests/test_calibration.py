@@ -148,7 +148,9 @@ def test_calibrate_smollm2_deterministic(tmp_path, seed, monkeypatch):
                           model_id="HuggingFaceTB/SmolLM2-135M-Instruct")
     md = rs.metadata
     assert md["recipe"] == "oscar" and md["group_size"] == 64 and md["seed"] == seed
-    assert md["calibration_tokens"] == 192 and len(md["data_fingerprint"]) == 64
+    # chunks are added until the 192-token budget is reached; a text's tail chunk can be shorter
+    # than seq_len (96), so the total lands in [192, 192 + 96) depending on the seed's shuffle
+    assert 192 <= md["calibration_tokens"] < 192 + 96 and len(md["data_fingerprint"]) == 64
     assert md["architecture"] and md["model_revision"].startswith("sha256:")
     for clips in (rs.k_clip, rs.v_clip):
         assert all(min(abs(c - 1.0), abs(c - 0.9)) < 1e-6 for c in clips.tolist())
