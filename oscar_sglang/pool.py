@@ -186,7 +186,8 @@ class OscarInt2KVPool(KVCache):
         Sink positions [0, min(P, S)) carry over all together or not at all (sink_start 0 or P);
         ring positions [max(S, P - W), P) carry over from the newest backwards, as far as their
         entries are intact (own_start = first carried position). No host synchronisation: the
-        copies are masked gathers/scatters of the whole (S + W)-entry window of each row.
+        copies are masked gathers/scatters of each row's S sink entries and, when some hit
+        reaches past the sink, its W ring entries.
         """
         dev = self.own_start.device
         S, W, R = self.sink, self.recent, self.req_rows
@@ -209,27 +210,32 @@ class OscarInt2KVPool(KVCache):
         all_s = (ok_s | ~need_s).all(1)
         take_s = need_s & all_s[:, None]
         dst_s = rows[:, None] * S + ps
-        # ring: positions P-W..P-1 (those >= S), intact from the newest backwards
-        pr = P[:, None] - W + torch.arange(W, device=dev)[None, :]
-        need_r = pr >= S
-        src_r, ok_r, slot_r = lookup(pr, need_r, R * S, R * (S + W))
-        bad_r = need_r & ~ok_r
-        # a position carries over iff no needed position at or after it is broken
-        later_bad = torch.flip(torch.cummax(torch.flip(bad_r.int(), [1]), 1).values, [1]).bool()
-        take_r = need_r & ~later_bad
-        dst_r = R * S + rows[:, None] * W + pr % W  # tensor % is non-negative: W distinct entries
-        first_r = torch.where(take_r, pr, P[:, None]).min(1).values
+        copies = [(self.sink_k + self.sink_v, S, 0, src_s, dst_s, take_s, slot_s)]
+        first_r = P
+        # ring: positions P-W..P-1 (those >= S), intact from the newest backwards. A hit within the
+        # sink (a shared system prompt) needs no ring position: skip the gathers (host-known P).
+        if max(p for _, p in hits) > S:
+            pr = P[:, None] - W + torch.arange(W, device=dev)[None, :]
+            need_r = pr >= S
+            src_r, ok_r, slot_r = lookup(pr, need_r, R * S, R * (S + W))
+            bad_r = need_r & ~ok_r
+            # a position carries over iff no needed position at or after it is broken
+            later_bad = torch.flip(torch.cummax(torch.flip(bad_r.int(), [1]), 1).values, [1]).bool()
+            take_r = need_r & ~later_bad
+            dst_r = R * S + rows[:, None] * W + pr % W  # tensor % is non-negative: W distinct entries
+            first_r = torch.where(take_r, pr, P[:, None]).min(1).values
+            copies.append((self.ring_k + self.ring_v, W, R * S, src_r - R * S, dst_r - R * S, take_r, slot_r))
 
-        for bufs, n_s in ((self.sink_k, self.ring_k), (self.sink_v, self.ring_v)):
-            for sink_buf, ring_buf in zip(bufs, n_s):
-                self._masked_copy(sink_buf.view(R * S, *sink_buf.shape[2:]), src_s, dst_s, take_s)
-                self._masked_copy(ring_buf.view(R * W, *ring_buf.shape[2:]), src_r - R * S, dst_r - R * S, take_r)
-        # the new row now holds those copies: point the slots at it (refreshes their lifetime)
-        for dst, take, slots in ((dst_s, take_s, slot_s), (dst_r, take_r, slot_r)):
-            self.entry_owner[dst] = torch.where(take, slots.to(torch.int32), self.entry_owner[dst])
+        for bufs, n, base, src, dst, take, slots in copies:  # base: first entry id of the kind
+            for buf in bufs:
+                self._masked_copy(buf.view(R * n, *buf.shape[2:]), src, dst, take)
+            # the new row now holds those copies: point the slots at it (refreshes their
+            # lifetime)
+            ent = dst + base
+            self.entry_owner[ent] = torch.where(take, slots.to(torch.int32), self.entry_owner[ent])
             # masked-out lanes (possibly repeated slots) all write to slot 0, SGLang's padding
             # slot, whose pointer no reader trusts (no request's position maps to it)
-            self.slot_entry[torch.where(take, slots, 0)] = dst.to(torch.int32)
+            self.slot_entry[torch.where(take, slots, 0)] = ent.to(torch.int32)
         self.sink_start[rows] = torch.where(all_s, 0, P).to(torch.int32)
         self.own_start[rows] = first_r.to(torch.int32)
 
