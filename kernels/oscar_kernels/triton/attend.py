@@ -93,6 +93,33 @@ def split_ranges(split, n_splits, n_int2, sink_lo, sink_hi, ring_lo, kv_len,
 
 
 @triton.jit
+def load_q_quarters(qb, rmask, QD: tl.constexpr, PV_DT: tl.constexpr):
+    """The 4 quarter slices [rows, D/4] of the query rows at qb (masked rows read 0)."""
+    q0 = tl.load(qb, mask=rmask[:, None], other=0.0)
+    q1 = tl.load(qb + QD, mask=rmask[:, None], other=0.0)
+    q2 = tl.load(qb + 2 * QD, mask=rmask[:, None], other=0.0)
+    q3 = tl.load(qb + 3 * QD, mask=rmask[:, None], other=0.0)
+    if PV_DT == tl.float32:  # interpreter: its bf16 tl.dot is wrong, compute in fp32
+        q0 = q0.to(tl.float32)
+        q1 = q1.to(tl.float32)
+        q2 = q2.to(tl.float32)
+        q3 = q3.to(tl.float32)
+    return q0, q1, q2, q3
+
+
+@triton.jit
+def empty_softmax_state(BLOCK_M: tl.constexpr, QDV: tl.constexpr):
+    """(running max, running sum, 4 output quarters) before any key."""
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    a0 = tl.zeros([BLOCK_M, QDV], tl.float32)
+    a1 = tl.zeros([BLOCK_M, QDV], tl.float32)
+    a2 = tl.zeros([BLOCK_M, QDV], tl.float32)
+    a3 = tl.zeros([BLOCK_M, QDV], tl.float32)
+    return m_i, l_i, a0, a1, a2, a3
+
+
+@triton.jit
 def _unpack_params(w):
     """int32 word = (fp16 scale | fp16 min << 16) -> (scale, min) in fp32."""
     sc = (w & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
@@ -282,26 +309,13 @@ def attend_kernel(
     tok = (tok0 + t).to(tl.int64)
     dq = tl.arange(0, QD)
     qb = Q + tok[:, None] * stride_qt + hq[:, None] * stride_qh + dq[None, :]
-    q0 = tl.load(qb, mask=rmask[:, None], other=0.0)
-    q1 = tl.load(qb + QD, mask=rmask[:, None], other=0.0)
-    q2 = tl.load(qb + 2 * QD, mask=rmask[:, None], other=0.0)
-    q3 = tl.load(qb + 3 * QD, mask=rmask[:, None], other=0.0)
-    if PV_DT == tl.float32:  # interpreter: its bf16 tl.dot is wrong, compute in fp32
-        q0 = q0.to(tl.float32)
-        q1 = q1.to(tl.float32)
-        q2 = q2.to(tl.float32)
-        q3 = q3.to(tl.float32)
+    q0, q1, q2, q3 = load_q_quarters(qb, rmask, QD, PV_DT)
     qs0 = tl.sum(q0.to(tl.float32), 1)
     qs1 = tl.sum(q1.to(tl.float32), 1)
     qs2 = tl.sum(q2.to(tl.float32), 1)
     qs3 = tl.sum(q3.to(tl.float32), 1)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    a0 = tl.zeros([BLOCK_M, QDV], tl.float32)
-    a1 = tl.zeros([BLOCK_M, QDV], tl.float32)
-    a2 = tl.zeros([BLOCK_M, QDV], tl.float32)
-    a3 = tl.zeros([BLOCK_M, QDV], tl.float32)
+    m_i, l_i, a0, a1, a2, a3 = empty_softmax_state(BLOCK_M, QDV)
 
     # ---- BF16 sink and ring ------------------------------------------------------------------
     m_i, l_i, a0, a1, a2, a3 = _bf16_source_loop(

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from . import attend as _base
 from .attend import (_bf16_source_loop, _cap_and_scale, _unpack_params, as_param_words, num_splits_of,
-                     source_ranges, split_ranges)
+                     source_ranges, split_ranges, load_q_quarters, empty_softmax_state)
 
 LN2 = tl.constexpr(0.6931471805599453)
 # One warp per program: the [BLOCK_N, 8] score tile is one warp's MMA column, so a second warp
@@ -165,22 +165,9 @@ def attend_fast_kernel(
     rmask = rows < GQA
     dq = tl.arange(0, QD)
     qb = Q + b.to(tl.int64) * stride_qt + hq[:, None] * stride_qh + dq[None, :]
-    q0 = tl.load(qb, mask=rmask[:, None], other=0.0)
-    q1 = tl.load(qb + QD, mask=rmask[:, None], other=0.0)
-    q2 = tl.load(qb + 2 * QD, mask=rmask[:, None], other=0.0)
-    q3 = tl.load(qb + 3 * QD, mask=rmask[:, None], other=0.0)
-    if PV_DT == tl.float32:  # interpreter: its bf16 tl.dot is wrong, compute in fp32
-        q0 = q0.to(tl.float32)
-        q1 = q1.to(tl.float32)
-        q2 = q2.to(tl.float32)
-        q3 = q3.to(tl.float32)
+    q0, q1, q2, q3 = load_q_quarters(qb, rmask, QD, PV_DT)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    a0 = tl.zeros([BLOCK_M, QDV], tl.float32)
-    a1 = tl.zeros([BLOCK_M, QDV], tl.float32)
-    a2 = tl.zeros([BLOCK_M, QDV], tl.float32)
-    a3 = tl.zeros([BLOCK_M, QDV], tl.float32)
+    m_i, l_i, a0, a1, a2, a3 = empty_softmax_state(BLOCK_M, QDV)
 
     # ---- BF16 sink and ring (the shared loop of attend.py) -----------------------------------
     m_i, l_i, a0, a1, a2, a3 = _bf16_source_loop(
