@@ -151,6 +151,9 @@ def extend_prefix_attention(
     o / lse (optional, added compatibly): preallocated float32 outputs to write into.
     """
     args = dict(locals())  # before the import below adds a local
-    from .triton import extend_prefix as _ext
+    from .triton import extend_fast as _fast, extend_prefix as _ext
 
+    # default: the fast kernel where it applies (D, Dv <= 128); OSCAR_INT2_EXTEND_KERNEL=base opts out
+    if _fast.selected(q, k_codes, v_codes, k_group, v_group):
+        return _fast.extend_prefix_attention_fast(**args)
     return _ext.extend_prefix_attention(**args)

@@ -1,0 +1,261 @@
+"""Extend-prefix attention with large query tiles ("fast" variant of extend_prefix.py).
+
+Same semantics and outputs as extend_prefix.extend_prefix_attention: the E_b new query tokens of
+request b against its whole cached prefix (no mask), keys from the BF16 sink, the BF16 ring and
+the INT2 body by the rule of reference.source_masks (attend.source_ranges), o float32
+[T, Hq, Dv] normalised and its natural-log LSE [T, Hq] (o = 0, lse = -inf for an empty prefix).
+
+Why a second kernel: prefill is compute bound (every INT2 key is read by E_b * GQA query rows),
+and the generic attend kernel is shaped for decode (quarter-split dot products of K = D/4, 64
+rows, 4 warps: mma v2 on the H100). Here one program takes BLOCK_M = 128 (token, query head)
+rows of one KV head and runs the textbook flash-attention loop with full-width tiles:
+  * each INT2 K / V tile is dequantised once to a [BLOCK_N, D] tile in the MMA dtype
+    (code * scale + min in fp32, any group size), shared by all 128 rows;
+  * one tl.dot(q, k^T) with K = D and one tl.dot(p, v), 8 warps: on sm_90 Triton emits wgmma
+    (check with bench/kernel_sass.py-style offline compilation, docs/design.md);
+  * the INT2 loop runs unmasked full tiles and one masked tail tile.
+The byte layout is quarter split (format.py): dim d of a row is byte d % (D/4), bits 2*(d // (D/4)).
+The tile loads each code byte for its four dims (served by L1: the codes are 1/8 of a BF16 row).
+
+ops.extend_prefix_attention uses this kernel where it applies (supports(): D, Dv in {64, 128},
+16-bit queries); OSCAR_INT2_EXTEND_KERNEL=base selects the original one.
+"""
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+from .attend import (LOG2E, PV_DTYPE, _cap_and_scale, _online_softmax, _unpack_params,
+                     as_param_words, check_pool, source_ranges)
+
+LN2 = tl.constexpr(0.6931471805599453)
+BLOCK_M = 128  # (token, query head) rows per program
+BLOCK_N = 64  # keys per tile
+BLOCK_B = 64  # keys per BF16 sink / ring tile
+NUM_WARPS = 8
+NUM_STAGES = 2
+
+
+@triton.jit
+def _dequant_tile(Cb, Pb, slot, stride_cn, stride_pn,
+                  D: tl.constexpr, G: tl.constexpr, DT: tl.constexpr):
+    """INT2 rows at `slot` [N] of one KV head -> [N, D] code * scale + min, cast to DT."""
+    QD: tl.constexpr = D // 4
+    d = tl.arange(0, D)
+    c = tl.load(Cb + slot[:, None] * stride_cn + (d % QD)[None, :]).to(tl.int32)
+    code = (c >> (2 * (d // QD))[None, :]) & 3
+    # int -> float without the slow I2F: 0x4B000000 | c is the float 2^23 + c (exact)
+    cf = (code | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+    if G == D:  # one (scale, min) per row
+        sc, mn = _unpack_params(tl.load(Pb + slot * stride_pn))
+        x = cf * sc[:, None] + mn[:, None]
+    else:
+        sc, mn = _unpack_params(tl.load(Pb + slot[:, None] * stride_pn + (d // G)[None, :]))
+        x = cf * sc + mn
+    return x.to(DT)
+
+
+@triton.jit
+def _bf16_tile(p0, hi, Kb, Vb, stride_kp, stride_vp, q, m_i, l_i, acc, sm_scale_log2, logit_cap,
+               IS_RING: tl.constexpr, W: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+               BLOCK: tl.constexpr, LOGIT_CAP: tl.constexpr, DT: tl.constexpr):
+    """Keys at positions [p0, min(p0 + BLOCK, hi)) of a BF16 side buffer (p, or p % W for the ring)."""
+    p = p0 + tl.arange(0, BLOCK)
+    kmask = p < hi
+    if IS_RING:
+        idx = p % W
+    else:
+        idx = p
+    k = tl.load(Kb + idx[:, None] * stride_kp + tl.arange(0, D)[None, :], mask=kmask[:, None], other=0.0)
+    s = _cap_and_scale(tl.dot(q, tl.trans(k.to(DT))), sm_scale_log2, logit_cap, LOGIT_CAP)
+    s = tl.where(kmask[None, :], s, float("-inf"))
+    pr, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
+    v = tl.load(Vb + idx[:, None] * stride_vp + tl.arange(0, DV)[None, :], mask=kmask[:, None], other=0.0)
+    acc = tl.dot(pr.to(DT), v.to(DT), acc * alpha[:, None])
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _int2_tile(i0, i_hi, sink_lo, hole, idx_base, KCh, KPh, VCh, VPh,
+               stride_kcn, stride_kpn, stride_vcn, stride_vpn, q, m_i, l_i, acc, sm_scale_log2, logit_cap,
+               MASKED: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, GK: tl.constexpr, GV: tl.constexpr,
+               BLOCK_N: tl.constexpr, LOGIT_CAP: tl.constexpr, DT: tl.constexpr):
+    """INT2 keys i0 .. i0 + BLOCK_N - 1 of the virtual INT2 index range (see attend.py)."""
+    ii = i0 + tl.arange(0, BLOCK_N)
+    pos = ii + tl.where(ii >= sink_lo, hole, 0)
+    if MASKED:  # tail tile: lanes past i_hi read slot 0 (a valid row) and get -inf scores
+        kmask = ii < i_hi
+        slot = tl.load(idx_base + pos, mask=kmask, other=0).to(tl.int64)
+    else:
+        slot = tl.load(idx_base + pos).to(tl.int64)
+    k = _dequant_tile(KCh, KPh, slot, stride_kcn, stride_kpn, D, GK, DT)
+    s = _cap_and_scale(tl.dot(q, tl.trans(k)), sm_scale_log2, logit_cap, LOGIT_CAP)
+    if MASKED:
+        s = tl.where(kmask[None, :], s, float("-inf"))
+    pr, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
+    v = _dequant_tile(VCh, VPh, slot, stride_vcn, stride_vpn, DV, GV, DT)
+    acc = tl.dot(pr.to(DT), v, acc * alpha[:, None])
+    return m_i, l_i, acc
+
+
+@triton.jit
+def extend_fast_kernel(
+    Q, stride_qt, stride_qh,
+    Out, stride_ot, stride_oh,
+    Lse, stride_lt, stride_lh,
+    KC, stride_kcn, stride_kch,
+    KP, stride_kpn, stride_kph,
+    VC, stride_vcn, stride_vch,
+    VP, stride_vpn, stride_vph,
+    SK, stride_skr, stride_skp, stride_skh,
+    SV, stride_svr, stride_svp, stride_svh,
+    RK, stride_rkr, stride_rkp, stride_rkh,
+    RV, stride_rvr, stride_rvp, stride_rvh,
+    kv_indptr, kv_indices, qo_indptr, req_rows, own_start, sink_start,
+    sm_scale_log2, logit_cap,
+    GQA: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, GK: tl.constexpr, GV: tl.constexpr,
+    S: tl.constexpr, W: tl.constexpr, NUM_MB: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+    LOGIT_CAP: tl.constexpr, DT: tl.constexpr,
+):
+    b = tl.program_id(0)
+    pid1 = tl.program_id(1)
+    kvh = pid1 // NUM_MB  # neighbouring programs share a KV head: its tiles stay in L2
+    mb = pid1 % NUM_MB
+
+    tok0 = tl.load(qo_indptr + b)
+    n_tok = tl.load(qo_indptr + b + 1) - tok0
+    if mb * BLOCK_M >= n_tok * GQA:
+        return
+    kv_start = tl.load(kv_indptr + b)
+    kv_len = tl.load(kv_indptr + b + 1) - kv_start
+    row = tl.load(req_rows + b).to(tl.int64)
+    own = tl.load(own_start + row)  # per-request state is indexed by request row, not batch slot
+    sink_own = tl.load(sink_start + row)
+    sink_lo, sink_hi, ring_lo, n_int2 = source_ranges(kv_len, own, sink_own, S, W)
+    hole = sink_hi - sink_lo
+
+    # query rows m -> token m // GQA, head kvh * GQA + m % GQA
+    rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    t = rows // GQA
+    hq = kvh * GQA + rows % GQA
+    rmask = t < n_tok
+    tok = (tok0 + t).to(tl.int64)
+    q = tl.load(Q + tok[:, None] * stride_qt + hq[:, None] * stride_qh + tl.arange(0, D)[None, :],
+                mask=rmask[:, None], other=0.0).to(DT)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, DV], tl.float32)
+
+    # ---- BF16 sink and ring (<= S + W keys) --------------------------------------------------
+    SKb = SK + row * stride_skr + kvh * stride_skh
+    SVb = SV + row * stride_svr + kvh * stride_svh
+    for p0 in range(sink_lo, sink_hi, BLOCK_B):
+        m_i, l_i, acc = _bf16_tile(p0, sink_hi, SKb, SVb, stride_skp, stride_svp, q, m_i, l_i, acc,
+                                   sm_scale_log2, logit_cap, False, W, D, DV, BLOCK_B, LOGIT_CAP, DT)
+    RKb = RK + row * stride_rkr + kvh * stride_rkh
+    RVb = RV + row * stride_rvr + kvh * stride_rvh
+    for p0 in range(ring_lo, kv_len, BLOCK_B):
+        m_i, l_i, acc = _bf16_tile(p0, kv_len, RKb, RVb, stride_rkp, stride_rvp, q, m_i, l_i, acc,
+                                   sm_scale_log2, logit_cap, True, W, D, DV, BLOCK_B, LOGIT_CAP, DT)
+
+    # ---- INT2 body: full tiles, then one masked tail -----------------------------------------
+    idx_base = kv_indices + kv_start
+    KCh = KC + kvh * stride_kch
+    KPh = KP + kvh * stride_kph
+    VCh = VC + kvh * stride_vch
+    VPh = VP + kvh * stride_vph
+    n_full = (n_int2 // BLOCK_N) * BLOCK_N
+    for i0 in range(0, n_full, BLOCK_N):
+        m_i, l_i, acc = _int2_tile(i0, n_int2, sink_lo, hole, idx_base, KCh, KPh, VCh, VPh,
+                                   stride_kcn, stride_kpn, stride_vcn, stride_vpn, q, m_i, l_i, acc,
+                                   sm_scale_log2, logit_cap, False, D, DV, GK, GV, BLOCK_N, LOGIT_CAP, DT)
+    if n_full < n_int2:
+        m_i, l_i, acc = _int2_tile(n_full, n_int2, sink_lo, hole, idx_base, KCh, KPh, VCh, VPh,
+                                   stride_kcn, stride_kpn, stride_vcn, stride_vpn, q, m_i, l_i, acc,
+                                   sm_scale_log2, logit_cap, True, D, DV, GK, GV, BLOCK_N, LOGIT_CAP, DT)
+
+    # ---- normalised output + natural-log LSE -------------------------------------------------
+    has = l_i > 0
+    inv_l = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)
+    lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * LN2, float("-inf"))
+    ob = Out + tok[:, None] * stride_ot + hq[:, None] * stride_oh + tl.arange(0, DV)[None, :]
+    tl.store(ob, acc * inv_l[:, None], mask=rmask[:, None])
+    tl.store(Lse + tok * stride_lt + hq * stride_lh, lse, mask=rmask)
+
+
+def supports(q, k_codes, v_codes, k_group, v_group) -> bool:
+    """Shapes this kernel handles: D, Dv in {64, 128} (any group size the format allows), 16-bit
+    queries. D = 256 keeps the base kernel (a 128 x 256 fp32 accumulator does not fit 8 warps)."""
+    import torch
+
+    D, Dv = k_codes.shape[-1] * 4, v_codes.shape[-1] * 4
+    return (D in (64, 128) and Dv in (64, 128) and D % k_group == 0 and Dv % v_group == 0
+            and q.dtype in (torch.bfloat16, torch.float16))
+
+
+def selected(q, k_codes, v_codes, k_group, v_group) -> bool:
+    """ops.extend_prefix_attention uses this kernel unless OSCAR_INT2_EXTEND_KERNEL=base
+    (default: fast) and where supports() holds."""
+    kind = os.environ.get("OSCAR_INT2_EXTEND_KERNEL", "fast")
+    if kind not in ("base", "fast"):
+        raise ValueError(f"OSCAR_INT2_EXTEND_KERNEL must be 'fast' or 'base', got {kind!r}")
+    return kind == "fast" and supports(q, k_codes, v_codes, k_group, v_group)
+
+
+def extend_prefix_attention_fast(
+    q, qo_indptr, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
+    kv_indptr, kv_indices, req_rows, own_start, *, k_group, v_group, sm_scale, max_len_extend,
+    sink_start=None, logit_cap=0.0, o=None, lse=None, block_m=None, block_n=None, num_warps=None,
+    num_stages=None,
+):
+    """extend_prefix.extend_prefix_attention with this kernel (same arguments, same results);
+    block_m / block_n / num_warps / num_stages override the defaults (benchmark sweeps)."""
+    import torch
+
+    check_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_group, v_group)
+    if not supports(q, k_codes, v_codes, k_group, v_group):
+        raise ValueError("extend_fast supports D, Dv in {64, 128} and bf16/fp16 queries; "
+                         "use extend_prefix.extend_prefix_attention (OSCAR_INT2_EXTEND_KERNEL=base)")
+    T, Hq, D = q.shape
+    B = qo_indptr.shape[0] - 1
+    Hkv = k_codes.shape[1]
+    Dv = v_codes.shape[-1] * 4
+    gqa = Hq // Hkv
+    if kv_indptr.shape[0] < B + 1:
+        raise ValueError(f"kv_indptr has {kv_indptr.shape[0]} entries, need len(qo_indptr) = {B + 1}")
+    if o is None:
+        o = torch.empty(T, Hq, Dv, dtype=torch.float32, device=q.device)
+    if lse is None:
+        lse = torch.empty(T, Hq, dtype=torch.float32, device=q.device)
+    if T == 0 or B == 0:
+        return o, lse
+    sink_start = own_start if sink_start is None else sink_start
+    bm = block_m or BLOCK_M
+    num_mb = triton.cdiv(max(1, int(max_len_extend)) * gqa, bm)
+    kp, vp = as_param_words(k_params), as_param_words(v_params)
+    # MMA operand dtype: the queries' (the Triton interpreter's 16-bit tl.dot is wrong: fp32 there)
+    dt = PV_DTYPE if PV_DTYPE == tl.float32 else (tl.float16 if q.dtype == torch.float16 else tl.bfloat16)
+    extend_fast_kernel[(B, Hkv * num_mb)](
+        q, q.stride(0), q.stride(1),
+        o, o.stride(0), o.stride(1),
+        lse, lse.stride(0), lse.stride(1),
+        k_codes, k_codes.stride(0), k_codes.stride(1),
+        kp, kp.stride(0), kp.stride(1),
+        v_codes, v_codes.stride(0), v_codes.stride(1),
+        vp, vp.stride(0), vp.stride(1),
+        sink_k, sink_k.stride(0), sink_k.stride(1), sink_k.stride(2),
+        sink_v, sink_v.stride(0), sink_v.stride(1), sink_v.stride(2),
+        ring_k, ring_k.stride(0), ring_k.stride(1), ring_k.stride(2),
+        ring_v, ring_v.stride(0), ring_v.stride(1), ring_v.stride(2),
+        kv_indptr, kv_indices, qo_indptr, req_rows, own_start, sink_start,
+        sm_scale * LOG2E, float(logit_cap),
+        GQA=gqa, D=D, DV=Dv, GK=k_group, GV=v_group, S=sink_k.shape[1], W=ring_k.shape[1],
+        NUM_MB=num_mb, BLOCK_M=bm, BLOCK_N=block_n or BLOCK_N, BLOCK_B=BLOCK_B,
+        LOGIT_CAP=logit_cap > 0, DT=dt,
+        num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES,
+    )
+    return o, lse
