@@ -341,16 +341,133 @@ def bench_store(T, rotate):
     return ms, nbytes
 
 
-def bench_extend(prefix, E):
+EXTEND_SHAPES = ((32768, 4096), (8192, 512))  # (prefix, new tokens), one request
+# extend_fast settings also timed with --tune-extend (defaults: block_m 128, block_n 64, 8 warps, 2 stages)
+EXTEND_TUNE = (dict(dequant="gather"), dict(dequant="join"), dict(dequant="asm"), dict(dequant="asm", num_stages=3),
+               dict(dequant="asm", block_n=128), dict(dequant="join", num_stages=3), dict(block_n=128),
+               dict(dequant="asm", block_m=64, num_warps=4), dict(dequant="asm", num_stages=1))
+
+
+def check_extend(group, lens=(3000, 700, 150, 40), owns=(0, 40, 2000, 0), sinks=(0, 40, 0, 0), E=(64, 16, 3, 5)):
+    """Both extend-prefix kernels (fast: extend_fast.py, base: extend_prefix.py) vs float64 on a pool
+    written with reference.quantize (heavy-tailed channels, low-norm sink tokens) and side buffers
+    filled by the source rule (garbage where the rule must not read); ragged requests cross the sink /
+    ring / radix-hit boundaries. Bound: rel. error <= 2e-2, |lse error| <= 1e-2 (bf16 operands)."""
+    from oscar_kernels.triton import extend_fast, extend_prefix
+
+    gen = torch.Generator(device=DEV).manual_seed(4321 + group)
+    fmt = Int2Format(D, group)
+    B, N, R = len(lens), sum(lens) + 1, len(lens) + 1
+    codes = {n: torch.zeros(N, HKV, D // 4, dtype=torch.uint8, device=DEV) for n in "kv"}
+    params = {n: torch.zeros(N, HKV, D // group, 2, dtype=torch.float16, device=DEV) for n in "kv"}
+    sink = {n: torch.full((R, SINK, HKV, D), 3e4, dtype=torch.bfloat16, device=DEV) for n in "kv"}
+    ring = {n: torch.full((R, WINDOW, HKV, D), 3e4, dtype=torch.bfloat16, device=DEV) for n in "kv"}
+    slots = (torch.randperm(N - 1, device=DEV, generator=gen) + 1).int()
+    kv_indptr = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device=DEV)
+    rows = torch.arange(1, B + 1, dtype=torch.int32, device=DEV)
+    own = torch.zeros(R, dtype=torch.int32, device=DEV)
+    own[1:] = torch.tensor(owns, dtype=torch.int32)
+    sink_start = torch.zeros(R, dtype=torch.int32, device=DEV)
+    sink_start[1:] = torch.tensor(sinks, dtype=torch.int32)
+    for b, L in enumerate(lens):
+        sl = slots[kv_indptr[b]:kv_indptr[b + 1]].long()
+        r = b + 1
+        for n in "kv":
+            x = heavy_tailed(L, HKV, D, gen)
+            codes[n][sl], params[n][sl] = ref.quantize(x, fmt)
+            is_sink, is_ring, _ = ref.source_masks(L, SINK, WINDOW, owns[b], DEV, sinks[b])
+            p = torch.arange(L, device=DEV)
+            sink[n][r, p[is_sink]] = x[is_sink]
+            ring[n][r, p[is_ring] % WINDOW] = x[is_ring]
+    qo = torch.tensor([0] + list(torch.tensor(E).cumsum(0)), dtype=torch.int32, device=DEV)
+    q = torch.randn(sum(E), HQ, D, device=DEV, generator=gen).bfloat16()
+    sm = D ** -0.5
+    args = (q, qo, codes["k"], params["k"], codes["v"], params["v"], sink["k"], sink["v"], ring["k"], ring["v"],
+            kv_indptr, slots, rows, own)
+    kw = dict(k_group=group, v_group=group, sm_scale=sm, max_len_extend=max(E), sink_start=sink_start)
+    wrong = []
+    variants = [("fast", {}), ("base", None)]
+    variants += [(f"fast dequant={d}", dict(dequant=d)) for d in ("gather", "join", "asm") if d != extend_fast.DEQUANT]
+    for name, extra in variants:
+        o = torch.full((sum(E), HQ, D), float("nan"), device=DEV)
+        lse = torch.full((sum(E), HQ), float("nan"), device=DEV)
+        if extra is None:
+            extend_prefix.extend_prefix_attention(*args, **kw, o=o, lse=lse)
+        else:
+            extend_fast.extend_prefix_attention_fast(*args, **kw, o=o, lse=lse, **extra)
+        errs, lerr = [], 0.0
+        for b in range(B):
+            sl = slots[kv_indptr[b]:kv_indptr[b + 1]]
+            K = ref.pool_request_kv(codes["k"], params["k"], sink["k"], ring["k"], sl, b + 1, owns[b], fmt, sinks[b])
+            V = ref.pool_request_kv(codes["v"], params["v"], sink["v"], ring["v"], sl, b + 1, owns[b], fmt, sinks[b])
+            o_ref, l_ref = ref.attention(q[qo[b]:qo[b + 1]], K, V, sm_scale=sm)
+            errs.append(((o[qo[b]:qo[b + 1]].double() - o_ref).norm() / o_ref.norm()).item())
+            lerr = max(lerr, (lse[qo[b]:qo[b + 1]].double() - l_ref).abs().max().item())
+        ok = max(errs) < 2e-2 and lerr < 1e-2 and not o.isnan().any()
+        log(f"  G={group} extend-prefix {name}: rel. error vs float64 per request "
+            f"{[f'{e:.1e}' for e in errs]}, max |lse error| {lerr:.1e}{'' if ok else '  WRONG'}")
+        if not ok:
+            wrong.append(name)
+    # the kernels ops uses must be right; a wrong non-default variant is reported (and not timed)
+    assert not {"fast", "base"} & set(wrong), f"extend-prefix kernels wrong on the GPU: {wrong}"
+    return wrong
+
+
+def bench_extend(prefix, E, tune=False, skip=()):
+    """One request: E new tokens over a cached prefix of `prefix` keys. Times (ms, median, L2 flushed):
+    base = extend_prefix.py (the old kernel), fast = extend_fast.py (ops' default), and, as the
+    same-run baseline, SGLang's BF16 Triton extend kernel over the same prefix held in BF16
+    (skip_extend=True: prefix part only, like ours; and the whole call, prefix + causal new tokens)."""
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+
+    from oscar_kernels.triton import extend_fast, extend_prefix
+
     c = Int2Case(1, prefix)
     q = torch.randn(E, HQ, D, device=DEV).bfloat16()
     qo = torch.tensor([0, E], dtype=torch.int32, device=DEV)
-    ms = bench(lambda: ops.extend_prefix_attention(
-        q, qo, c.k_codes, c.k_params, c.v_codes, c.v_params, c.sink_k, c.sink_v, c.ring_k, c.ring_v,
-        c.indptr, c.indices[0], c.rows[0], c.own, k_group=GROUP, v_group=GROUP, sm_scale=D ** -0.5,
-        max_len_extend=E))
-    flops = 4 * E * HQ * prefix * D
-    return ms, flops
+    o = torch.empty(E, HQ, D, dtype=torch.float32, device=DEV)
+    lse = torch.empty(E, HQ, dtype=torch.float32, device=DEV)
+    args = (q, qo, c.k_codes, c.k_params, c.v_codes, c.v_params, c.sink_k, c.sink_v, c.ring_k, c.ring_v,
+            c.indptr, c.indices[0], c.rows[0], c.own)
+    kw = dict(k_group=GROUP, v_group=GROUP, sm_scale=D ** -0.5, max_len_extend=E, o=o, lse=lse)
+    r = dict(prefix=prefix, E=E, flops=4 * E * HQ * prefix * D)
+    r["base_ms"] = bench(lambda: extend_prefix.extend_prefix_attention(*args, **kw))
+    r["fast_ms"] = bench(lambda: extend_fast.extend_prefix_attention_fast(*args, **kw))
+    r["tune"] = {}
+    for cfg in EXTEND_TUNE if tune else ():
+        if f"fast dequant={cfg.get('dequant')}" in skip:
+            continue
+        try:
+            r["tune"][str(cfg)] = t = bench(lambda: extend_fast.extend_prefix_attention_fast(*args, **kw, **cfg))
+            log(f"  tune-extend prefix={prefix} E={E} {cfg}: {t:.2f} ms ({r['flops'] / t / 1e9:.0f} TFLOP/s)")
+        except Exception as e:  # a config that does not compile/fit: report, go on
+            log(f"  tune-extend {cfg} failed: {type(e).__name__}: {str(e)[:200]}")
+    del c
+    torch.cuda.empty_cache()
+    # SGLang BF16: the prefix in a BF16 pool (slots 1..prefix), the new tokens' K/V
+    kb = torch.randn(prefix + 1, HKV, D, device=DEV).bfloat16()
+    vb = torch.randn(prefix + 1, HKV, D, device=DEV).bfloat16()
+    ke = torch.randn(E, HKV, D, device=DEV).bfloat16()
+    ve = torch.randn(E, HKV, D, device=DEV).bfloat16()
+    kv_indptr = torch.tensor([0, prefix], dtype=torch.int32, device=DEV)
+    kv_indices = torch.arange(1, prefix + 1, dtype=torch.int32, device=DEV)
+    ob = torch.empty(E, HQ, D, dtype=torch.bfloat16, device=DEV)
+    lb = torch.empty(E, HQ, dtype=torch.float32, device=DEV)
+
+    def sgl(skip_extend):
+        extend_attention_fwd(q, ke, ve, ob, kb, vb, qo, kv_indptr, kv_indices, None, True, None, E, 1.0, 1.0,
+                             sm_scale=D ** -0.5, lse_extend=lb, skip_extend=skip_extend)
+    r["sglang_prefix_ms"] = bench(lambda: sgl(True))
+    r["sglang_full_ms"] = bench(lambda: sgl(False))
+    for k in ("base", "fast", "sglang_prefix"):
+        r[k + "_tflops"] = r["flops"] / r[k + "_ms"] / 1e9
+    log(f"extend-prefix prefix={prefix} E={E}: base {r['base_ms']:.2f} ms ({r['base_tflops']:.0f} TFLOP/s), "
+        f"fast {r['fast_ms']:.2f} ms ({r['fast_tflops']:.0f} TFLOP/s, {r['base_ms'] / r['fast_ms']:.2f}x base), "
+        f"SGLang BF16 prefix part {r['sglang_prefix_ms']:.2f} ms ({r['sglang_prefix_tflops']:.0f} TFLOP/s), "
+        f"SGLang BF16 whole call {r['sglang_full_ms']:.2f} ms")
+    del kb, vb
+    torch.cuda.empty_cache()
+    return r
 
 
 # ------------------------------------------------------------------------------------------------
@@ -367,6 +484,9 @@ def main():
                     help="also time the fast INT2 decode kernel (attend_fast.py, OSCAR_INT2_DECODE_KERNEL=fast)")
     ap.add_argument("--tune-fast", action="store_true", help="also sweep a few settings of the fast kernel")
     ap.add_argument("--skip-store-extend", action="store_true", help="decode only (no store / extend timings)")
+    ap.add_argument("--extend-only", action="store_true", help="only the extend-prefix check and timings "
+                    "(no decode / store)")
+    ap.add_argument("--tune-extend", action="store_true", help="also time a few extend_fast tile settings")
     ap.add_argument("--fast-max-splits", default="", help="comma list: also time the fast kernel at these "
                     "max_kv_splits (BF16 splits + INT2 splits) for every shape")
     ap.add_argument("--bf16-splits", default="8,16,32,64", help="num_kv_splits values tried for SGLang BF16")
@@ -376,7 +496,7 @@ def main():
     log(f"device: {dev_name}, torch {torch.__version__}, triton {triton.__version__}")
 
     log("correctness (GPU, vs float64 reference):")
-    for g in (128, 32):
+    for g in () if args.extend_only else (128, 32):
         check_correctness(g)
 
     copy_gbs = copy_bandwidth()
@@ -385,6 +505,7 @@ def main():
     shapes = SHAPES[:2] if args.quick else SHAPES
     if args.shapes:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    shapes = [] if args.extend_only else shapes
     bf_splits = [int(s) for s in args.bf16_splits.split(",")]
     rows, raw = [], {"copy_gbs": copy_gbs, "device": dev_name, "decode": [], "tune": []}
     for B, L in shapes:
@@ -454,16 +575,17 @@ def main():
                f"  speedup {r['fast_speedup']:.2f}x" if t_fast is not None else ""))
 
     st = []
-    for T, rot in () if args.skip_store_extend else ((16384, False), (16384, True), (64, False)):
+    for T, rot in () if args.skip_store_extend or args.extend_only else ((16384, False), (16384, True), (64, False)):
         ms, nb = bench_store(T, rot)
         st.append(dict(T=T, rotate=rot, ms=ms, bytes=nb, gbs=nb / ms / 1e6))
         log(f"store T={T} rotate={rot}: {ms * 1e3:.1f} us, {nb / ms / 1e6:.0f} GB/s")
     raw["store"] = st
     ex = []
-    for prefix, E in () if args.skip_store_extend else ((32768, 4096), (8192, 512)):
-        ms, fl = bench_extend(prefix, E)
-        ex.append(dict(prefix=prefix, E=E, ms=ms, tflops=fl / ms / 1e9))
-        log(f"extend-prefix prefix={prefix} E={E}: {ms:.2f} ms, {fl / ms / 1e9:.0f} TFLOP/s")
+    if not args.skip_store_extend:
+        log("extend-prefix correctness (GPU, vs float64 reference):")
+        wrong = [w for g in (128, 32) for w in check_extend(g)]
+    for prefix, E in () if args.skip_store_extend else EXTEND_SHAPES:
+        ex.append(bench_extend(prefix, E, tune=args.tune_extend, skip=wrong))
     raw["extend"] = ex
 
     # acceptance (issue 2)
@@ -478,6 +600,7 @@ def main():
     acc.append(("INT2 faster than SGLang BF16 at B=1 for every L >= 8K", ok2))
     ok3 = all(r["best_gbs"] >= 0.75 * copy_gbs for r in rows if r["B"] * r["L"] >= 262144)
     acc.append(("INT2 >= 75% of copy bandwidth on its bytes when B*L >= 256K", ok3))
+    acc = [] if args.extend_only else acc
     for name, ok in acc:
         log(f"ACCEPTANCE {'PASS' if ok else 'FAIL'}: {name}")
     raw["acceptance"] = acc
@@ -505,9 +628,16 @@ def main():
     md += ["", "| store (K+V, clip 0.96/0.92, side buffers) | time | GB/s |", "|---|---:|---:|"]
     for s in st:
         md.append(f"| T={s['T']} tokens{', in-kernel rotation' if s['rotate'] else ''} | {s['ms'] * 1e3:.1f} us | {s['gbs']:.0f} |")
-    md += ["", "| extend-prefix (1 request) | time | TFLOP/s |", "|---|---:|---:|"]
+    md += ["", "| extend-prefix (1 request, Hq=32, Hkv=8, D=128, G=128) | INT2 base (extend_prefix.py) "
+           "| INT2 fast (extend_fast.py, default) | fast vs base | SGLang BF16 Triton extend, prefix part "
+           "| fast vs SGLang BF16 | SGLang BF16 whole call (+ causal new tokens) |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
     for e in ex:
-        md.append(f"| prefix {e['prefix'] // 1024}K, {e['E']} new tokens | {e['ms']:.2f} ms | {e['tflops']:.0f} |")
+        md.append(f"| prefix {e['prefix'] // 1024}K, {e['E']} new tokens | {e['base_ms']:.2f} ms, "
+                  f"{e['base_tflops']:.0f} TFLOP/s | {e['fast_ms']:.2f} ms, {e['fast_tflops']:.0f} TFLOP/s "
+                  f"| **{e['base_ms'] / e['fast_ms']:.2f}x** | {e['sglang_prefix_ms']:.2f} ms, "
+                  f"{e['sglang_prefix_tflops']:.0f} TFLOP/s | {e['sglang_prefix_ms'] / e['fast_ms']:.2f}x "
+                  f"| {e['sglang_full_ms']:.2f} ms |")
     md += ["", "Acceptance (issue 2), this run:", ""]
     md += [f"- {'PASS' if ok else 'FAIL'}: {name}" for name, ok in acc]
     text = "\n".join(md)

@@ -45,26 +45,30 @@ def indptr(lens):
     return torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
 
 
-# (D, G, gqa, block_m, block_n): default tiles, and small tiles (several query blocks per request,
-# several full INT2 tiles per request plus a masked tail; GQA 3 splits tokens across blocks)
+# (D, G, gqa, block_m, block_n, dequant): default tiles, and small tiles (several query blocks per
+# request, several full INT2 tiles per request plus a masked tail; GQA 3 splits tokens across
+# blocks); both column orders ("gather": natural, "join": interleaved; "asm" is "join" on the CPU)
 CASES = [
-    (128, 128, 4, None, None),
-    (128, 64, 8, 16, 16),
-    (128, 32, 1, None, 32),
-    (64, 32, 3, 16, 16),
-    (64, 64, 4, 32, 16),
+    (128, 128, 4, None, None, "join"),
+    (128, 128, 4, None, None, "gather"),
+    (128, 64, 8, 16, 16, "join"),
+    (128, 32, 1, None, 32, "join"),
+    (128, 32, 1, None, 32, "gather"),
+    (64, 32, 3, 16, 16, "join"),
+    (64, 32, 3, 16, 16, "gather"),
+    (64, 64, 4, 32, 16, "join"),
 ]
 
 
-@pytest.mark.parametrize("D,G,gqa,block_m,block_n", CASES)
-def test_extend_fast_matches_reference(seed, D, G, gqa, block_m, block_n):
+@pytest.mark.parametrize("D,G,gqa,block_m,block_n,dequant", CASES)
+def test_extend_fast_matches_reference(seed, D, G, gqa, block_m, block_n, dequant):
     hkv = 2
     pool = Pool(PREFIX, OWNS, hkv, D, G, n_rows=8, sinks=SINKS)
     qo = indptr(EXT)
     T = sum(EXT)
     q = (torch.randn(T, hkv * gqa, D) * 2).bfloat16()
     o, lse = run(extend_fast.extend_prefix_attention_fast, pool, q, qo, G, max(EXT),
-                 block_m=block_m, block_n=block_n)
+                 block_m=block_m, block_n=block_n, dequant=dequant)
     for b in range(len(EXT)):
         t0, t1 = int(qo[b]), int(qo[b + 1])
         if PREFIX[b] == 0:

@@ -36,6 +36,23 @@ BLOCK_N = 64  # keys per tile
 BLOCK_B = 64  # keys per BF16 sink / ring tile
 NUM_WARPS = 8
 NUM_STAGES = 2
+DEQUANT = "join"  # see extend_prefix_attention_fast
+
+
+@triton.jit
+def _to_mma(x, DT: tl.constexpr):
+    """x -> the MMA dtype; fp16 saturates at +-65504 instead of overflowing to inf."""
+    if DT == tl.float16:
+        x = tl.minimum(tl.maximum(x.to(tl.float32), -65504.0), 65504.0)
+    return x.to(DT)
+
+
+@triton.jit
+def _scores(qk, sm_scale_log2, logit_cap, LOGIT_CAP: tl.constexpr, FOLDED: tl.constexpr):
+    """q.k -> log2-domain scores; FOLDED: sm_scale * log2(e) is already in q (sm_scale_log2 = 1)."""
+    if FOLDED and not LOGIT_CAP:
+        return qk
+    return _cap_and_scale(qk, sm_scale_log2, logit_cap, LOGIT_CAP)
 
 
 @triton.jit
@@ -57,23 +74,86 @@ def _dequant_tile(Cb, Pb, slot, stride_cn, stride_pn,
     return x.to(DT)
 
 
+# PTX: 4 code bytes (4 rows' worth of one column group) -> the 4 quarters' dequantised values, fp16:
+# each 16-bit lane is set to 0x6400 | code = 1024 + code (exact), minus 1024, then one fma.rn.f16x2
+# with the group's fp16 (scale, min): 2 instructions per value instead of ~6 in fp32 + conversion.
+_DEQ_ASM = tl.constexpr(
+    "{.reg .b32 x, y, t, u, z, m; mov.b32 z, 0; mov.b32 m, 0x64006400; "
+    "prmt.b32 x, $8, z, 0x4140; prmt.b32 y, $8, z, 0x4342; "
+    + "".join(
+        ("" if j == 0 else "shr.b32 x, x, 2; shr.b32 y, y, 2; ")
+        + "lop3.b32 t, x, 0x00030003, m, 0xEA; lop3.b32 u, y, 0x00030003, m, 0xEA; "
+        "sub.f16x2 t, t, m; sub.f16x2 u, u, m; "
+        f"fma.rn.f16x2 ${2 * j}, t, ${9 + 4 * j}, ${11 + 4 * j}; "
+        f"fma.rn.f16x2 ${2 * j + 1}, u, ${10 + 4 * j}, ${12 + 4 * j}; "
+        for j in range(4))
+    + "}"
+)
+
+
 @triton.jit
-def _bf16_tile(p0, hi, Kb, Vb, stride_kp, stride_vp, q, m_i, l_i, acc, sm_scale_log2, logit_cap,
-               IS_RING: tl.constexpr, W: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-               BLOCK: tl.constexpr, LOGIT_CAP: tl.constexpr, DT: tl.constexpr):
-    """Keys at positions [p0, min(p0 + BLOCK, hi)) of a BF16 side buffer (p, or p % W for the ring)."""
+def _quarter_params(Pb, slot, stride_pn, J: tl.constexpr, QD: tl.constexpr, G: tl.constexpr):
+    """(scale, min) word of the group that holds quarter J (G >= D/4: one group per quarter)."""
+    return tl.load(Pb + slot * stride_pn + (J * QD) // G)
+
+
+@triton.jit
+def _dequant_join(Cb, Pb, slot, stride_cn, stride_pn, D: tl.constexpr, G: tl.constexpr,
+                  DT: tl.constexpr, USE_ASM: tl.constexpr, BLOCK_N: tl.constexpr):
+    """INT2 rows at `slot` -> [N, D] dequantised, columns in interleaved order 4 * i + j = dim
+    j * D/4 + i (byte i, bit field j): the four quarters of one byte column are joined in
+    registers, no shuffles. The caller permutes q's and o's columns the same way."""
+    QD: tl.constexpr = D // 4
+    c = tl.load(Cb + slot[:, None] * stride_cn + tl.arange(0, QD)[None, :])
+    w0 = _quarter_params(Pb, slot, stride_pn, 0, QD, G)
+    w1 = _quarter_params(Pb, slot, stride_pn, 1, QD, G)
+    w2 = _quarter_params(Pb, slot, stride_pn, 2, QD, G)
+    w3 = _quarter_params(Pb, slot, stride_pn, 3, QD, G)
+    if USE_ASM:
+        s0 = tl.broadcast_to((w0 & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)[:, None], [BLOCK_N, QD])
+        m0 = tl.broadcast_to((w0 >> 16).to(tl.uint16).to(tl.float16, bitcast=True)[:, None], [BLOCK_N, QD])
+        s1 = tl.broadcast_to((w1 & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)[:, None], [BLOCK_N, QD])
+        m1 = tl.broadcast_to((w1 >> 16).to(tl.uint16).to(tl.float16, bitcast=True)[:, None], [BLOCK_N, QD])
+        s2 = tl.broadcast_to((w2 & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)[:, None], [BLOCK_N, QD])
+        m2 = tl.broadcast_to((w2 >> 16).to(tl.uint16).to(tl.float16, bitcast=True)[:, None], [BLOCK_N, QD])
+        s3 = tl.broadcast_to((w3 & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)[:, None], [BLOCK_N, QD])
+        m3 = tl.broadcast_to((w3 >> 16).to(tl.uint16).to(tl.float16, bitcast=True)[:, None], [BLOCK_N, QD])
+        k0, k1, k2, k3 = tl.inline_asm_elementwise(
+            _DEQ_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r" + ",r" * 16, [c, s0, m0, s1, m1, s2, m2, s3, m3],
+            dtype=(tl.float16,) * 4, is_pure=True, pack=4)
+        k0, k1, k2, k3 = k0.to(DT), k1.to(DT), k2.to(DT), k3.to(DT)
+    else:
+        ci = c.to(tl.int32)
+        sc, mn = _unpack_params(w0)
+        k0 = ((ci & 3).to(tl.float32) * sc[:, None] + mn[:, None]).to(DT)
+        sc, mn = _unpack_params(w1)
+        k1 = (((ci >> 2) & 3).to(tl.float32) * sc[:, None] + mn[:, None]).to(DT)
+        sc, mn = _unpack_params(w2)
+        k2 = (((ci >> 4) & 3).to(tl.float32) * sc[:, None] + mn[:, None]).to(DT)
+        sc, mn = _unpack_params(w3)
+        k3 = (((ci >> 6) & 3).to(tl.float32) * sc[:, None] + mn[:, None]).to(DT)
+    # join adds a new last dim: [n, i, b, a] = (k0, k2 | k1, k3)[a][b] = quarter 2b + a -> column 4i + 2b + a
+    return tl.reshape(tl.join(tl.join(k0, k2), tl.join(k1, k3)), [BLOCK_N, D])
+
+
+@triton.jit
+def _bf16_tile(p0, hi, Kb, Vb, stride_kp, stride_vp, dk, dv, q, m_i, l_i, acc, sm_scale_log2, logit_cap,
+               IS_RING: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr, LOGIT_CAP: tl.constexpr,
+               DT: tl.constexpr, FOLDED: tl.constexpr):
+    """Keys at positions [p0, min(p0 + BLOCK, hi)) of a BF16 side buffer (p, or p % W for the ring);
+    dk / dv: the K / V columns in the kernel's column order."""
     p = p0 + tl.arange(0, BLOCK)
     kmask = p < hi
     if IS_RING:
         idx = p % W
     else:
         idx = p
-    k = tl.load(Kb + idx[:, None] * stride_kp + tl.arange(0, D)[None, :], mask=kmask[:, None], other=0.0)
-    s = _cap_and_scale(tl.dot(q, tl.trans(k.to(DT))), sm_scale_log2, logit_cap, LOGIT_CAP)
+    k = _to_mma(tl.load(Kb + idx[:, None] * stride_kp + dk[None, :], mask=kmask[:, None], other=0.0), DT)
+    s = _scores(tl.dot(q, tl.trans(k)), sm_scale_log2, logit_cap, LOGIT_CAP, FOLDED)
     s = tl.where(kmask[None, :], s, float("-inf"))
     pr, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
-    v = tl.load(Vb + idx[:, None] * stride_vp + tl.arange(0, DV)[None, :], mask=kmask[:, None], other=0.0)
-    acc = tl.dot(pr.to(DT), v.to(DT), acc * alpha[:, None])
+    v = _to_mma(tl.load(Vb + idx[:, None] * stride_vp + dv[None, :], mask=kmask[:, None], other=0.0), DT)
+    acc = tl.dot(pr.to(DT), v, acc * alpha[:, None])
     return m_i, l_i, acc
 
 
@@ -81,7 +161,8 @@ def _bf16_tile(p0, hi, Kb, Vb, stride_kp, stride_vp, q, m_i, l_i, acc, sm_scale_
 def _int2_tile(i0, i_hi, sink_lo, hole, idx_base, KCh, KPh, VCh, VPh,
                stride_kcn, stride_kpn, stride_vcn, stride_vpn, q, m_i, l_i, acc, sm_scale_log2, logit_cap,
                MASKED: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, GK: tl.constexpr, GV: tl.constexpr,
-               BLOCK_N: tl.constexpr, LOGIT_CAP: tl.constexpr, DT: tl.constexpr):
+               BLOCK_N: tl.constexpr, LOGIT_CAP: tl.constexpr, DT: tl.constexpr, PERM: tl.constexpr,
+               USE_ASM: tl.constexpr, FOLDED: tl.constexpr):
     """INT2 keys i0 .. i0 + BLOCK_N - 1 of the virtual INT2 index range (see attend.py)."""
     ii = i0 + tl.arange(0, BLOCK_N)
     pos = ii + tl.where(ii >= sink_lo, hole, 0)
@@ -90,12 +171,18 @@ def _int2_tile(i0, i_hi, sink_lo, hole, idx_base, KCh, KPh, VCh, VPh,
         slot = tl.load(idx_base + pos, mask=kmask, other=0).to(tl.int64)
     else:
         slot = tl.load(idx_base + pos).to(tl.int64)
-    k = _dequant_tile(KCh, KPh, slot, stride_kcn, stride_kpn, D, GK, DT)
-    s = _cap_and_scale(tl.dot(q, tl.trans(k)), sm_scale_log2, logit_cap, LOGIT_CAP)
+    if PERM:
+        k = _dequant_join(KCh, KPh, slot, stride_kcn, stride_kpn, D, GK, DT, USE_ASM, BLOCK_N)
+    else:
+        k = _dequant_tile(KCh, KPh, slot, stride_kcn, stride_kpn, D, GK, DT)
+    s = _scores(tl.dot(q, tl.trans(k)), sm_scale_log2, logit_cap, LOGIT_CAP, FOLDED)
     if MASKED:
         s = tl.where(kmask[None, :], s, float("-inf"))
     pr, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
-    v = _dequant_tile(VCh, VPh, slot, stride_vcn, stride_vpn, DV, GV, DT)
+    if PERM:
+        v = _dequant_join(VCh, VPh, slot, stride_vcn, stride_vpn, DV, GV, DT, USE_ASM, BLOCK_N)
+    else:
+        v = _dequant_tile(VCh, VPh, slot, stride_vcn, stride_vpn, DV, GV, DT)
     acc = tl.dot(pr.to(DT), v, acc * alpha[:, None])
     return m_i, l_i, acc
 
@@ -114,11 +201,11 @@ def extend_fast_kernel(
     RK, stride_rkr, stride_rkp, stride_rkh,
     RV, stride_rvr, stride_rvp, stride_rvh,
     kv_indptr, kv_indices, qo_indptr, req_rows, own_start, sink_start,
-    sm_scale_log2, logit_cap,
+    q_scale, sm_scale_log2, logit_cap,
     GQA: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, GK: tl.constexpr, GV: tl.constexpr,
     S: tl.constexpr, W: tl.constexpr, NUM_MB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-    LOGIT_CAP: tl.constexpr, DT: tl.constexpr,
+    LOGIT_CAP: tl.constexpr, DT: tl.constexpr, PERM: tl.constexpr, USE_ASM: tl.constexpr,
 ):
     b = tl.program_id(0)
     pid1 = tl.program_id(1)
@@ -143,8 +230,14 @@ def extend_fast_kernel(
     hq = kvh * GQA + rows % GQA
     rmask = t < n_tok
     tok = (tok0 + t).to(tl.int64)
-    q = tl.load(Q + tok[:, None] * stride_qt + hq[:, None] * stride_qh + tl.arange(0, D)[None, :],
-                mask=rmask[:, None], other=0.0).to(DT)
+    dk = tl.arange(0, D)
+    dv = tl.arange(0, DV)
+    if PERM:  # interleaved column order of _dequant_join: column 4 * i + j = dim j * D/4 + i
+        dk = (dk % 4) * (D // 4) + dk // 4
+        dv = (dv % 4) * (DV // 4) + dv // 4
+    q = tl.load(Q + tok[:, None] * stride_qt + hq[:, None] * stride_qh + dk[None, :],
+                mask=rmask[:, None], other=0.0)
+    q = _to_mma(q.to(tl.float32) * q_scale, DT)  # q_scale: sm_scale * log2(e) when folded into q
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -154,13 +247,13 @@ def extend_fast_kernel(
     SKb = SK + row * stride_skr + kvh * stride_skh
     SVb = SV + row * stride_svr + kvh * stride_svh
     for p0 in range(sink_lo, sink_hi, BLOCK_B):
-        m_i, l_i, acc = _bf16_tile(p0, sink_hi, SKb, SVb, stride_skp, stride_svp, q, m_i, l_i, acc,
-                                   sm_scale_log2, logit_cap, False, W, D, DV, BLOCK_B, LOGIT_CAP, DT)
+        m_i, l_i, acc = _bf16_tile(p0, sink_hi, SKb, SVb, stride_skp, stride_svp, dk, dv, q, m_i, l_i, acc,
+                                   sm_scale_log2, logit_cap, False, W, BLOCK_B, LOGIT_CAP, DT, USE_ASM)
     RKb = RK + row * stride_rkr + kvh * stride_rkh
     RVb = RV + row * stride_rvr + kvh * stride_rvh
     for p0 in range(ring_lo, kv_len, BLOCK_B):
-        m_i, l_i, acc = _bf16_tile(p0, kv_len, RKb, RVb, stride_rkp, stride_rvp, q, m_i, l_i, acc,
-                                   sm_scale_log2, logit_cap, True, W, D, DV, BLOCK_B, LOGIT_CAP, DT)
+        m_i, l_i, acc = _bf16_tile(p0, kv_len, RKb, RVb, stride_rkp, stride_rvp, dk, dv, q, m_i, l_i, acc,
+                                   sm_scale_log2, logit_cap, True, W, BLOCK_B, LOGIT_CAP, DT, USE_ASM)
 
     # ---- INT2 body: full tiles, then one masked tail -----------------------------------------
     idx_base = kv_indices + kv_start
@@ -172,17 +265,17 @@ def extend_fast_kernel(
     for i0 in range(0, n_full, BLOCK_N):
         m_i, l_i, acc = _int2_tile(i0, n_int2, sink_lo, hole, idx_base, KCh, KPh, VCh, VPh,
                                    stride_kcn, stride_kpn, stride_vcn, stride_vpn, q, m_i, l_i, acc,
-                                   sm_scale_log2, logit_cap, False, D, DV, GK, GV, BLOCK_N, LOGIT_CAP, DT)
+                                   sm_scale_log2, logit_cap, False, D, DV, GK, GV, BLOCK_N, LOGIT_CAP, DT, PERM, USE_ASM, USE_ASM)
     if n_full < n_int2:
         m_i, l_i, acc = _int2_tile(n_full, n_int2, sink_lo, hole, idx_base, KCh, KPh, VCh, VPh,
                                    stride_kcn, stride_kpn, stride_vcn, stride_vpn, q, m_i, l_i, acc,
-                                   sm_scale_log2, logit_cap, True, D, DV, GK, GV, BLOCK_N, LOGIT_CAP, DT)
+                                   sm_scale_log2, logit_cap, True, D, DV, GK, GV, BLOCK_N, LOGIT_CAP, DT, PERM, USE_ASM, USE_ASM)
 
     # ---- normalised output + natural-log LSE -------------------------------------------------
     has = l_i > 0
     inv_l = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)
     lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * LN2, float("-inf"))
-    ob = Out + tok[:, None] * stride_ot + hq[:, None] * stride_oh + tl.arange(0, DV)[None, :]
+    ob = Out + tok[:, None] * stride_ot + hq[:, None] * stride_oh + dv[None, :]
     tl.store(ob, acc * inv_l[:, None], mask=rmask[:, None])
     tl.store(Lse + tok * stride_lt + hq * stride_lh, lse, mask=rmask)
 
@@ -210,10 +303,15 @@ def extend_prefix_attention_fast(
     q, qo_indptr, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
     kv_indptr, kv_indices, req_rows, own_start, *, k_group, v_group, sm_scale, max_len_extend,
     sink_start=None, logit_cap=0.0, o=None, lse=None, block_m=None, block_n=None, num_warps=None,
-    num_stages=None,
+    num_stages=None, dequant=None,
 ):
     """extend_prefix.extend_prefix_attention with this kernel (same arguments, same results);
-    block_m / block_n / num_warps / num_stages override the defaults (benchmark sweeps)."""
+    block_m / block_n / num_warps / num_stages / dequant override the defaults (benchmark sweeps).
+
+    dequant: "gather" (fp32 dequantisation, natural column order, MMA in the queries' dtype),
+    "join" (quarters joined in registers, interleaved column order, plain Triton arithmetic) or
+    "asm" (join + the fp16 PTX dequantisation; MMA in fp16, sm_scale * log2(e) folded into q; CUDA
+    only, the interpreter runs "join")."""
     import torch
 
     check_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_group, v_group)
@@ -238,7 +336,19 @@ def extend_prefix_attention_fast(
     num_mb = triton.cdiv(max(1, int(max_len_extend)) * gqa, bm)
     kp, vp = as_param_words(k_params), as_param_words(v_params)
     # MMA operand dtype: the queries' (the Triton interpreter's 16-bit tl.dot is wrong: fp32 there)
-    dt = PV_DTYPE if PV_DTYPE == tl.float32 else (tl.float16 if q.dtype == torch.float16 else tl.bfloat16)
+    dequant = dequant or DEQUANT
+    if dequant not in ("gather", "join", "asm"):
+        raise ValueError(f"dequant must be 'gather', 'join' or 'asm', got {dequant!r}")
+    interp = PV_DTYPE == tl.float32
+    use_asm = dequant == "asm" and not interp
+    if interp:
+        dt = tl.float32
+    elif use_asm or q.dtype == torch.float16:
+        dt = tl.float16
+    else:
+        dt = tl.bfloat16
+    # asm: fp16 operands, so scale q before the cast (keeps |q| far from the fp16 limit)
+    q_scale, s_scale = (sm_scale * LOG2E, 1.0) if use_asm else (1.0, sm_scale * LOG2E)
     extend_fast_kernel[(B, Hkv * num_mb)](
         q, q.stride(0), q.stride(1),
         o, o.stride(0), o.stride(1),
@@ -252,10 +362,10 @@ def extend_prefix_attention_fast(
         ring_k, ring_k.stride(0), ring_k.stride(1), ring_k.stride(2),
         ring_v, ring_v.stride(0), ring_v.stride(1), ring_v.stride(2),
         kv_indptr, kv_indices, qo_indptr, req_rows, own_start, sink_start,
-        sm_scale * LOG2E, float(logit_cap),
+        q_scale, s_scale, float(logit_cap),
         GQA=gqa, D=D, DV=Dv, GK=k_group, GV=v_group, S=sink_k.shape[1], W=ring_k.shape[1],
         NUM_MB=num_mb, BLOCK_M=bm, BLOCK_N=block_n or BLOCK_N, BLOCK_B=BLOCK_B,
-        LOGIT_CAP=logit_cap > 0, DT=dt,
+        LOGIT_CAP=logit_cap > 0, DT=dt, PERM=dequant != "gather", USE_ASM=use_asm,
         num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES,
     )
     return o, lse
