@@ -521,11 +521,13 @@ def main():
         if args.tune_fast:
             base = int2_fast.default_max_splits(B, HKV, torch.device(DEV))
             nb16 = int2_decode.bf16_splits(SINK, WINDOW, base)
-            for cfg in (dict(block_n=128), dict(block_n=32), dict(num_warps=2), dict(maxnreg=128),
-                        dict(maxnreg=168), dict(maxnreg=200), dict(num_stages=1), dict(num_stages=3),
-                        dict(num_stages=4), dict(max_kv_splits=(base - nb16) * 2 + nb16),
-                        dict(max_kv_splits=(base - nb16) * 4 + nb16),
-                        dict(max_kv_splits=(base - nb16) // 2 + nb16)):
+            more, fewer = (base - nb16) * 2 + nb16, (base - nb16) // 2 + nb16
+            # register caps that fit more one-warp programs per SM (238 regs: 8, 200: 10, 168: 12)
+            # and BLOCK_N=32 (168 regs unforced), each also with twice the INT2 splits
+            for cfg in (dict(maxnreg=200), dict(maxnreg=168), dict(block_n=32), dict(block_n=128),
+                        dict(maxnreg=200, max_kv_splits=more), dict(maxnreg=168, max_kv_splits=more),
+                        dict(block_n=32, max_kv_splits=more), dict(max_kv_splits=more),
+                        dict(max_kv_splits=fewer), dict(num_stages=3)):
                 try:
                     t = bench_graph(ic.fn(kind="fast", **cfg), ic.copies)
                     log(f"  tune-fast B={B} L={L} {cfg}: {t * 1e3:.1f} us (default {t_fast * 1e3:.1f} us)")

@@ -70,6 +70,18 @@ def test_fast_decode_small_tiles_many_splits(seed):
         assert rel_err(o[b], o_ref[0]) <= REL_TOL
 
 
+def test_fast_decode_64bit_offsets(seed):
+    """The int64 offset path (taken for pools of >= 2^31 elements) gives the same attention."""
+    D, hkv, gqa = 64, 2, 4
+    pool = Pool(LENS, OWNS, hkv, D, D, sinks=SINKS)
+    q = (torch.randn(len(LENS), hkv * gqa, D) * 2).bfloat16()
+    o = run_fast(pool, q, D, offsets_32bit=False)
+    for b in range(len(LENS)):
+        K, V = pool.request_kv(b)
+        o_ref, _ = ref.attention(q[b:b + 1].float(), K, V)
+        assert rel_err(o[b], o_ref[0]) <= REL_TOL
+
+
 def test_fast_decode_logit_cap(seed):
     D, hkv, gqa, cap = 64, 1, 2, 5.0
     pool = Pool([40], [0], hkv, D, D)

@@ -5,20 +5,24 @@ read the BF16 sink ++ ring, splits NB16.. equal BLOCK_N-aligned chunks of the IN
 program writes a normalised partial output and its natural-log LSE that decode's merge kernel
 combines). Only the INT2 loop is organised differently. ops.decode_attention uses it by default
 when K and V use one (scale, min) group per row (G = head_dim); OSCAR_INT2_DECODE_KERNEL=base
-selects the original kernel (H100, 2026-11-22 10:08 UTC, docs/benchmarks.md: 20-30% faster at
-B >= 8 or L >= 32K, 2.6 us slower per layer at B=1, L=8K; batch-1 TPOT in the server unchanged).
+selects the original kernel (docs/benchmarks.md "Kernels": 1.2-1.5x faster than it except at
+B=1, L=8K, where it is 1.8 us slower per layer).
 
 What changes (SASS counts: bench/kernel_sass.py, sm_90, Hq=32, Hkv=8, D=128, G=128):
-* Scores are computed transposed, s^T = codes @ q^T: the key tile is the MMA's M side (no
-  padding) and the GQA query rows are its N side, padded only to 8 (an MMA n8 tile) instead of the
-  16 rows of an m16 tile: half the q.k MMAs and half the softmax elements. The V side keeps
-  p @ codes (p^T goes through shared memory once per tile).
+* Both products run transposed so that the long side fills the MMA's 16-row side and the GQA
+  query rows its 8-column side (padded to 8, not to 16): scores s^T = codes_K @ q^T (keys x rows)
+  and o^T += codes_V^T @ (p*sc) (Dv x rows). Half the MMAs and half the accumulator registers of
+  the row-major form; p never needs transposing.
 * One warp per program (see NUM_WARPS).
-* Codes are unpacked four quarters at a time with an exponent trick (_unpack_k / _unpack_v):
-  10 (K) and 13 (V) instructions per 16 codes instead of 16.
-Base kernel 29.1 warp-instructions per (key, KV head); this one 19.5 at BLOCK_N=128 and 21.1 at
-the default BLOCK_N=64, which was nevertheless the faster tile on the H100 at every benchmarked
-shape (fewer registers: no spills; bench/kernels.py --tune-fast, 2026-11-22).
+* Codes are widened to 16 bits once per tile and each quarter becomes an MMA operand with one
+  lop3 per two codes (exponent trick, _quarter_k / _quarter_v), one quarter at a time.
+* The V (scale, min) sums are per-row scalars kept apart from the MMA accumulators and added once
+  after the loop; the softmax scale is folded into q; whole tiles run without masks; offsets are
+  32-bit when the pool allows.
+Base kernel 29.1 warp-instructions per (key, KV head); this one 16.5 at the default BLOCK_N=64
+(21.1 before the transposed p @ V and the changes after it). BLOCK_N=64 was the fastest tile on
+the H100 (bench/kernels.py --tune-fast, 2026-11-22 11:35 UTC: BLOCK_N 32 / 128, register caps of
+200 / 168 and 3 stages were all slower).
 """
 from __future__ import annotations
 
@@ -30,22 +34,23 @@ from .attend import (_bf16_source_loop, _cap_and_scale, _unpack_params, as_param
                      source_ranges, split_ranges, load_q_quarters, empty_softmax_state)
 
 LN2 = tl.constexpr(0.6931471805599453)
+MASKS = tl.constexpr(("0x00030003", "0x000C000C", "0x00300030", "0x00C000C0"))
 # One warp per program: the [BLOCK_N, 8] score tile is one warp's MMA column, so a second warp
 # would only duplicate it (Triton gives every chained dot the same warp split). Twice the base
 # kernel's programs per SM keeps the same number of warps in flight.
 NUM_WARPS = 1
 PROGRAMS_PER_SM = 8
-# H100, same run vs BLOCK_N=128 (us): B=64 L=32K 778 vs 1258, B=8 L=32K 107 vs 133, B=32 L=8K 122 vs
-# 146, B=1 L=128K 58 vs 67 (bench/kernels.py --tune-fast, 2026-11-22 10:01 UTC)
+# H100, same run vs BLOCK_N=128 / 32 (us): B=64 L=32K 714 vs 1301 / 959, B=8 L=32K 101 vs 121 / 132
+# (bench/kernels.py --tune-fast, 2026-11-22 11:35 UTC)
 BLOCK_N = 64
 
 
 # Codes as small floats with a constant offset and a power-of-two scale per quarter j (scale
-# folded into q for K and into the output for V), all four quarters of 4 bytes in one PTX block:
-#   K (fp16): 1024 + c_j * 4^j   two byte-spreading permutes + 8 and/or per 4 bytes (16 codes)
-#   V (bf16):  128 + c_j * (1, 4, 16, 16)[j]   (bf16 has 7 mantissa bits: quarter 3 is shifted down
-#             by 2 first) one shift, 4 permutes + 8 and/or per 16 codes
-# The base kernel's per-quarter block costs 4 instructions per 4 codes (16 per 16).
+# folded into q for K and into the output for V): a code byte widened to 16 bits has quarter j in
+# bits 2j..2j+1, and OR-ing an exponent onto the masked bits makes a float of that mantissa:
+#   K (fp16, 10 mantissa bits): 1024 + c_j * 4^j
+#   V (bf16,  7 mantissa bits):  128 + c_j * (1, 4, 16, 16)[j]   (quarter 3 is shifted down by 2)
+# one lop3 per two codes (two per two for V's quarter 3). The offsets are removed per row.
 # (the plain-Triton fallback, used by the CPU interpreter, has no offset: exact small integers)
 
 
@@ -60,48 +65,89 @@ def _v_scale(J: tl.constexpr):
 
 
 @triton.jit
-def _unpack_k(c, DT: tl.constexpr, USE_ASM: tl.constexpr):
-    """uint8 codes -> 4 tensors (quarter j) of K_OFS + code_j * _k_scale(j) in DT."""
+def _quarter_k(c16, J: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr):
+    """Quarter J of uint16-widened codes: K_OFS + code_J * _k_scale(J) in DT (one lop3 per 2).
+
+    One quarter at a time keeps only that quarter's operand live (not all four)."""
     if USE_ASM:
-        r0, r1, r2, r3 = tl.inline_asm_elementwise(
-            "{.reg .b32 x, y, z, m; mov.b32 z, 0; mov.b32 m, 0x64006400; "
-            "prmt.b32 x, $8, z, 0x4140; prmt.b32 y, $8, z, 0x4342; "
-            "lop3.b32 $0, x, 0x00030003, m, 0xEA; lop3.b32 $1, y, 0x00030003, m, 0xEA; "
-            "lop3.b32 $2, x, 0x000C000C, m, 0xEA; lop3.b32 $3, y, 0x000C000C, m, 0xEA; "
-            "lop3.b32 $4, x, 0x00300030, m, 0xEA; lop3.b32 $5, y, 0x00300030, m, 0xEA; "
-            "lop3.b32 $6, x, 0x00C000C0, m, 0xEA; lop3.b32 $7, y, 0x00C000C0, m, 0xEA;}",
-            "=r,=r,=r,=r,=r,=r,=r,=r,r", [c], dtype=(tl.float16,) * 4, is_pure=True, pack=4)
-        r0, r1, r2, r3 = r0.to(DT), r1.to(DT), r2.to(DT), r3.to(DT)
+        r = tl.inline_asm_elementwise(
+            "{.reg .b32 m; mov.b32 m, 0x64006400; lop3.b32 $0, $1, " + MASKS[J] + ", m, 0xEA;}",
+            "=r,r", [c16], dtype=tl.float16, is_pure=True, pack=2)
+        return r.to(DT)
     else:
-        ci = c.to(tl.int32)
-        r0 = (ci & 3).to(DT)
-        r1 = (ci & 12).to(DT)
-        r2 = (ci & 48).to(DT)
-        r3 = (ci & 192).to(DT)
-    return r0, r1, r2, r3
+        return (c16.to(tl.int32) & (3 << (2 * J))).to(DT)
 
 
 @triton.jit
-def _unpack_v(c, DT: tl.constexpr, USE_ASM: tl.constexpr):
-    """uint8 codes -> 4 tensors (quarter j) of V_OFS + code_j * _v_scale(j) in DT."""
+def _quarter_v(c16, J: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr):
+    """Quarter J of uint16-widened codes: V_OFS + code_J * _v_scale(J) in DT (bf16 trick)."""
     if USE_ASM:
-        r0, r1, r2, r3 = tl.inline_asm_elementwise(
-            "{.reg .b32 x, y, u, v, w, z, m; mov.b32 z, 0; mov.b32 m, 0x43004300; "
-            "prmt.b32 x, $8, z, 0x4140; prmt.b32 y, $8, z, 0x4342; shr.b32 w, $8, 2; "
-            "prmt.b32 u, w, z, 0x4140; prmt.b32 v, w, z, 0x4342; "
-            "lop3.b32 $0, x, 0x00030003, m, 0xEA; lop3.b32 $1, y, 0x00030003, m, 0xEA; "
-            "lop3.b32 $2, x, 0x000C000C, m, 0xEA; lop3.b32 $3, y, 0x000C000C, m, 0xEA; "
-            "lop3.b32 $4, x, 0x00300030, m, 0xEA; lop3.b32 $5, y, 0x00300030, m, 0xEA; "
-            "lop3.b32 $6, u, 0x00300030, m, 0xEA; lop3.b32 $7, v, 0x00300030, m, 0xEA;}",
-            "=r,=r,=r,=r,=r,=r,=r,=r,r", [c], dtype=(tl.bfloat16,) * 4, is_pure=True, pack=4)
-        r0, r1, r2, r3 = r0.to(DT), r1.to(DT), r2.to(DT), r3.to(DT)
+        if J < 3:
+            r = tl.inline_asm_elementwise(
+                "{.reg .b32 m; mov.b32 m, 0x43004300; lop3.b32 $0, $1, " + MASKS[J] + ", m, 0xEA;}",
+                "=r,r", [c16], dtype=tl.bfloat16, is_pure=True, pack=2)
+        else:
+            r = tl.inline_asm_elementwise(
+                "{.reg .b32 m, w; mov.b32 m, 0x43004300; shr.b32 w, $1, 2; lop3.b32 $0, w, 0x00300030, m, 0xEA;}",
+                "=r,r", [c16], dtype=tl.bfloat16, is_pure=True, pack=2)
+        return r.to(DT)
     else:
-        ci = c.to(tl.int32)
-        r0 = (ci & 3).to(DT)
-        r1 = (ci & 12).to(DT)
-        r2 = (ci & 48).to(DT)
-        r3 = ((ci >> 2) & 48).to(DT)
-    return r0, r1, r2, r3
+        ci = c16.to(tl.int32)
+        return ((ci >> 2) & 48).to(DT) if J == 3 else (ci & (3 << (2 * J))).to(DT)
+
+
+@triton.jit
+def _int2_tile(i0, i_hi, sink_lo, hole, idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
+               q0t, q1t, q2t, q3t, qs_ofs, qsum, m_i, l_i, b_mn, b_sc, a0, a1, a2, a3, sm_scale_log2, logit_cap,
+               MASKED: tl.constexpr, QD: tl.constexpr, QDV: tl.constexpr, BLOCK_N: tl.constexpr,
+               LOGIT_CAP: tl.constexpr, KDT: tl.constexpr, PV_DT: tl.constexpr, USE_ASM: tl.constexpr,
+               OFS32: tl.constexpr):
+    """One tile of BLOCK_N INT2 keys: scores s^T = codes @ q^T, online softmax, o^T += codes^T @ p.
+
+    MASKED: keys past i_hi read slot 0 (always a valid pool row) and get -inf scores; whole
+    tiles skip the masks."""
+    dq = tl.arange(0, QD)
+    dv = tl.arange(0, QDV)
+    ii = i0 + tl.arange(0, BLOCK_N)
+    pos = ii + tl.where(ii >= sink_lo, hole, 0)
+    if MASKED:
+        kmask = ii < i_hi
+        slot = tl.load(idx_base + pos, mask=kmask, other=0)
+    else:
+        slot = tl.load(idx_base + pos)
+    # 32-bit offsets when every pool tensor is under 2^31 elements (one IMAD per address)
+    slot = slot.to(tl.int32) if OFS32 else slot.to(tl.int64)
+    kc = tl.load(KCh + slot[:, None] * stride_kcn + dq[None, :])
+    ksc, kmn = _unpack_params(tl.load(KPh + slot * stride_kpn))
+    k16 = kc.to(tl.uint16)
+    part = tl.dot(_quarter_k(k16, 0, KDT, USE_ASM), q0t)
+    part = tl.dot(_quarter_k(k16, 1, KDT, USE_ASM), q1t, part)
+    part = tl.dot(_quarter_k(k16, 2, KDT, USE_ASM), q2t, part)
+    part = tl.dot(_quarter_k(k16, 3, KDT, USE_ASM), q3t, part)
+    st = (part - qs_ofs[None, :]) * ksc[:, None] + kmn[:, None] * qsum[None, :]  # one group per row
+    if LOGIT_CAP:
+        st = _cap_and_scale(st, sm_scale_log2, logit_cap, LOGIT_CAP)
+    if MASKED:
+        st = tl.where(kmask[:, None], st, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(st, 0))
+    alpha = tl.exp2(m_i - m_new)
+    pt = tl.exp2(st - m_new[None, :])
+    l_i = l_i * alpha + tl.sum(pt, 0)
+    m_i = m_new
+
+    # V codes loaded transposed [Dv/4, keys]: o^T += codes^T @ (p*sc)
+    vct = tl.load(VCh + slot[None, :] * stride_vcn + dv[:, None])
+    vsc, vmn = _unpack_params(tl.load(VPh + slot * stride_vpn))
+    pst = (pt * vsc[:, None]).to(PV_DT)
+    b_mn = b_mn * alpha + tl.sum(pt * vmn[:, None], 0)
+    b_sc = b_sc * alpha + tl.sum(pst.to(tl.float32), 0)
+    v16 = vct.to(tl.uint16)
+    al = alpha[None, :]
+    a0 = tl.dot(_quarter_v(v16, 0, PV_DT, USE_ASM), pst, a0 * al)
+    a1 = tl.dot(_quarter_v(v16, 1, PV_DT, USE_ASM), pst, a1 * al)
+    a2 = tl.dot(_quarter_v(v16, 2, PV_DT, USE_ASM), pst, a2 * al)
+    a3 = tl.dot(_quarter_v(v16, 3, PV_DT, USE_ASM), pst, a3 * al)
+    return m_i, l_i, b_mn, b_sc, a0, a1, a2, a3
 
 
 def default_max_splits(batch: int, kv_heads: int, device, nb16: int = 2) -> int:
@@ -134,11 +180,11 @@ def attend_fast_kernel(
     S: tl.constexpr, W: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, HAS_NSPLITS: tl.constexpr,
     MIN_CHUNK: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, NB16: tl.constexpr,
-    USE_ASM: tl.constexpr,
+    USE_ASM: tl.constexpr, OFS32: tl.constexpr,
 ):
     QD: tl.constexpr = D // 4
     QDV: tl.constexpr = DV // 4
-    K_OFS: tl.constexpr = 1024.0 if USE_ASM else 0.0  # offsets of _unpack_k / _unpack_v
+    K_OFS: tl.constexpr = 1024.0 if USE_ASM else 0.0  # offsets of _quarter_k / _quarter_v
     V_OFS: tl.constexpr = 128.0 if USE_ASM else 0.0
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -182,82 +228,70 @@ def attend_fast_kernel(
         sm_scale_log2, logit_cap, True, W, QD, QDV, BLOCK_B, LOGIT_CAP, PV_DT)
 
     # ---- INT2 body: scores transposed, s^T [BLOCK_N keys, BLOCK_M rows] ----------------------
-    # quarter j of q divided by the code scale of quarter j (a power of two: exact in fp16
-    # unless |q| < 2^-8 where fp16 goes subnormal); KDT = fp16 for the K codes' exponent trick
+    # q^T quarters loaded transposed ([D/4, rows], the MMA's B side) and scaled once: by the
+    # softmax scale (log2 domain, unless a logit cap needs raw q.k) and by 1/(code scale of
+    # quarter j), a power of two; KDT = fp16 for the K codes' exponent trick
     KDT: tl.constexpr = tl.float32 if PV_DT == tl.float32 else tl.float16
-    q0s = q0.to(tl.float32).to(KDT)
-    q1s = (q1.to(tl.float32) * (1.0 / _k_scale(1))).to(KDT)
-    q2s = (q2.to(tl.float32) * (1.0 / _k_scale(2))).to(KDT)
-    q3s = (q3.to(tl.float32) * (1.0 / _k_scale(3))).to(KDT)
+    QSC = 1.0 if LOGIT_CAP else sm_scale_log2
+    qbt = Q + b.to(tl.int64) * stride_qt + hq[None, :] * stride_qh + dq[:, None]
+    q0t = (tl.load(qbt, mask=rmask[None, :], other=0.0).to(tl.float32) * QSC).to(KDT)
+    q1t = (tl.load(qbt + QD, mask=rmask[None, :], other=0.0).to(tl.float32) * (QSC / _k_scale(1))).to(KDT)
+    q2t = (tl.load(qbt + 2 * QD, mask=rmask[None, :], other=0.0).to(tl.float32) * (QSC / _k_scale(2))).to(KDT)
+    q3t = (tl.load(qbt + 3 * QD, mask=rmask[None, :], other=0.0).to(tl.float32) * (QSC / _k_scale(3))).to(KDT)
     # scores: part = sum_j q'_j.(K_OFS + s_j c_j) = q.c + K_OFS * qs_ofs, q.k_hat = sc q.c + mn sum(q)
-    qs_ofs = K_OFS * (tl.sum(q0s.to(tl.float32), 1) + tl.sum(q1s.to(tl.float32), 1)
-                      + tl.sum(q2s.to(tl.float32), 1) + tl.sum(q3s.to(tl.float32), 1))
-    qsum = (tl.sum(q0s.to(tl.float32), 1) + _k_scale(1) * tl.sum(q1s.to(tl.float32), 1)
-            + _k_scale(2) * tl.sum(q2s.to(tl.float32), 1) + _k_scale(3) * tl.sum(q3s.to(tl.float32), 1))
-    q0t = tl.trans(q0s)
-    q1t = tl.trans(q1s)
-    q2t = tl.trans(q2s)
-    q3t = tl.trans(q3s)
-    # V accumulators in scaled units during the INT2 loop: a'_j = s_j * a_j
-    a1 = a1 * _v_scale(1)
-    a2 = a2 * _v_scale(2)
-    a3 = a3 * _v_scale(3)
-    offs_n = tl.arange(0, BLOCK_N)
+    s0 = tl.sum(q0t.to(tl.float32), 0)
+    s1 = tl.sum(q1t.to(tl.float32), 0)
+    s2 = tl.sum(q2t.to(tl.float32), 0)
+    s3 = tl.sum(q3t.to(tl.float32), 0)
+    qs_ofs = K_OFS * (s0 + s1 + s2 + s3)
+    qsum = s0 + _k_scale(1) * s1 + _k_scale(2) * s2 + _k_scale(3) * s3
+    # V accumulators transposed ([Dv/4, rows]: Dv fills the MMA's 16-row side, no padding rows)
+    # and in scaled units during the INT2 loop: a'_j = s_j * a_j
+    a0 = tl.trans(a0)
+    a1 = tl.trans(a1 * _v_scale(1))
+    a2 = tl.trans(a2 * _v_scale(2))
+    a3 = tl.trans(a3 * _v_scale(3))
+    # per-row parts of the V sums, added to the accumulators once after the loop (rescaled by
+    # alpha like them): sum_k p*mn and sum_k p*sc; the tile's p @ codes accumulates in the MMA
+    b_mn = tl.zeros([BLOCK_M], dtype=tl.float32)
+    b_sc = tl.zeros([BLOCK_M], dtype=tl.float32)
     dv = tl.arange(0, QDV)
     KCh = KC + kvh * stride_kch
     KPh = KP + kvh * stride_kph
     VCh = VC + kvh * stride_vch
     VPh = VP + kvh * stride_vph
     idx_base = kv_indices + kv_start
-    for i0 in range(i_lo, i_hi, BLOCK_N):
-        ii = i0 + offs_n
-        kmask = ii < i_hi
-        pos = ii + tl.where(ii >= sink_lo, hole, 0)
-        # masked lanes read slot 0 (always a valid pool row) and are dropped via -inf scores
-        slot = tl.load(idx_base + pos, mask=kmask, other=0).to(tl.int64)
-        kc = tl.load(KCh + slot[:, None] * stride_kcn + dq[None, :])
-        ksc, kmn = _unpack_params(tl.load(KPh + slot * stride_kpn))
-        c0, c1, c2, c3 = _unpack_k(kc, KDT, USE_ASM)
-        part = tl.dot(c0, q0t)
-        part = tl.dot(c1, q1t, part)
-        part = tl.dot(c2, q2t, part)
-        part = tl.dot(c3, q3t, part)
-        qkt = (part - qs_ofs[None, :]) * ksc[:, None] + kmn[:, None] * qsum[None, :]  # one group per row
-        st = _cap_and_scale(qkt, sm_scale_log2, logit_cap, LOGIT_CAP)
-        st = tl.where(kmask[:, None], st, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(st, 0))
-        alpha = tl.exp2(m_i - m_new)
-        pt = tl.exp2(st - m_new[None, :])
-        l_i = l_i * alpha + tl.sum(pt, 0)
-        m_i = m_new
+    # whole tiles without masks, then the partial last tile (if any) with them
+    i_full = i_lo + (i_hi - i_lo) // BLOCK_N * BLOCK_N
+    for i0 in range(i_lo, i_full, BLOCK_N):
+        m_i, l_i, b_mn, b_sc, a0, a1, a2, a3 = _int2_tile(
+            i0, i_hi, sink_lo, hole, idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
+            q0t, q1t, q2t, q3t, qs_ofs, qsum, m_i, l_i, b_mn, b_sc, a0, a1, a2, a3, sm_scale_log2, logit_cap,
+            False, QD, QDV, BLOCK_N, LOGIT_CAP, KDT, PV_DT, USE_ASM, OFS32)
+    if i_full < i_hi:
+        m_i, l_i, b_mn, b_sc, a0, a1, a2, a3 = _int2_tile(
+            i_full, i_hi, sink_lo, hole, idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
+            q0t, q1t, q2t, q3t, qs_ofs, qsum, m_i, l_i, b_mn, b_sc, a0, a1, a2, a3, sm_scale_log2, logit_cap,
+            True, QD, QDV, BLOCK_N, LOGIT_CAP, KDT, PV_DT, USE_ASM, OFS32)
 
-        vc = tl.load(VCh + slot[:, None] * stride_vcn + dv[None, :])
-        vsc, vmn = _unpack_params(tl.load(VPh + slot * stride_vpn))
-        pst = (pt * vsc[:, None]).to(PV_DT)
-        # (p*sc) @ (V_OFS + s_j c) = V_OFS sum(p*sc) + s_j (p*sc) @ c, and s_j p @ v_hat_j =
-        # s_j (p*sc) @ c + s_j p @ mn: add s_j * sum(p*mn) - V_OFS * sum(p*sc) per row
-        pmn = tl.sum(pt * vmn[:, None], 0)[:, None]
-        pofs = V_OFS * tl.sum(pst.to(tl.float32), 0)[:, None]
-        ps = tl.trans(pst)
-        v0, v1, v2, v3 = _unpack_v(vc, PV_DT, USE_ASM)
-        a0 = a0 * alpha[:, None] + tl.dot(ps, v0) + (pmn * _v_scale(0) - pofs)
-        a1 = a1 * alpha[:, None] + tl.dot(ps, v1) + (pmn * _v_scale(1) - pofs)
-        a2 = a2 * alpha[:, None] + tl.dot(ps, v2) + (pmn * _v_scale(2) - pofs)
-        a3 = a3 * alpha[:, None] + tl.dot(ps, v3) + (pmn * _v_scale(3) - pofs)
-
-    a1 = a1 * (1.0 / _v_scale(1))
-    a2 = a2 * (1.0 / _v_scale(2))
-    a3 = a3 * (1.0 / _v_scale(3))
+    # (p*sc) @ (V_OFS + s_j c) = V_OFS sum(p*sc) + s_j (p*sc) @ c, and s_j p @ v_hat_j =
+    # s_j (p*sc) @ c + s_j p @ mn: add s_j * sum(p*mn) - V_OFS * sum(p*sc) per row
+    b_mn = b_mn[None, :]
+    b_ofs = V_OFS * b_sc[None, :]
+    a0 = a0 + (b_mn * _v_scale(0) - b_ofs)
+    a1 = (a1 + (b_mn * _v_scale(1) - b_ofs)) * (1.0 / _v_scale(1))
+    a2 = (a2 + (b_mn * _v_scale(2) - b_ofs)) * (1.0 / _v_scale(2))
+    a3 = (a3 + (b_mn * _v_scale(3) - b_ofs)) * (1.0 / _v_scale(3))
 
     # ---- normalised partial output + LSE -----------------------------------------------------
     has = l_i > 0
     inv_l = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)
     lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * LN2, float("-inf"))
-    ob = Out + b.to(tl.int64) * stride_ot + hq[:, None] * stride_oh + split * stride_os + dv[None, :]
-    tl.store(ob, a0 * inv_l[:, None], mask=rmask[:, None])
-    tl.store(ob + QDV, a1 * inv_l[:, None], mask=rmask[:, None])
-    tl.store(ob + 2 * QDV, a2 * inv_l[:, None], mask=rmask[:, None])
-    tl.store(ob + 3 * QDV, a3 * inv_l[:, None], mask=rmask[:, None])
+    ob = Out + b.to(tl.int64) * stride_ot + hq[None, :] * stride_oh + split * stride_os + dv[:, None]
+    tl.store(ob, a0 * inv_l[None, :], mask=rmask[None, :])
+    tl.store(ob + QDV, a1 * inv_l[None, :], mask=rmask[None, :])
+    tl.store(ob + 2 * QDV, a2 * inv_l[None, :], mask=rmask[None, :])
+    tl.store(ob + 3 * QDV, a3 * inv_l[None, :], mask=rmask[None, :])
     tl.store(Lse + b.to(tl.int64) * stride_lt + hq * stride_lh + split * stride_ls, lse, mask=rmask)
 
 
@@ -283,9 +317,12 @@ def decode_attention_fast(
     kv_indptr, kv_indices, req_rows, own_start, *, k_group, v_group, sm_scale, sink_start=None,
     num_kv_splits=None, max_kv_splits=None, attn_logits=None, attn_lse=None, logit_cap=0.0,
     block_n=None, num_warps=None, num_stages=2, min_chunk=None, bf16_keys_per_split=None, use_asm=None,
-    maxnreg=None, block_m=None,
+    maxnreg=None, block_m=None, offsets_32bit=None,
 ):
-    """decode.decode_attention with the fast stage-1 kernel (same arguments, same results)."""
+    """decode.decode_attention with the fast stage-1 kernel (same arguments, same results).
+
+    offsets_32bit: pool offsets in 32-bit arithmetic; default: when every pool tensor has < 2^31
+    elements (the other case is tested by forcing False)."""
     import torch
 
     from . import decode as _dec
@@ -327,6 +364,8 @@ def decode_attention_fast(
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_B=_dec.BLOCK_B, HAS_NSPLITS=num_kv_splits is not None,
         MIN_CHUNK=min_chunk, LOGIT_CAP=logit_cap > 0, PV_DT=_base.PV_DTYPE, NB16=nb16,
         USE_ASM=(_base.USE_ASM if use_asm is None else use_asm) and q.dtype == torch.bfloat16,
+        OFS32=(max(t.numel() for t in (k_codes, kp, v_codes, vp)) < 2 ** 31 if offsets_32bit is None
+               else offsets_32bit),
         num_warps=num_warps or NUM_WARPS, num_stages=num_stages, **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     return _dec.merge_splits(o, attn_logits, attn_lse, kv_indptr, req_rows, own_start, sink_start,
