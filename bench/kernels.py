@@ -343,9 +343,9 @@ def bench_store(T, rotate):
 
 EXTEND_SHAPES = ((32768, 4096), (8192, 512))  # (prefix, new tokens), one request
 # extend_fast settings also timed with --tune-extend (defaults: block_m 128, block_n 64, 8 warps, 2 stages)
-EXTEND_TUNE = (dict(dequant="gather"), dict(dequant="join"), dict(dequant="asm"), dict(dequant="asm", num_stages=3),
-               dict(dequant="asm", block_n=128), dict(dequant="join", num_stages=3), dict(block_n=128),
-               dict(dequant="asm", block_m=64, num_warps=4), dict(dequant="asm", num_stages=1))
+EXTEND_TUNE = (dict(dequant="gather"), dict(dequant="join"), dict(num_stages=3), dict(num_stages=1),
+               dict(block_n=128), dict(block_n=128, num_stages=3), dict(block_n=32), dict(block_m=64, num_warps=4),
+               dict(block_m=64))
 
 
 def check_extend(group, lens=(3000, 700, 150, 40), owns=(0, 40, 2000, 0), sinks=(0, 40, 0, 0), E=(64, 16, 3, 5)):
@@ -408,8 +408,8 @@ def check_extend(group, lens=(3000, 700, 150, 40), owns=(0, 40, 2000, 0), sinks=
             f"{[f'{e:.1e}' for e in errs]}, max |lse error| {lerr:.1e}{'' if ok else '  WRONG'}")
         if not ok:
             wrong.append(name)
-    # the kernels ops uses must be right; a wrong non-default variant is reported (and not timed)
-    assert not {"fast", "base"} & set(wrong), f"extend-prefix kernels wrong on the GPU: {wrong}"
+    # a wrong fast variant is reported (WRONG here and in the table) and its tuning runs skipped
+    assert "base" not in wrong, "the base extend-prefix kernel is wrong on the GPU"
     return wrong
 
 
@@ -459,12 +459,16 @@ def bench_extend(prefix, E, tune=False, skip=()):
                              sm_scale=D ** -0.5, lse_extend=lb, skip_extend=skip_extend)
     r["sglang_prefix_ms"] = bench(lambda: sgl(True))
     r["sglang_full_ms"] = bench(lambda: sgl(False))
+    # the new-token part alone (what the INT2 backend runs next to ours, then merges by LSE)
+    r["sglang_new_ms"] = bench(lambda: extend_attention_fwd(
+        q, ke, ve, ob, kb, vb, qo, kv_indptr, kv_indices, None, True, None, E, 1.0, 1.0,
+        sm_scale=D ** -0.5, lse_extend=lb, skip_prefix=True))
     for k in ("base", "fast", "sglang_prefix"):
         r[k + "_tflops"] = r["flops"] / r[k + "_ms"] / 1e9
     log(f"extend-prefix prefix={prefix} E={E}: base {r['base_ms']:.2f} ms ({r['base_tflops']:.0f} TFLOP/s), "
         f"fast {r['fast_ms']:.2f} ms ({r['fast_tflops']:.0f} TFLOP/s, {r['base_ms'] / r['fast_ms']:.2f}x base), "
         f"SGLang BF16 prefix part {r['sglang_prefix_ms']:.2f} ms ({r['sglang_prefix_tflops']:.0f} TFLOP/s), "
-        f"SGLang BF16 whole call {r['sglang_full_ms']:.2f} ms")
+        f"SGLang BF16 whole call {r['sglang_full_ms']:.2f} ms, its new-token part alone {r['sglang_new_ms']:.2f} ms")
     del kb, vb
     torch.cuda.empty_cache()
     return r
@@ -588,6 +592,7 @@ def main():
         wrong = [w for g in (128, 32) for w in check_extend(g)]
     for prefix, E in () if args.skip_store_extend else EXTEND_SHAPES:
         ex.append(bench_extend(prefix, E, tune=args.tune_extend, skip=wrong))
+        ex[-1]["fast_check_failed"] = "fast" in wrong
     raw["extend"] = ex
 
     # acceptance (issue 2)
@@ -632,14 +637,15 @@ def main():
         md.append(f"| T={s['T']} tokens{', in-kernel rotation' if s['rotate'] else ''} | {s['ms'] * 1e3:.1f} us | {s['gbs']:.0f} |")
     md += ["", "| extend-prefix (1 request, Hq=32, Hkv=8, D=128, G=128) | INT2 base (extend_prefix.py) "
            "| INT2 fast (extend_fast.py, default) | fast vs base | SGLang BF16 Triton extend, prefix part "
-           "| fast vs SGLang BF16 | SGLang BF16 whole call (+ causal new tokens) |",
-           "|---|---:|---:|---:|---:|---:|---:|"]
+           "| fast vs SGLang BF16 | SGLang BF16 whole call (+ causal new tokens) | its new-token part alone |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for e in ex:
         md.append(f"| prefix {e['prefix'] // 1024}K, {e['E']} new tokens | {e['base_ms']:.2f} ms, "
-                  f"{e['base_tflops']:.0f} TFLOP/s | {e['fast_ms']:.2f} ms, {e['fast_tflops']:.0f} TFLOP/s "
+                  f"{e['base_tflops']:.0f} TFLOP/s | {e['fast_ms']:.2f} ms, {e['fast_tflops']:.0f} TFLOP/s"
+                  f"{' (FAILED the float64 check)' if e['fast_check_failed'] else ''} "
                   f"| **{e['base_ms'] / e['fast_ms']:.2f}x** | {e['sglang_prefix_ms']:.2f} ms, "
                   f"{e['sglang_prefix_tflops']:.0f} TFLOP/s | {e['sglang_prefix_ms'] / e['fast_ms']:.2f}x "
-                  f"| {e['sglang_full_ms']:.2f} ms |")
+                  f"| {e['sglang_full_ms']:.2f} ms | {e['sglang_new_ms']:.2f} ms |")
     md += ["", "Acceptance (issue 2), this run:", ""]
     md += [f"- {'PASS' if ok else 'FAIL'}: {name}" for name, ok in acc]
     text = "\n".join(md)

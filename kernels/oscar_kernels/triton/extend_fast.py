@@ -9,13 +9,20 @@ Why a second kernel: prefill is compute bound (every INT2 key is read by E_b * G
 and the generic attend kernel is shaped for decode (quarter-split dot products of K = D/4, 64
 rows, 4 warps: mma v2 on the H100). Here one program takes BLOCK_M = 128 (token, query head)
 rows of one KV head and runs the textbook flash-attention loop with full-width tiles:
-  * each INT2 K / V tile is dequantised once to a [BLOCK_N, D] tile in the MMA dtype
-    (code * scale + min in fp32, any group size), shared by all 128 rows;
+  * each INT2 K / V tile is dequantised once to a [BLOCK_N, D] fp16 tile (code * scale + min),
+    shared by all 128 rows;
   * one tl.dot(q, k^T) with K = D and one tl.dot(p, v), 8 warps: on sm_90 Triton emits wgmma
-    (check with bench/kernel_sass.py-style offline compilation, docs/design.md);
+    (HGMMA; offline sm_90 compile, docs/design.md has the instruction mix);
   * the INT2 loop runs unmasked full tiles and one masked tail tile.
-The byte layout is quarter split (format.py): dim d of a row is byte d % (D/4), bits 2*(d // (D/4)).
-The tile loads each code byte for its four dims (served by L1: the codes are 1/8 of a BF16 row).
+Dequantisation ("asm", the default): the quarter-split bytes (format.py: byte i of a row holds dims
+i + j * D/4, j = 0..3, at bits 2j) are unpacked by one PTX block into four [BLOCK_N, D/4] quarter
+tiles and joined in registers to a [BLOCK_N, D] tile whose column 4i + j is dim j * D/4 + i. That
+column order costs nothing: q is loaded in the same order (q . k is order-free) and V's columns
+come out of p @ v in that order, so o is stored with the inverse permutation.
+MMA operands are fp16, not bf16: the parameters are fp16 already, so code * scale + min is one
+fp16 fma with one rounding (2^-11 relative); bf16 K tiles cost ~0.1 of LSE accuracy on
+heavy-tailed data (H100 check, bench/kernels.py). BF16 queries and sink / ring rows convert to fp16
+exactly within its range and saturate at +-65504 beyond it.
 
 ops.extend_prefix_attention uses this kernel where it applies (supports(): D, Dv in {64, 128},
 16-bit queries); OSCAR_INT2_EXTEND_KERNEL=base selects the original one.
@@ -27,7 +34,7 @@ import os
 import triton
 import triton.language as tl
 
-from .attend import (LOG2E, PV_DTYPE, _cap_and_scale, _online_softmax, _unpack_params,
+from .attend import (LOG2E, PV_DTYPE, _cap_and_scale, _unpack_params,
                      as_param_words, check_pool, source_ranges)
 
 LN2 = tl.constexpr(0.6931471805599453)
@@ -36,7 +43,8 @@ BLOCK_N = 64  # keys per tile
 BLOCK_B = 64  # keys per BF16 sink / ring tile
 NUM_WARPS = 8
 NUM_STAGES = 2
-DEQUANT = "join"  # see extend_prefix_attention_fast
+# INT2 dequantisation (see extend_prefix_attention_fast); the interpreter (CPU) runs "join" for "asm"
+DEQUANT = "asm"
 
 
 @triton.jit
@@ -48,11 +56,27 @@ def _to_mma(x, DT: tl.constexpr):
 
 
 @triton.jit
-def _scores(qk, sm_scale_log2, logit_cap, LOGIT_CAP: tl.constexpr, FOLDED: tl.constexpr):
-    """q.k -> log2-domain scores; FOLDED: sm_scale * log2(e) is already in q (sm_scale_log2 = 1)."""
-    if FOLDED and not LOGIT_CAP:
-        return qk
-    return _cap_and_scale(qk, sm_scale_log2, logit_cap, LOGIT_CAP)
+def _softmax_tile(qk, kmask, m_i, l_i, sm_scale_log2, logit_cap, LOGIT_CAP: tl.constexpr,
+                  MASKED: tl.constexpr):
+    """Online softmax step on raw q.k; keys with kmask False (if MASKED) get -inf after the cap
+    (>= 1 valid key per tile).
+
+    The scale is applied inside the exponent (one FFMA per score) and to the row max, instead of
+    to every score first: sm_scale is not folded into q, whose 16-bit rounding would shift the
+    LSE (folding it cost ~0.01 of LSE accuracy on heavy-tailed data, bench/kernels.py check)."""
+    if LOGIT_CAP:
+        s = _cap_and_scale(qk, sm_scale_log2, logit_cap, LOGIT_CAP)
+        c = 1.0
+    else:
+        s = qk
+        c = sm_scale_log2
+    if MASKED:
+        s = tl.where(kmask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1) * c)  # c > 0: max commutes with the scale
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s * c - m_new[:, None])
+    l_new = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, m_new, l_new
 
 
 @triton.jit
@@ -74,9 +98,11 @@ def _dequant_tile(Cb, Pb, slot, stride_cn, stride_pn,
     return x.to(DT)
 
 
-# PTX: 4 code bytes (4 rows' worth of one column group) -> the 4 quarters' dequantised values, fp16:
-# each 16-bit lane is set to 0x6400 | code = 1024 + code (exact), minus 1024, then one fma.rn.f16x2
-# with the group's fp16 (scale, min): 2 instructions per value instead of ~6 in fp32 + conversion.
+# PTX, per 4 code bytes (4 elements of the [N, D/4] byte tile; $8) -> 4 values per quarter j (outputs
+# $2j, $2j+1 as fp16 pairs), with inputs ($9 + 4j, $10 + 4j) = scale and ($11 + 4j, $12 + 4j) = min
+# of quarter j's group as fp16 pairs: bytes are spread to 16-bit lanes (prmt), each lane becomes
+# 0x6400 | code = 1024 + code (exact), minus 1024, then one fma.rn.f16x2 with (scale, min):
+# ~2 instructions per value instead of ~6 in fp32 plus a conversion.
 _DEQ_ASM = tl.constexpr(
     "{.reg .b32 x, y, t, u, z, m; mov.b32 z, 0; mov.b32 m, 0x64006400; "
     "prmt.b32 x, $8, z, 0x4140; prmt.b32 y, $8, z, 0x4342; "
@@ -98,6 +124,14 @@ def _quarter_params(Pb, slot, stride_pn, J: tl.constexpr, QD: tl.constexpr, G: t
 
 
 @triton.jit
+def _half_params(w, BLOCK_N: tl.constexpr, QD: tl.constexpr):
+    """int32 (scale, min) words [N] -> fp16 scale and min, broadcast to [N, D/4]."""
+    sc = (w & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
+    mn = ((w >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
+    return tl.broadcast_to(sc[:, None], [BLOCK_N, QD]), tl.broadcast_to(mn[:, None], [BLOCK_N, QD])
+
+
+@triton.jit
 def _dequant_join(Cb, Pb, slot, stride_cn, stride_pn, D: tl.constexpr, G: tl.constexpr,
                   DT: tl.constexpr, USE_ASM: tl.constexpr, BLOCK_N: tl.constexpr):
     """INT2 rows at `slot` -> [N, D] dequantised, columns in interleaved order 4 * i + j = dim
@@ -105,19 +139,16 @@ def _dequant_join(Cb, Pb, slot, stride_cn, stride_pn, D: tl.constexpr, G: tl.con
     registers, no shuffles. The caller permutes q's and o's columns the same way."""
     QD: tl.constexpr = D // 4
     c = tl.load(Cb + slot[:, None] * stride_cn + tl.arange(0, QD)[None, :])
+    # one load (and one fp16 pair conversion) per group, not per quarter
     w0 = _quarter_params(Pb, slot, stride_pn, 0, QD, G)
-    w1 = _quarter_params(Pb, slot, stride_pn, 1, QD, G)
-    w2 = _quarter_params(Pb, slot, stride_pn, 2, QD, G)
-    w3 = _quarter_params(Pb, slot, stride_pn, 3, QD, G)
+    w1 = w0 if QD // G == 0 else _quarter_params(Pb, slot, stride_pn, 1, QD, G)
+    w2 = w1 if (2 * QD) // G == QD // G else _quarter_params(Pb, slot, stride_pn, 2, QD, G)
+    w3 = w2 if (3 * QD) // G == (2 * QD) // G else _quarter_params(Pb, slot, stride_pn, 3, QD, G)
     if USE_ASM:
-        s0 = tl.broadcast_to((w0 & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)[:, None], [BLOCK_N, QD])
-        m0 = tl.broadcast_to((w0 >> 16).to(tl.uint16).to(tl.float16, bitcast=True)[:, None], [BLOCK_N, QD])
-        s1 = tl.broadcast_to((w1 & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)[:, None], [BLOCK_N, QD])
-        m1 = tl.broadcast_to((w1 >> 16).to(tl.uint16).to(tl.float16, bitcast=True)[:, None], [BLOCK_N, QD])
-        s2 = tl.broadcast_to((w2 & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)[:, None], [BLOCK_N, QD])
-        m2 = tl.broadcast_to((w2 >> 16).to(tl.uint16).to(tl.float16, bitcast=True)[:, None], [BLOCK_N, QD])
-        s3 = tl.broadcast_to((w3 & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)[:, None], [BLOCK_N, QD])
-        m3 = tl.broadcast_to((w3 >> 16).to(tl.uint16).to(tl.float16, bitcast=True)[:, None], [BLOCK_N, QD])
+        s0, m0 = _half_params(w0, BLOCK_N, QD)
+        s1, m1 = _half_params(w1, BLOCK_N, QD)
+        s2, m2 = _half_params(w2, BLOCK_N, QD)
+        s3, m3 = _half_params(w3, BLOCK_N, QD)
         k0, k1, k2, k3 = tl.inline_asm_elementwise(
             _DEQ_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r" + ",r" * 16, [c, s0, m0, s1, m1, s2, m2, s3, m3],
             dtype=(tl.float16,) * 4, is_pure=True, pack=4)
@@ -139,7 +170,7 @@ def _dequant_join(Cb, Pb, slot, stride_cn, stride_pn, D: tl.constexpr, G: tl.con
 @triton.jit
 def _bf16_tile(p0, hi, Kb, Vb, stride_kp, stride_vp, dk, dv, q, m_i, l_i, acc, sm_scale_log2, logit_cap,
                IS_RING: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr, LOGIT_CAP: tl.constexpr,
-               DT: tl.constexpr, FOLDED: tl.constexpr):
+               DT: tl.constexpr):
     """Keys at positions [p0, min(p0 + BLOCK, hi)) of a BF16 side buffer (p, or p % W for the ring);
     dk / dv: the K / V columns in the kernel's column order."""
     p = p0 + tl.arange(0, BLOCK)
@@ -149,9 +180,8 @@ def _bf16_tile(p0, hi, Kb, Vb, stride_kp, stride_vp, dk, dv, q, m_i, l_i, acc, s
     else:
         idx = p
     k = _to_mma(tl.load(Kb + idx[:, None] * stride_kp + dk[None, :], mask=kmask[:, None], other=0.0), DT)
-    s = _scores(tl.dot(q, tl.trans(k)), sm_scale_log2, logit_cap, LOGIT_CAP, FOLDED)
-    s = tl.where(kmask[None, :], s, float("-inf"))
-    pr, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
+    pr, alpha, m_i, l_i = _softmax_tile(tl.dot(q, tl.trans(k)), kmask, m_i, l_i, sm_scale_log2, logit_cap,
+                                        LOGIT_CAP, True)
     v = _to_mma(tl.load(Vb + idx[:, None] * stride_vp + dv[None, :], mask=kmask[:, None], other=0.0), DT)
     acc = tl.dot(pr.to(DT), v, acc * alpha[:, None])
     return m_i, l_i, acc
@@ -162,7 +192,7 @@ def _int2_tile(i0, i_hi, sink_lo, hole, idx_base, KCh, KPh, VCh, VPh,
                stride_kcn, stride_kpn, stride_vcn, stride_vpn, q, m_i, l_i, acc, sm_scale_log2, logit_cap,
                MASKED: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, GK: tl.constexpr, GV: tl.constexpr,
                BLOCK_N: tl.constexpr, LOGIT_CAP: tl.constexpr, DT: tl.constexpr, PERM: tl.constexpr,
-               USE_ASM: tl.constexpr, FOLDED: tl.constexpr):
+               USE_ASM: tl.constexpr):
     """INT2 keys i0 .. i0 + BLOCK_N - 1 of the virtual INT2 index range (see attend.py)."""
     ii = i0 + tl.arange(0, BLOCK_N)
     pos = ii + tl.where(ii >= sink_lo, hole, 0)
@@ -170,15 +200,14 @@ def _int2_tile(i0, i_hi, sink_lo, hole, idx_base, KCh, KPh, VCh, VPh,
         kmask = ii < i_hi
         slot = tl.load(idx_base + pos, mask=kmask, other=0).to(tl.int64)
     else:
+        kmask = ii >= 0  # all valid (not read when MASKED is False)
         slot = tl.load(idx_base + pos).to(tl.int64)
     if PERM:
         k = _dequant_join(KCh, KPh, slot, stride_kcn, stride_kpn, D, GK, DT, USE_ASM, BLOCK_N)
     else:
         k = _dequant_tile(KCh, KPh, slot, stride_kcn, stride_kpn, D, GK, DT)
-    s = _scores(tl.dot(q, tl.trans(k)), sm_scale_log2, logit_cap, LOGIT_CAP, FOLDED)
-    if MASKED:
-        s = tl.where(kmask[None, :], s, float("-inf"))
-    pr, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
+    pr, alpha, m_i, l_i = _softmax_tile(tl.dot(q, tl.trans(k)), kmask, m_i, l_i, sm_scale_log2, logit_cap,
+                                        LOGIT_CAP, MASKED)
     if PERM:
         v = _dequant_join(VCh, VPh, slot, stride_vcn, stride_vpn, DV, GV, DT, USE_ASM, BLOCK_N)
     else:
@@ -201,7 +230,7 @@ def extend_fast_kernel(
     RK, stride_rkr, stride_rkp, stride_rkh,
     RV, stride_rvr, stride_rvp, stride_rvh,
     kv_indptr, kv_indices, qo_indptr, req_rows, own_start, sink_start,
-    q_scale, sm_scale_log2, logit_cap,
+    sm_scale_log2, logit_cap,
     GQA: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, GK: tl.constexpr, GV: tl.constexpr,
     S: tl.constexpr, W: tl.constexpr, NUM_MB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
@@ -237,7 +266,7 @@ def extend_fast_kernel(
         dv = (dv % 4) * (DV // 4) + dv // 4
     q = tl.load(Q + tok[:, None] * stride_qt + hq[:, None] * stride_qh + dk[None, :],
                 mask=rmask[:, None], other=0.0)
-    q = _to_mma(q.to(tl.float32) * q_scale, DT)  # q_scale: sm_scale * log2(e) when folded into q
+    q = _to_mma(q, DT)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -248,12 +277,12 @@ def extend_fast_kernel(
     SVb = SV + row * stride_svr + kvh * stride_svh
     for p0 in range(sink_lo, sink_hi, BLOCK_B):
         m_i, l_i, acc = _bf16_tile(p0, sink_hi, SKb, SVb, stride_skp, stride_svp, dk, dv, q, m_i, l_i, acc,
-                                   sm_scale_log2, logit_cap, False, W, BLOCK_B, LOGIT_CAP, DT, USE_ASM)
+                                   sm_scale_log2, logit_cap, False, W, BLOCK_B, LOGIT_CAP, DT)
     RKb = RK + row * stride_rkr + kvh * stride_rkh
     RVb = RV + row * stride_rvr + kvh * stride_rvh
     for p0 in range(ring_lo, kv_len, BLOCK_B):
         m_i, l_i, acc = _bf16_tile(p0, kv_len, RKb, RVb, stride_rkp, stride_rvp, dk, dv, q, m_i, l_i, acc,
-                                   sm_scale_log2, logit_cap, True, W, BLOCK_B, LOGIT_CAP, DT, USE_ASM)
+                                   sm_scale_log2, logit_cap, True, W, BLOCK_B, LOGIT_CAP, DT)
 
     # ---- INT2 body: full tiles, then one masked tail -----------------------------------------
     idx_base = kv_indices + kv_start
@@ -265,11 +294,11 @@ def extend_fast_kernel(
     for i0 in range(0, n_full, BLOCK_N):
         m_i, l_i, acc = _int2_tile(i0, n_int2, sink_lo, hole, idx_base, KCh, KPh, VCh, VPh,
                                    stride_kcn, stride_kpn, stride_vcn, stride_vpn, q, m_i, l_i, acc,
-                                   sm_scale_log2, logit_cap, False, D, DV, GK, GV, BLOCK_N, LOGIT_CAP, DT, PERM, USE_ASM, USE_ASM)
+                                   sm_scale_log2, logit_cap, False, D, DV, GK, GV, BLOCK_N, LOGIT_CAP, DT, PERM, USE_ASM)
     if n_full < n_int2:
         m_i, l_i, acc = _int2_tile(n_full, n_int2, sink_lo, hole, idx_base, KCh, KPh, VCh, VPh,
                                    stride_kcn, stride_kpn, stride_vcn, stride_vpn, q, m_i, l_i, acc,
-                                   sm_scale_log2, logit_cap, True, D, DV, GK, GV, BLOCK_N, LOGIT_CAP, DT, PERM, USE_ASM, USE_ASM)
+                                   sm_scale_log2, logit_cap, True, D, DV, GK, GV, BLOCK_N, LOGIT_CAP, DT, PERM, USE_ASM)
 
     # ---- normalised output + natural-log LSE -------------------------------------------------
     has = l_i > 0
@@ -335,20 +364,13 @@ def extend_prefix_attention_fast(
     bm = block_m or BLOCK_M
     num_mb = triton.cdiv(max(1, int(max_len_extend)) * gqa, bm)
     kp, vp = as_param_words(k_params), as_param_words(v_params)
-    # MMA operand dtype: the queries' (the Triton interpreter's 16-bit tl.dot is wrong: fp32 there)
     dequant = dequant or DEQUANT
     if dequant not in ("gather", "join", "asm"):
         raise ValueError(f"dequant must be 'gather', 'join' or 'asm', got {dequant!r}")
+    # MMA operands in fp16 (see MMA_DTYPE); the Triton interpreter's 16-bit tl.dot is wrong: fp32 there
     interp = PV_DTYPE == tl.float32
     use_asm = dequant == "asm" and not interp
-    if interp:
-        dt = tl.float32
-    elif use_asm or q.dtype == torch.float16:
-        dt = tl.float16
-    else:
-        dt = tl.bfloat16
-    # asm: fp16 operands, so scale q before the cast (keeps |q| far from the fp16 limit)
-    q_scale, s_scale = (sm_scale * LOG2E, 1.0) if use_asm else (1.0, sm_scale * LOG2E)
+    dt = tl.float32 if interp else tl.float16
     extend_fast_kernel[(B, Hkv * num_mb)](
         q, q.stride(0), q.stride(1),
         o, o.stride(0), o.stride(1),
@@ -362,7 +384,7 @@ def extend_prefix_attention_fast(
         ring_k, ring_k.stride(0), ring_k.stride(1), ring_k.stride(2),
         ring_v, ring_v.stride(0), ring_v.stride(1), ring_v.stride(2),
         kv_indptr, kv_indices, qo_indptr, req_rows, own_start, sink_start,
-        q_scale, s_scale, float(logit_cap),
+        sm_scale * LOG2E, float(logit_cap),
         GQA=gqa, D=D, DV=Dv, GK=k_group, GV=v_group, S=sink_k.shape[1], W=ring_k.shape[1],
         NUM_MB=num_mb, BLOCK_M=bm, BLOCK_N=block_n or BLOCK_N, BLOCK_B=BLOCK_B,
         LOGIT_CAP=logit_cap > 0, DT=dt, PERM=dequant != "gather", USE_ASM=use_asm,
