@@ -444,6 +444,17 @@ def bench_extend(prefix, E, tune=False, skip=()):
             log(f"  tune-extend {cfg} failed: {type(e).__name__}: {str(e)[:200]}")
     del c
     torch.cuda.empty_cache()
+    # group size 32 (3 bits/element: four (scale, min) pairs per row) on the same shape
+    c = Int2Case(1, prefix, group=32)
+    args32 = (q, qo, c.k_codes, c.k_params, c.v_codes, c.v_params, c.sink_k, c.sink_v, c.ring_k, c.ring_v,
+              c.indptr, c.indices[0], c.rows[0], c.own)
+    kw32 = dict(kw, k_group=32, v_group=32)
+    r["base_g32_ms"] = bench(lambda: extend_prefix.extend_prefix_attention(*args32, **kw32))
+    r["fast_g32_ms"] = bench(lambda: extend_fast.extend_prefix_attention_fast(*args32, **kw32))
+    log(f"  G=32 prefix={prefix} E={E}: base {r['base_g32_ms']:.2f} ms, fast {r['fast_g32_ms']:.2f} ms "
+        f"({r['flops'] / r['fast_g32_ms'] / 1e9:.0f} TFLOP/s)")
+    del c
+    torch.cuda.empty_cache()
     # SGLang BF16: the prefix in a BF16 pool (slots 1..prefix), the new tokens' K/V
     kb = torch.randn(prefix + 1, HKV, D, device=DEV).bfloat16()
     vb = torch.randn(prefix + 1, HKV, D, device=DEV).bfloat16()
@@ -646,6 +657,10 @@ def main():
                   f"| **{e['base_ms'] / e['fast_ms']:.2f}x** | {e['sglang_prefix_ms']:.2f} ms, "
                   f"{e['sglang_prefix_tflops']:.0f} TFLOP/s | {e['sglang_prefix_ms'] / e['fast_ms']:.2f}x "
                   f"| {e['sglang_full_ms']:.2f} ms | {e['sglang_new_ms']:.2f} ms |")
+    for e in ex:
+        md.append(f"\nG=32 (same shape, 3 bits/element), prefix {e['prefix'] // 1024}K + {e['E']}: base "
+                  f"{e['base_g32_ms']:.2f} ms, fast {e['fast_g32_ms']:.2f} ms "
+                  f"({e['flops'] / e['fast_g32_ms'] / 1e9:.0f} TFLOP/s, {e['base_g32_ms'] / e['fast_g32_ms']:.2f}x).")
     md += ["", "Acceptance (issue 2), this run:", ""]
     md += [f"- {'PASS' if ok else 'FAIL'}: {name}" for name, ok in acc]
     text = "\n".join(md)
