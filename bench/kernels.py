@@ -342,10 +342,10 @@ def bench_store(T, rotate):
 
 
 EXTEND_SHAPES = ((32768, 4096), (8192, 512))  # (prefix, new tokens), one request
-# extend_fast settings also timed with --tune-extend (defaults: block_m 128, block_n 64, 8 warps, 2 stages)
+# extend_fast settings also timed with --tune-extend (defaults: dequant asm, block_m 128, block_n 128,
+# 8 warps, 2 stages)
 EXTEND_TUNE = (dict(dequant="gather"), dict(dequant="join"), dict(num_stages=3), dict(num_stages=1),
-               dict(block_n=128), dict(block_n=128, num_stages=3), dict(block_n=32), dict(block_m=64, num_warps=4),
-               dict(block_m=64))
+               dict(block_n=64), dict(block_n=64, num_stages=3), dict(block_m=64, num_warps=4))
 
 
 def check_extend(group, lens=(3000, 700, 150, 40), owns=(0, 40, 2000, 0), sinks=(0, 40, 0, 0), E=(64, 16, 3, 5)):

@@ -39,7 +39,9 @@ from .attend import (LOG2E, PV_DTYPE, _cap_and_scale, _unpack_params,
 
 LN2 = tl.constexpr(0.6931471805599453)
 BLOCK_M = 128  # (token, query head) rows per program
-BLOCK_N = 64  # keys per tile
+# keys per tile: 128 (H100, 2026-11-22 11:53 UTC, bench/kernels.py --tune-extend, prefix 32K + 4096
+# new tokens: 7.56 ms vs 9.51 ms at 64 and 14.05 ms at 32; 54 vs 61 warp-instructions per key)
+BLOCK_N = 128
 BLOCK_B = 64  # keys per BF16 sink / ring tile
 NUM_WARPS = 8
 NUM_STAGES = 2
