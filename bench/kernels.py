@@ -537,11 +537,11 @@ def main():
             base = int2_fast.default_max_splits(B, HKV, torch.device(DEV))
             nb16 = int2_decode.bf16_splits(SINK, WINDOW, base)
             more, fewer = (base - nb16) * 2 + nb16, (base - nb16) // 2 + nb16
-            # register caps that fit more one-warp programs per SM (238 regs: 8, 200: 10, 168: 12)
-            # and BLOCK_N=32 (168 regs unforced), each also with twice the INT2 splits
-            for cfg in (dict(maxnreg=200), dict(maxnreg=168), dict(block_n=32), dict(block_n=128),
-                        dict(maxnreg=200, max_kv_splits=more), dict(maxnreg=168, max_kv_splits=more),
-                        dict(block_n=32, max_kv_splits=more), dict(max_kv_splits=more),
+            # register caps that fit more one-warp programs per SM (225 regs: 9, 200: 10, 168: 12),
+            # BLOCK_N=32, split counts (a hand-pipelined register prefetch, tried at 11:58 UTC, was
+            # 1.4-1.6x slower: bench/results/kernels_fast_h100/2026-11-22_1158_tune_fast_v3.*)
+            for cfg in (dict(maxnreg=200), dict(maxnreg=168), dict(block_n=32),
+                        dict(maxnreg=200, max_kv_splits=more), dict(max_kv_splits=more),
                         dict(max_kv_splits=fewer), dict(num_stages=3)):
                 try:
                     t = bench_graph(ic.fn(kind="fast", **cfg), ic.copies)

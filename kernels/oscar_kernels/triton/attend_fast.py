@@ -97,28 +97,35 @@ def _quarter_v(c16, J: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _int2_tile(i0, i_hi, sink_lo, hole, idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
-               q0t, q1t, q2t, q3t, qs_ofs, qsum, m_i, l_i, b_mn, b_sc, a0, a1, a2, a3, sm_scale_log2, logit_cap,
-               MASKED: tl.constexpr, QD: tl.constexpr, QDV: tl.constexpr, BLOCK_N: tl.constexpr,
-               LOGIT_CAP: tl.constexpr, KDT: tl.constexpr, PV_DT: tl.constexpr, USE_ASM: tl.constexpr,
-               OFS32: tl.constexpr):
-    """One tile of BLOCK_N INT2 keys: scores s^T = codes @ q^T, online softmax, o^T += codes^T @ p.
-
-    MASKED: keys past i_hi read slot 0 (always a valid pool row) and get -inf scores; whole
-    tiles skip the masks."""
-    dq = tl.arange(0, QD)
-    dv = tl.arange(0, QDV)
+def _int2_slots(i0, i_hi, sink_lo, hole, idx_base, BLOCK_N: tl.constexpr, OFS32: tl.constexpr):
+    """Pool slots of INT2 keys i0 .. i0+BLOCK_N-1 (the sink hole skipped); keys at or past i_hi
+    read slot 0 (always a valid pool row; their scores are masked)."""
     ii = i0 + tl.arange(0, BLOCK_N)
     pos = ii + tl.where(ii >= sink_lo, hole, 0)
-    if MASKED:
-        kmask = ii < i_hi
-        slot = tl.load(idx_base + pos, mask=kmask, other=0)
-    else:
-        slot = tl.load(idx_base + pos)
+    slot = tl.load(idx_base + pos, mask=ii < i_hi, other=0)
     # 32-bit offsets when every pool tensor is under 2^31 elements (one IMAD per address)
-    slot = slot.to(tl.int32) if OFS32 else slot.to(tl.int64)
-    kc = tl.load(KCh + slot[:, None] * stride_kcn + dq[None, :])
-    ksc, kmn = _unpack_params(tl.load(KPh + slot * stride_kpn))
+    return slot.to(tl.int32) if OFS32 else slot.to(tl.int64)
+
+
+@triton.jit
+def _int2_fetch(slot, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
+                QD: tl.constexpr, QDV: tl.constexpr):
+    """K codes [keys, D/4], K params, V codes transposed [Dv/4, keys], V params of one tile."""
+    kc = tl.load(KCh + slot[:, None] * stride_kcn + tl.arange(0, QD)[None, :])
+    kpw = tl.load(KPh + slot * stride_kpn)
+    vct = tl.load(VCh + slot[None, :] * stride_vcn + tl.arange(0, QDV)[:, None])
+    vpw = tl.load(VPh + slot * stride_vpn)
+    return kc, kpw, vct, vpw
+
+
+@triton.jit
+def _int2_tile(i0, i_hi, kc, kpw, vct, vpw,
+               q0t, q1t, q2t, q3t, qs_ofs, qsum, m_i, l_i, b_mn, b_sc, a0, a1, a2, a3, sm_scale_log2, logit_cap,
+               MASKED: tl.constexpr, BLOCK_N: tl.constexpr,
+               LOGIT_CAP: tl.constexpr, KDT: tl.constexpr, PV_DT: tl.constexpr, USE_ASM: tl.constexpr):
+    """One tile of BLOCK_N INT2 keys (codes and params from _int2_fetch): scores s^T = codes @ q^T,
+    online softmax, o^T += codes^T @ p. MASKED: keys at or past i_hi get -inf scores."""
+    ksc, kmn = _unpack_params(kpw)
     k16 = kc.to(tl.uint16)
     part = tl.dot(_quarter_k(k16, 0, KDT, USE_ASM), q0t)
     part = tl.dot(_quarter_k(k16, 1, KDT, USE_ASM), q1t, part)
@@ -128,16 +135,15 @@ def _int2_tile(i0, i_hi, sink_lo, hole, idx_base, KCh, stride_kcn, KPh, stride_k
     if LOGIT_CAP:
         st = _cap_and_scale(st, sm_scale_log2, logit_cap, LOGIT_CAP)
     if MASKED:
-        st = tl.where(kmask[:, None], st, float("-inf"))
+        st = tl.where((i0 + tl.arange(0, BLOCK_N) < i_hi)[:, None], st, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(st, 0))
     alpha = tl.exp2(m_i - m_new)
     pt = tl.exp2(st - m_new[None, :])
     l_i = l_i * alpha + tl.sum(pt, 0)
     m_i = m_new
 
-    # V codes loaded transposed [Dv/4, keys]: o^T += codes^T @ (p*sc)
-    vct = tl.load(VCh + slot[None, :] * stride_vcn + dv[:, None])
-    vsc, vmn = _unpack_params(tl.load(VPh + slot * stride_vpn))
+    # o^T += codes^T @ (p*sc)
+    vsc, vmn = _unpack_params(vpw)
     pst = (pt * vsc[:, None]).to(PV_DT)
     b_mn = b_mn * alpha + tl.sum(pt * vmn[:, None], 0)
     b_sc = b_sc * alpha + tl.sum(pst.to(tl.float32), 0)
@@ -263,16 +269,18 @@ def attend_fast_kernel(
     idx_base = kv_indices + kv_start
     # whole tiles without masks, then the partial last tile (if any) with them
     i_full = i_lo + (i_hi - i_lo) // BLOCK_N * BLOCK_N
-    for i0 in range(i_lo, i_full, BLOCK_N):
+    for i0 in range(i_lo, i_full, BLOCK_N):  # Triton pipelines the loads (num_stages)
+        kc, kpw, vct, vpw = _int2_fetch(_int2_slots(i0, i_hi, sink_lo, hole, idx_base, BLOCK_N, OFS32),
+                                        KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn, QD, QDV)
         m_i, l_i, b_mn, b_sc, a0, a1, a2, a3 = _int2_tile(
-            i0, i_hi, sink_lo, hole, idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
-            q0t, q1t, q2t, q3t, qs_ofs, qsum, m_i, l_i, b_mn, b_sc, a0, a1, a2, a3, sm_scale_log2, logit_cap,
-            False, QD, QDV, BLOCK_N, LOGIT_CAP, KDT, PV_DT, USE_ASM, OFS32)
-    if i_full < i_hi:
+            i0, i_hi, kc, kpw, vct, vpw, q0t, q1t, q2t, q3t, qs_ofs, qsum, m_i, l_i, b_mn, b_sc,
+            a0, a1, a2, a3, sm_scale_log2, logit_cap, False, BLOCK_N, LOGIT_CAP, KDT, PV_DT, USE_ASM)
+    if i_full < i_hi:  # the partial last tile, masked
+        kc, kpw, vct, vpw = _int2_fetch(_int2_slots(i_full, i_hi, sink_lo, hole, idx_base, BLOCK_N, OFS32),
+                                        KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn, QD, QDV)
         m_i, l_i, b_mn, b_sc, a0, a1, a2, a3 = _int2_tile(
-            i_full, i_hi, sink_lo, hole, idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
-            q0t, q1t, q2t, q3t, qs_ofs, qsum, m_i, l_i, b_mn, b_sc, a0, a1, a2, a3, sm_scale_log2, logit_cap,
-            True, QD, QDV, BLOCK_N, LOGIT_CAP, KDT, PV_DT, USE_ASM, OFS32)
+            i_full, i_hi, kc, kpw, vct, vpw, q0t, q1t, q2t, q3t, qs_ofs, qsum, m_i, l_i, b_mn, b_sc,
+            a0, a1, a2, a3, sm_scale_log2, logit_cap, True, BLOCK_N, LOGIT_CAP, KDT, PV_DT, USE_ASM)
 
     # (p*sc) @ (V_OFS + s_j c) = V_OFS sum(p*sc) + s_j (p*sc) @ c, and s_j p @ v_hat_j =
     # s_j (p*sc) @ c + s_j p @ mn: add s_j * sum(p*mn) - V_OFS * sum(p*sc) per row
