@@ -317,8 +317,9 @@ def supports(q, k_codes, v_codes, k_group, v_group) -> bool:
     import torch
 
     D, Dv = k_codes.shape[-1] * 4, v_codes.shape[-1] * 4
+    # every quarter inside one group (G >= D/4): true of every group size the format allows here
     return (D in (64, 128) and Dv in (64, 128) and D % k_group == 0 and Dv % v_group == 0
-            and q.dtype in (torch.bfloat16, torch.float16))
+            and k_group >= D // 4 and v_group >= Dv // 4 and q.dtype in (torch.bfloat16, torch.float16))
 
 
 def selected(q, k_codes, v_codes, k_group, v_group) -> bool:
