@@ -83,10 +83,11 @@ def capture_decode(kind: str, **kw):
 
     N = B * L + 1
     t = dict(
-        k_codes=torch.zeros(N, HKV, D // 4, dtype=torch.uint8),
-        k_params=torch.zeros(N, HKV, D // GROUP, 2, dtype=torch.float16),
-        v_codes=torch.zeros(N, HKV, D // 4, dtype=torch.uint8),
-        v_params=torch.zeros(N, HKV, D // GROUP, 2, dtype=torch.float16),
+        # head-major like the plugin's pool ([H, N, ...] memory viewed as [N, H, ...])
+        k_codes=torch.zeros(HKV, N, D // 4, dtype=torch.uint8).transpose(0, 1),
+        k_params=torch.zeros(HKV, N, D // GROUP, 2, dtype=torch.float16).transpose(0, 1),
+        v_codes=torch.zeros(HKV, N, D // 4, dtype=torch.uint8).transpose(0, 1),
+        v_params=torch.zeros(HKV, N, D // GROUP, 2, dtype=torch.float16).transpose(0, 1),
         sink_k=torch.zeros(B + 1, SINK, HKV, D, dtype=torch.bfloat16),
         sink_v=torch.zeros(B + 1, SINK, HKV, D, dtype=torch.bfloat16),
         ring_k=torch.zeros(B + 1, WINDOW, HKV, D, dtype=torch.bfloat16),

@@ -64,16 +64,21 @@ def heavy_tailed(t, h, d, gen):
     return x.bfloat16()
 
 
+def head_major(t):
+    """[N, H, ...] view of [H, N, ...] memory: the INT2 pool layout of the plugin (oscar_sglang.pool)."""
+    return t.transpose(0, 1).contiguous().transpose(0, 1)
+
+
 def check_correctness(group: int, lens=(3000, 700, 150, 1), owns=(0, 40, 2000, 0)):
     """Store a few requests with the store kernel, then decode / extend vs the float64 reference."""
     gen = torch.Generator(device=DEV).manual_seed(1234 + group)
     fmt = Int2Format(D, group)
     B, N, R = len(lens), sum(lens) + 1, len(lens) + 1
     pool = dict(
-        k_codes=torch.zeros(N, HKV, D // 4, dtype=torch.uint8, device=DEV),
-        k_params=torch.zeros(N, HKV, D // group, 2, dtype=torch.float16, device=DEV),
-        v_codes=torch.zeros(N, HKV, D // 4, dtype=torch.uint8, device=DEV),
-        v_params=torch.zeros(N, HKV, D // group, 2, dtype=torch.float16, device=DEV),
+        k_codes=head_major(torch.zeros(N, HKV, D // 4, dtype=torch.uint8, device=DEV)),
+        k_params=head_major(torch.zeros(N, HKV, D // group, 2, dtype=torch.float16, device=DEV)),
+        v_codes=head_major(torch.zeros(N, HKV, D // 4, dtype=torch.uint8, device=DEV)),
+        v_params=head_major(torch.zeros(N, HKV, D // group, 2, dtype=torch.float16, device=DEV)),
     )
     side = dict(
         sink_k=torch.full((R, SINK, HKV, D), 1e4, dtype=torch.bfloat16, device=DEV),
@@ -234,11 +239,12 @@ class Int2Case:
         self.bytes = int2_bytes(B, L, group)
         self.copies = n_copies(self.bytes)
         N = B * L * self.copies + 1
-        self.k_codes = torch.randint(0, 256, (N, HKV, D // 4), dtype=torch.uint8, device=DEV)
-        self.v_codes = torch.randint(0, 256, (N, HKV, D // 4), dtype=torch.uint8, device=DEV)
+        # head-major like the plugin's pool (row_major() gives the slot-major layout for comparison)
+        self.k_codes = head_major(torch.randint(0, 256, (N, HKV, D // 4), dtype=torch.uint8, device=DEV))
+        self.v_codes = head_major(torch.randint(0, 256, (N, HKV, D // 4), dtype=torch.uint8, device=DEV))
         prm = torch.stack([torch.full((N, HKV, D // group), 0.02), torch.full((N, HKV, D // group), -0.03)], -1)
-        self.k_params = prm.half().to(DEV)
-        self.v_params = prm.half().to(DEV)
+        self.k_params = head_major(prm.half().to(DEV))
+        self.v_params = head_major(prm.half().to(DEV))
         R = B * self.copies + 1
         self.sink_k = torch.randn(R, SINK, HKV, D, device=DEV).bfloat16()
         self.sink_v = torch.randn(R, SINK, HKV, D, device=DEV).bfloat16()
@@ -251,8 +257,13 @@ class Int2Case:
         self.q = [torch.randn(B, HQ, D, device=DEV).bfloat16() for _ in range(self.copies)]
         self.o = torch.empty(B, HQ, D, dtype=torch.bfloat16, device=DEV)
 
-    def fn(self, max_kv_splits=None, kind="base", **kw):
+    def row_major(self):
+        """The same pool slot-major ([N, H, ...] contiguous), the layout the pool had until 2026-11-22 12:15 UTC."""
+        return tuple(t.contiguous() for t in (self.k_codes, self.k_params, self.v_codes, self.v_params))
+
+    def fn(self, max_kv_splits=None, kind="base", row_major=False, **kw):
         splits_of = int2_fast.default_max_splits if kind == "fast" else int2_decode.default_max_splits
+        kc, kp, vc, vp = self.row_major() if row_major else (self.k_codes, self.k_params, self.v_codes, self.v_params)
         decode = int2_fast.decode_attention_fast if kind == "fast" else int2_decode.decode_attention
         ms = max_kv_splits or splits_of(self.B, HKV, torch.device(DEV))
         logits = torch.empty(self.B, HQ, ms, D, dtype=torch.float32, device=DEV)
@@ -262,7 +273,7 @@ class Int2Case:
         def run():
             c = state[0] = (state[0] + 1) % self.copies
             decode(
-                self.q[c], self.o, self.k_codes, self.k_params, self.v_codes, self.v_params,
+                self.q[c], self.o, kc, kp, vc, vp,
                 self.sink_k, self.sink_v, self.ring_k, self.ring_v, self.indptr, self.indices[c],
                 self.rows[c], self.own, k_group=self.group, v_group=self.group, sm_scale=D ** -0.5,
                 max_kv_splits=ms, attn_logits=logits, attn_lse=lse, **kw)
@@ -312,10 +323,10 @@ def bench_store(T, rotate):
     v = torch.randn(T, HKV, D, device=DEV).bfloat16()
     N = T + 1
     pool = dict(
-        k_codes=torch.empty(N, HKV, D // 4, dtype=torch.uint8, device=DEV),
-        k_params=torch.empty(N, HKV, D // GROUP, 2, dtype=torch.float16, device=DEV),
-        v_codes=torch.empty(N, HKV, D // 4, dtype=torch.uint8, device=DEV),
-        v_params=torch.empty(N, HKV, D // GROUP, 2, dtype=torch.float16, device=DEV),
+        k_codes=head_major(torch.empty(N, HKV, D // 4, dtype=torch.uint8, device=DEV)),
+        k_params=head_major(torch.empty(N, HKV, D // GROUP, 2, dtype=torch.float16, device=DEV)),
+        v_codes=head_major(torch.empty(N, HKV, D // 4, dtype=torch.uint8, device=DEV)),
+        v_params=head_major(torch.empty(N, HKV, D // GROUP, 2, dtype=torch.float16, device=DEV)),
         sink_k=torch.empty(2, SINK, HKV, D, dtype=torch.bfloat16, device=DEV),
         sink_v=torch.empty(2, SINK, HKV, D, dtype=torch.bfloat16, device=DEV),
         ring_k=torch.empty(2, WINDOW, HKV, D, dtype=torch.bfloat16, device=DEV),
@@ -540,7 +551,7 @@ def main():
             # register caps that fit more one-warp programs per SM (225 regs: 9, 200: 10, 168: 12),
             # BLOCK_N=32, split counts (a hand-pipelined register prefetch, tried at 11:58 UTC, was
             # 1.4-1.6x slower: bench/results/kernels_fast_h100/2026-11-22_1158_tune_fast_v3.*)
-            for cfg in (dict(maxnreg=200), dict(maxnreg=168), dict(block_n=32),
+            for cfg in (dict(row_major=True), dict(maxnreg=200), dict(maxnreg=168), dict(block_n=32),
                         dict(maxnreg=200, max_kv_splits=more), dict(max_kv_splits=more),
                         dict(max_kv_splits=fewer), dict(num_stages=3)):
                 try:

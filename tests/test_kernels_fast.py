@@ -82,6 +82,22 @@ def test_fast_decode_64bit_offsets(seed):
         assert rel_err(o[b], o_ref[0]) <= REL_TOL
 
 
+def test_fast_decode_head_major_pool(seed):
+    """The plugin's pool is head-major ([H, N, ...] memory viewed as [N, H, ...]): same attention."""
+    D, hkv, gqa = 64, 2, 4
+    pool = Pool(LENS, OWNS, hkv, D, D, sinks=SINKS)
+    for name in ("k_codes", "v_codes", "k_params", "v_params"):
+        t = getattr(pool, name)
+        setattr(pool, name, t.transpose(0, 1).contiguous().transpose(0, 1))
+    assert pool.k_codes.stride(1) > pool.k_codes.stride(0)
+    q = (torch.randn(len(LENS), hkv * gqa, D) * 2).bfloat16()
+    o = run_fast(pool, q, D)
+    for b in range(len(LENS)):
+        K, V = pool.request_kv(b)
+        o_ref, _ = ref.attention(q[b:b + 1].float(), K, V)
+        assert rel_err(o[b], o_ref[0]) <= REL_TOL
+
+
 def test_fast_decode_logit_cap(seed):
     D, hkv, gqa, cap = 64, 1, 2, 5.0
     pool = Pool([40], [0], hkv, D, D)

@@ -256,3 +256,12 @@ def test_rotations_preserve_attention_scores(backend_cls, seed):
     o = torch.randn(5, Hq, D)
     back = b._unrot_o(torch.einsum("thd,de->the", o, Rv), 0)
     torch.testing.assert_close(back, o, atol=1e-4, rtol=1e-4)
+
+
+def test_pool_codes_are_head_major(backend_cls):
+    """Codes and params live head-major ([H, N, ...] memory behind the [N, H, ...] view), so a
+    decode program's keys of one KV head are contiguous (the tests above write and read it)."""
+    _, pool, *_ = _make(backend_cls)
+    for t in (pool.k_codes[0], pool.v_codes[0], pool.k_params[0], pool.v_params[0]):
+        assert t.shape[1] == H and t.stride(0) * t.shape[0] == t.stride(1)
+        assert t.transpose(0, 1).is_contiguous()

@@ -332,10 +332,11 @@ def attend_kernel(
     # ---- INT2 body ---------------------------------------------------------------------------
     offs_n = tl.arange(0, BLOCK_N)
     dv = tl.arange(0, QDV)
-    KCh = KC + kvh * stride_kch
-    KPh = KP + kvh * stride_kph
-    VCh = VC + kvh * stride_vch
-    VPh = VP + kvh * stride_vph
+    kvh64 = kvh.to(tl.int64)  # the pool is head-major: kvh * stride can pass 2^31
+    KCh = KC + kvh64 * stride_kch
+    KPh = KP + kvh64 * stride_kph
+    VCh = VC + kvh64 * stride_vch
+    VPh = VP + kvh64 * stride_vph
     idx_base = kv_indices + kv_start
     for i0 in range(i_lo, i_hi, BLOCK_N):
         ii = i0 + offs_n

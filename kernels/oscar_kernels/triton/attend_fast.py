@@ -262,10 +262,11 @@ def attend_fast_kernel(
     b_mn = tl.zeros([BLOCK_M], dtype=tl.float32)
     b_sc = tl.zeros([BLOCK_M], dtype=tl.float32)
     dv = tl.arange(0, QDV)
-    KCh = KC + kvh * stride_kch
-    KPh = KP + kvh * stride_kph
-    VCh = VC + kvh * stride_vch
-    VPh = VP + kvh * stride_vph
+    kvh64 = kvh.to(tl.int64)  # the pool is head-major: kvh * stride can pass 2^31
+    KCh = KC + kvh64 * stride_kch
+    KPh = KP + kvh64 * stride_kph
+    VCh = VC + kvh64 * stride_vch
+    VPh = VP + kvh64 * stride_vph
     idx_base = kv_indices + kv_start
     # whole tiles without masks, then the partial last tile (if any) with them
     i_full = i_lo + (i_hi - i_lo) // BLOCK_N * BLOCK_N

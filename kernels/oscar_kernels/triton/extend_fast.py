@@ -288,10 +288,11 @@ def extend_fast_kernel(
 
     # ---- INT2 body: full tiles, then one masked tail -----------------------------------------
     idx_base = kv_indices + kv_start
-    KCh = KC + kvh * stride_kch
-    KPh = KP + kvh * stride_kph
-    VCh = VC + kvh * stride_vch
-    VPh = VP + kvh * stride_vph
+    kvh64 = kvh.to(tl.int64)  # the pool is head-major: kvh * stride can pass 2^31
+    KCh = KC + kvh64 * stride_kch
+    KPh = KP + kvh64 * stride_kph
+    VCh = VC + kvh64 * stride_vch
+    VPh = VP + kvh64 * stride_vph
     n_full = (n_int2 // BLOCK_N) * BLOCK_N
     for i0 in range(0, n_full, BLOCK_N):
         m_i, l_i, acc = _int2_tile(i0, n_int2, sink_lo, hole, idx_base, KCh, KPh, VCh, VPh,

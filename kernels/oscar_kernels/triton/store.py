@@ -75,10 +75,11 @@ def _store_rows(
     packed = tl.sum(q4 << shift[None, :, None], 1).to(tl.uint8)
 
     loc = tl.load(Loc + t, mask=tmask, other=0).to(tl.int64)
-    tl.store(Codes + loc[:, None] * stride_cn + h * stride_ch + tl.arange(0, QD)[None, :], packed,
+    h64 = h.to(tl.int64)  # the pool is head-major: h * stride can pass 2^31
+    tl.store(Codes + loc[:, None] * stride_cn + h64 * stride_ch + tl.arange(0, QD)[None, :], packed,
              mask=tmask[:, None])
     g = tl.arange(0, NG)
-    pb = Params + loc[:, None] * stride_pn + h * stride_ph + g[None, :] * stride_pg
+    pb = Params + loc[:, None] * stride_pn + h64 * stride_ph + g[None, :] * stride_pg
     tl.store(pb, sc16, mask=tmask[:, None])
     tl.store(pb + 1, mn16, mask=tmask[:, None])
 
