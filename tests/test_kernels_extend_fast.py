@@ -9,6 +9,7 @@ ragged and cross every source boundary: empty prefix (o = 0, lse = -inf), all-BF
 hole around the sink (own_start inside it), radix hit past the sink and the ring start, carried
 sink with own_start past the ring start (sink_start 0), several full INT2 tiles + a masked tail.
 """
+import inspect
 import math
 
 import pytest
@@ -135,3 +136,17 @@ def test_ops_switch_rejects_unknown_kernel(seed, monkeypatch):
     pool = Pool([5], [0], 1, 64, 64)
     with pytest.raises(ValueError, match="OSCAR_INT2_EXTEND_KERNEL"):
         run(ops.extend_prefix_attention, pool, torch.randn(1, 1, 64).bfloat16(), indptr([1]), 64, 1)
+
+
+def test_extend_kernels_do_not_recompile_per_chunk_length():
+    """Values that follow the batch's new-token counts are runtime arguments of the extend kernels:
+    as constexprs every new chunk length compiled a new kernel in the server (seconds of TTFT)."""
+    from oscar_kernels.triton import attend, extend_fast
+
+    for kernel in (extend_fast.extend_fast_kernel, attend.attend_kernel):
+        # the interpreter wraps the function; the compiled path is a JITFunction (GPU machines)
+        fn = getattr(kernel, "fn", kernel)
+        num_mb = inspect.signature(fn).parameters["num_mb"]
+        assert num_mb.annotation is inspect.Parameter.empty  # not tl.constexpr
+        opts = getattr(kernel, "kwargs", None) or {"do_not_specialize": kernel.do_not_specialize}
+        assert "num_mb" in opts["do_not_specialize"] or num_mb in opts["do_not_specialize"]

@@ -238,7 +238,9 @@ def _bf16_source_loop(
     return m_i, l_i, a0, a1, a2, a3
 
 
-@triton.jit
+# num_mb (query blocks per KV head) follows the longest new-token run of the batch: a runtime
+# argument, not a constexpr (that compiled a new kernel for every new chunk length in serving)
+@triton.jit(do_not_specialize=["num_mb"])
 def attend_kernel(
     Q, stride_qt, stride_qh,
     Out, stride_ot, stride_oh, stride_os,
@@ -252,9 +254,9 @@ def attend_kernel(
     RK, stride_rkr, stride_rkp, stride_rkh,
     RV, stride_rvr, stride_rvp, stride_rvh,
     kv_indptr, kv_indices, qo_indptr, req_rows, own_start, sink_start, num_kv_splits,
-    sm_scale_log2, logit_cap, MAX_SPLITS,
+    sm_scale_log2, logit_cap, MAX_SPLITS, num_mb,
     GQA: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, GK: tl.constexpr, GV: tl.constexpr,
-    S: tl.constexpr, W: tl.constexpr, NUM_MB: tl.constexpr,
+    S: tl.constexpr, W: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
     SPLIT: tl.constexpr, HAS_NSPLITS: tl.constexpr,
     MIN_CHUNK: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, NB16: tl.constexpr,
@@ -268,8 +270,8 @@ def attend_kernel(
     b = tl.program_id(0)
     pid1 = tl.program_id(1)
     split = tl.program_id(2)
-    kvh = pid1 // NUM_MB
-    mb = pid1 % NUM_MB
+    kvh = pid1 // num_mb
+    mb = pid1 % num_mb
 
     kv_start = tl.load(kv_indptr + b)
     kv_len = tl.load(kv_indptr + b + 1) - kv_start
@@ -443,7 +445,7 @@ def launch_attend(
         num_kv_splits if num_kv_splits is not None else kv_indptr,
         sm_scale * LOG2E, float(logit_cap), int(max_splits),
         GQA=gqa, D=D, DV=Dv, GK=k_group, GV=v_group, S=sink_k.shape[1], W=ring_k.shape[1],
-        NUM_MB=num_mb, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_B=block_b,
+        num_mb=num_mb, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_B=block_b,
         SPLIT=split, HAS_NSPLITS=num_kv_splits is not None,
         MIN_CHUNK=min_chunk, LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE, NB16=nb16,
         USE_ASM=(USE_ASM if use_asm is None else use_asm) and q.dtype == torch.bfloat16,

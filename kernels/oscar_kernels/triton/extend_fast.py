@@ -218,7 +218,9 @@ def _int2_tile(i0, i_hi, sink_lo, hole, idx_base, KCh, KPh, VCh, VPh,
     return m_i, l_i, acc
 
 
-@triton.jit
+# num_mb (query blocks per KV head) follows the longest new-token run of the batch: a runtime
+# argument, not a constexpr (that compiled a new kernel for every new chunk length in serving)
+@triton.jit(do_not_specialize=["num_mb"])
 def extend_fast_kernel(
     Q, stride_qt, stride_qh,
     Out, stride_ot, stride_oh,
@@ -232,16 +234,16 @@ def extend_fast_kernel(
     RK, stride_rkr, stride_rkp, stride_rkh,
     RV, stride_rvr, stride_rvp, stride_rvh,
     kv_indptr, kv_indices, qo_indptr, req_rows, own_start, sink_start,
-    sm_scale_log2, logit_cap,
+    sm_scale_log2, logit_cap, num_mb,
     GQA: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, GK: tl.constexpr, GV: tl.constexpr,
-    S: tl.constexpr, W: tl.constexpr, NUM_MB: tl.constexpr,
+    S: tl.constexpr, W: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
     LOGIT_CAP: tl.constexpr, DT: tl.constexpr, PERM: tl.constexpr, USE_ASM: tl.constexpr,
 ):
     b = tl.program_id(0)
     pid1 = tl.program_id(1)
-    kvh = pid1 // NUM_MB  # neighbouring programs share a KV head: its tiles stay in L2
-    mb = pid1 % NUM_MB
+    kvh = pid1 // num_mb  # neighbouring programs share a KV head: its tiles stay in L2
+    mb = pid1 % num_mb
 
     tok0 = tl.load(qo_indptr + b)
     n_tok = tl.load(qo_indptr + b + 1) - tok0
@@ -390,7 +392,7 @@ def extend_prefix_attention_fast(
         kv_indptr, kv_indices, qo_indptr, req_rows, own_start, sink_start,
         sm_scale * LOG2E, float(logit_cap),
         GQA=gqa, D=D, DV=Dv, GK=k_group, GV=v_group, S=sink_k.shape[1], W=ring_k.shape[1],
-        NUM_MB=num_mb, BLOCK_M=bm, BLOCK_N=block_n or BLOCK_N, BLOCK_B=BLOCK_B,
+        num_mb=num_mb, BLOCK_M=bm, BLOCK_N=block_n or BLOCK_N, BLOCK_B=BLOCK_B,
         LOGIT_CAP=logit_cap > 0, DT=dt, PERM=dequant != "gather", USE_ASM=use_asm,
         num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES,
     )
