@@ -34,6 +34,7 @@ import os
 import triton
 import triton.language as tl
 
+from .extend_prefix import extend_outputs
 from .attend import (LOG2E, PV_DTYPE, _cap_and_scale, _unpack_params,
                      as_param_words, check_pool, source_ranges)
 
@@ -347,8 +348,6 @@ def extend_prefix_attention_fast(
     "join" (quarters joined in registers, interleaved column order, plain Triton arithmetic) or
     "asm" (join + the fp16 PTX dequantisation; MMA in fp16, sm_scale * log2(e) folded into q; CUDA
     only, the interpreter runs "join")."""
-    import torch
-
     check_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_group, v_group)
     if not supports(q, k_codes, v_codes, k_group, v_group):
         raise ValueError("extend_fast supports D, Dv in {64, 128} and bf16/fp16 queries; "
@@ -358,12 +357,7 @@ def extend_prefix_attention_fast(
     Hkv = k_codes.shape[1]
     Dv = v_codes.shape[-1] * 4
     gqa = Hq // Hkv
-    if kv_indptr.shape[0] < B + 1:
-        raise ValueError(f"kv_indptr has {kv_indptr.shape[0]} entries, need len(qo_indptr) = {B + 1}")
-    if o is None:
-        o = torch.empty(T, Hq, Dv, dtype=torch.float32, device=q.device)
-    if lse is None:
-        lse = torch.empty(T, Hq, dtype=torch.float32, device=q.device)
+    o, lse = extend_outputs(q, qo_indptr, kv_indptr, v_codes, o, lse)
     if T == 0 or B == 0:
         return o, lse
     sink_start = own_start if sink_start is None else sink_start

@@ -16,6 +16,20 @@ BLOCK_N = 64
 BLOCK_B = 64
 
 
+def extend_outputs(q, qo_indptr, kv_indptr, v_codes, o=None, lse=None):
+    """Checks the request indptrs and returns the float32 (o [T, Hq, Dv], lse [T, Hq]) of an
+    extend-prefix call (allocated unless given), for both extend kernels."""
+    T, Hq, _ = q.shape
+    B = qo_indptr.shape[0] - 1
+    if kv_indptr.shape[0] < B + 1:
+        raise ValueError(f"kv_indptr has {kv_indptr.shape[0]} entries, need len(qo_indptr) = {B + 1}")
+    if o is None:
+        o = torch.empty(T, Hq, v_codes.shape[-1] * 4, dtype=torch.float32, device=q.device)
+    if lse is None:
+        lse = torch.empty(T, Hq, dtype=torch.float32, device=q.device)
+    return o, lse
+
+
 def extend_prefix_attention(
     q, qo_indptr, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
     kv_indptr, kv_indices, req_rows, own_start, *, k_group, v_group, sm_scale, max_len_extend,
@@ -25,14 +39,8 @@ def extend_prefix_attention(
     T, Hq, D = q.shape
     B = qo_indptr.shape[0] - 1
     Hkv = k_codes.shape[1]
-    Dv = v_codes.shape[-1] * 4
     gqa = Hq // Hkv
-    if kv_indptr.shape[0] < B + 1:
-        raise ValueError(f"kv_indptr has {kv_indptr.shape[0]} entries, need len(qo_indptr) = {B + 1}")
-    if o is None:
-        o = torch.empty(T, Hq, Dv, dtype=torch.float32, device=q.device)
-    if lse is None:
-        lse = torch.empty(T, Hq, dtype=torch.float32, device=q.device)
+    o, lse = extend_outputs(q, qo_indptr, kv_indptr, v_codes, o, lse)
     if T == 0 or B == 0:
         return o, lse
     bm = block_m or BLOCK_M
