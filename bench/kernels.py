@@ -642,11 +642,12 @@ def main():
         f"page size 1, contiguous slots per request (same kv_indices layout for both kernels). "
         f"Decode timed in CUDA graphs, inputs rotated through >= 256 MB of copies (no L2 reuse).",
         f"Copy bandwidth measured in the same run: **{copy_gbs:.0f} GB/s** (torch copy_, read + write).",
-        "",
-        "| B | L | SGLang BF16 Triton (best splits) | BF16 GB/s | INT2 (ours) | INT2 bytes read | INT2 GB/s | % of copy BW | speedup |"
-        + (" INT2 fast | fast GB/s | fast % of copy | fast speedup |" if args.fast else ""),
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|---:|" if args.fast else ""),
     ]
+    if rows:  # (none with --extend-only; tables only for what this run measured)
+        md += ["",
+               "| B | L | SGLang BF16 Triton (best splits) | BF16 GB/s | INT2 (ours) | INT2 bytes read | INT2 GB/s "
+               "| % of copy BW | speedup |" + (" INT2 fast | fast GB/s | fast % of copy | fast speedup |" if args.fast else ""),
+               "|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|---:|" if args.fast else "")]
     for r in rows:
         md.append(
             f"| {r['B']} | {r['L'] // 1024}K | {r['bf16_ms'] * 1e3:.1f} us ({r['bf16_splits']}) | {r['bf16_gbs']:.0f} "
@@ -654,13 +655,15 @@ def main():
             f"| {100 * r['int2_gbs'] / copy_gbs:.0f}% | **{r['speedup']:.2f}x** |"
             + (f" {r['fast_ms'] * 1e3:.1f} us | {r['fast_gbs']:.0f} | {100 * r['fast_gbs'] / copy_gbs:.0f}% "
                f"| **{r['fast_speedup']:.2f}x** |" if "fast_ms" in r else ""))
-    md += ["", "| store (K+V, clip 0.96/0.92, side buffers) | time | GB/s |", "|---|---:|---:|"]
+    if st:
+        md += ["", "| store (K+V, clip 0.96/0.92, side buffers) | time | GB/s |", "|---|---:|---:|"]
     for s in st:
         md.append(f"| T={s['T']} tokens{', in-kernel rotation' if s['rotate'] else ''} | {s['ms'] * 1e3:.1f} us | {s['gbs']:.0f} |")
-    md += ["", "| extend-prefix (1 request, Hq=32, Hkv=8, D=128, G=128) | INT2 base (extend_prefix.py) "
-           "| INT2 fast (extend_fast.py, default) | fast vs base | SGLang BF16 Triton extend, prefix part "
-           "| fast vs SGLang BF16 | SGLang BF16 whole call (+ causal new tokens) | its new-token part alone |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    if ex:
+        md += ["", "| extend-prefix (1 request, Hq=32, Hkv=8, D=128, G=128) | INT2 base (extend_prefix.py) "
+               "| INT2 fast (extend_fast.py, default) | fast vs base | SGLang BF16 Triton extend, prefix part "
+               "| fast vs SGLang BF16 | SGLang BF16 whole call (+ causal new tokens) | its new-token part alone |",
+               "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for e in ex:
         md.append(f"| prefix {e['prefix'] // 1024}K, {e['E']} new tokens | {e['base_ms']:.2f} ms, "
                   f"{e['base_tflops']:.0f} TFLOP/s | {e['fast_ms']:.2f} ms, {e['fast_tflops']:.0f} TFLOP/s"
@@ -672,8 +675,9 @@ def main():
         md.append(f"\nG=32 (same shape, 3 bits/element), prefix {e['prefix'] // 1024}K + {e['E']}: base "
                   f"{e['base_g32_ms']:.2f} ms, fast {e['fast_g32_ms']:.2f} ms "
                   f"({e['flops'] / e['fast_g32_ms'] / 1e9:.0f} TFLOP/s, {e['base_g32_ms'] / e['fast_g32_ms']:.2f}x).")
-    md += ["", "Acceptance (issue 2), this run:", ""]
-    md += [f"- {'PASS' if ok else 'FAIL'}: {name}" for name, ok in acc]
+    if acc:
+        md += ["", "Acceptance (issue 2), this run:", ""]
+        md += [f"- {'PASS' if ok else 'FAIL'}: {name}" for name, ok in acc]
     text = "\n".join(md)
     log("\n" + text)
     if args.out:
