@@ -6,7 +6,7 @@ program writes a normalised partial output and its natural-log LSE that decode's
 combines). Only the INT2 loop is organised differently. ops.decode_attention uses it by default
 when K and V use one (scale, min) group per row (G = head_dim); OSCAR_INT2_DECODE_KERNEL=base
 selects the original kernel (docs/benchmarks.md "Kernels": 1.2-1.5x faster than it except at
-B=1, L=8K, where it is 1.8 us slower per layer).
+B=1, L=8K, where it is 1.4 us slower per layer).
 
 What changes (SASS counts: bench/kernel_sass.py, sm_90, Hq=32, Hkv=8, D=128, G=128):
 * Both products run transposed so that the long side fills the MMA's 16-row side and the GQA
@@ -19,10 +19,10 @@ What changes (SASS counts: bench/kernel_sass.py, sm_90, Hq=32, Hkv=8, D=128, G=1
 * The V (scale, min) sums are per-row scalars kept apart from the MMA accumulators and added once
   after the loop; the softmax scale is folded into q; whole tiles run without masks; offsets are
   32-bit when the pool allows.
-Base kernel 29.1 warp-instructions per (key, KV head); this one 16.5 at the default BLOCK_N=64
+Base kernel 29.1 warp-instructions per (key, KV head); this one 16.6 at the default BLOCK_N=64
 (21.1 before the transposed p @ V and the changes after it). BLOCK_N=64 was the fastest tile on
-the H100 (bench/kernels.py --tune-fast, 2026-11-22 11:35 UTC: BLOCK_N 32 / 128, register caps of
-200 / 168 and 3 stages were all slower).
+the H100 (bench/kernels.py --tune-fast, 2026-11-22 11:35-12:09 UTC: BLOCK_N 32 / 128, register
+caps of 200 / 168, 3 stages and a hand-pipelined register prefetch were all slower).
 """
 from __future__ import annotations
 
