@@ -39,6 +39,14 @@ LOG2E = 1.4426950408889634
 PV_DTYPE = tl.float32 if os.environ.get("TRITON_INTERPRET") == "1" else tl.bfloat16
 # PTX code unpacking (see _codes); CUDA only. OSCAR_INT2_NO_ASM=1 falls back to plain Triton ops.
 USE_ASM = os.environ.get("TRITON_INTERPRET") != "1" and os.environ.get("OSCAR_INT2_NO_ASM") != "1"
+
+
+def kernel_choice(var: str) -> str:
+    """'fast' (the default) or 'base': which of two kernels the environment variable var selects."""
+    kind = os.environ.get(var, "fast")
+    if kind not in ("base", "fast"):
+        raise ValueError(f"{var} must be 'fast' or 'base', got {kind!r}")
+    return kind
 LN2 = tl.constexpr(0.6931471805599453)
 
 

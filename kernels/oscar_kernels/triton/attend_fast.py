@@ -312,13 +312,8 @@ def supports(D, Dv, k_group, v_group, gqa) -> bool:
 def selected(q, k_codes, v_codes, k_group, v_group) -> bool:
     """ops.decode_attention uses this kernel unless OSCAR_INT2_DECODE_KERNEL=base (default: fast)
     and when the shapes are supported; other group sizes keep the base kernel."""
-    import os
-
-    kind = os.environ.get("OSCAR_INT2_DECODE_KERNEL", "fast")
-    if kind not in ("base", "fast"):
-        raise ValueError(f"OSCAR_INT2_DECODE_KERNEL must be 'fast' or 'base', got {kind!r}")
     D, Dv = k_codes.shape[-1] * 4, v_codes.shape[-1] * 4
-    return kind == "fast" and supports(D, Dv, k_group, v_group, q.shape[1] // k_codes.shape[1])
+    return _base.kernel_choice("OSCAR_INT2_DECODE_KERNEL") == "fast" and supports(D, Dv, k_group, v_group, q.shape[1] // k_codes.shape[1])
 
 
 def decode_attention_fast(

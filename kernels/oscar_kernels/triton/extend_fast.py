@@ -29,14 +29,12 @@ ops.extend_prefix_attention uses this kernel where it applies (supports(): D, Dv
 """
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
-from .extend_prefix import extend_outputs
 from .attend import (LOG2E, PV_DTYPE, _cap_and_scale, _unpack_params,
-                     as_param_words, check_pool, source_ranges)
+                     as_param_words, check_pool, kernel_choice, source_ranges)
+from .extend_prefix import extend_outputs
 
 LN2 = tl.constexpr(0.6931471805599453)
 BLOCK_M = 128  # (token, query head) rows per program
@@ -329,10 +327,7 @@ def supports(q, k_codes, v_codes, k_group, v_group) -> bool:
 def selected(q, k_codes, v_codes, k_group, v_group) -> bool:
     """ops.extend_prefix_attention uses this kernel unless OSCAR_INT2_EXTEND_KERNEL=base
     (default: fast) and where supports() holds."""
-    kind = os.environ.get("OSCAR_INT2_EXTEND_KERNEL", "fast")
-    if kind not in ("base", "fast"):
-        raise ValueError(f"OSCAR_INT2_EXTEND_KERNEL must be 'fast' or 'base', got {kind!r}")
-    return kind == "fast" and supports(q, k_codes, v_codes, k_group, v_group)
+    return kernel_choice("OSCAR_INT2_EXTEND_KERNEL") == "fast" and supports(q, k_codes, v_codes, k_group, v_group)
 
 
 def extend_prefix_attention_fast(
