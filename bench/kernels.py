@@ -369,8 +369,8 @@ def check_extend(group, lens=(3000, 700, 150, 40), owns=(0, 40, 2000, 0), sinks=
     gen = torch.Generator(device=DEV).manual_seed(4321 + group)
     fmt = Int2Format(D, group)
     B, N, R = len(lens), sum(lens) + 1, len(lens) + 1
-    codes = {n: torch.zeros(N, HKV, D // 4, dtype=torch.uint8, device=DEV) for n in "kv"}
-    params = {n: torch.zeros(N, HKV, D // group, 2, dtype=torch.float16, device=DEV) for n in "kv"}
+    codes = {n: head_major(torch.zeros(N, HKV, D // 4, dtype=torch.uint8, device=DEV)) for n in "kv"}
+    params = {n: head_major(torch.zeros(N, HKV, D // group, 2, dtype=torch.float16, device=DEV)) for n in "kv"}
     sink = {n: torch.full((R, SINK, HKV, D), 3e4, dtype=torch.bfloat16, device=DEV) for n in "kv"}
     ring = {n: torch.full((R, WINDOW, HKV, D), 3e4, dtype=torch.bfloat16, device=DEV) for n in "kv"}
     slots = (torch.randperm(N - 1, device=DEV, generator=gen) + 1).int()

@@ -119,7 +119,7 @@ class OscarInt2KVPool(KVCache):
 
             def head_major(shape, dtype):
                 # [N, H, ...] view of [H, N, ...] memory: a decode program reads one KV head's
-                # keys, which are then contiguous (7-10% faster decode on the H100 than
+                # keys, which are then contiguous (5-10% faster decode on the H100 than
                 # slot-major rows; docs/format.md "Byte layout")
                 return z((shape[1], shape[0], *shape[2:]), dtype).transpose(0, 1)
 
