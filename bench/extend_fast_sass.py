@@ -66,6 +66,7 @@ def main():
     print(f"PTX: {ptx.count('wgmma.mma_async')} wgmma.mma_async, {ptx.count('mma.sync')} mma.sync; "
           f"SASS: {sum(o.startswith('HGMMA') for _, o, _ in instrs)} HGMMA, "
           f"{sum(o.startswith('HMMA') for _, o, _ in instrs)} HMMA; {ks.resource_usage(k.asm['cubin'])}")
+    print(ks.in_flight_line(k.asm["ttgir"]))
     index = {addr: i for i, (addr, _, _) in enumerate(instrs)}
     loops = []  # tensor-core loops in program order: sink, ring (BLOCK_B keys a tile), INT2 (BLOCK_N)
     for i, (addr, op, rest) in enumerate(instrs):

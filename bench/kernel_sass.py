@@ -202,6 +202,13 @@ def group_of(op):
     return "other"
 
 
+def in_flight_line(ttgir: str) -> str:
+    """The most cp.async groups any loop leaves in flight at its wait (0: every tile's loads are
+    waited for right after they are issued, nothing overlaps the compute). tests/ check this."""
+    waits = [int(n) for n in re.findall(r"ttg\.async_wait[^{]*\{num = (\d+)", ttgir)]
+    return f"async copy groups in flight at the INT2 loop's wait: {max(waits, default=0)}"
+
+
 def report(label, compiled, num_warps, block_n, show_ops=False, dump=None):
     sass = disassemble(compiled.asm["cubin"])
     if dump:
@@ -220,6 +227,7 @@ def report(label, compiled, num_warps, block_n, show_ops=False, dump=None):
           f"{per_key:.1f} warp-instructions per (key, KV head); {resource_usage(compiled.asm['cubin'])}, "
           f"dynamic smem {smem} B; TTGIR: {ttgir.count('convert_layout')} convert_layout, "
           f"{ttgir.count('local_alloc')} local_alloc, {ttgir.count('local_load')} local_load")
+    print(f"   {in_flight_line(ttgir)}")
     grp = collections.Counter(group_of(op) for op, _ in body)
     print("   " + ", ".join(f"{g} {c} ({c * num_warps / block_n:.1f}/key)" for g, c in grp.most_common()))
     if show_ops:
@@ -236,6 +244,8 @@ def main():
     ap.add_argument("--num-warps", type=int, help="override num_warps (both kernels)")
     ap.add_argument("--block-n", type=int, help="override BLOCK_N (both kernels)")
     ap.add_argument("--block-m", type=int, help="override BLOCK_M (fast kernel)")
+    ap.add_argument("--num-stages", type=int, help="override num_stages (both kernels)")
+    ap.add_argument("--int2-stages", type=int, help="override the INT2 loop's pipeline depth (fast kernel)")
     args = ap.parse_args()
     from oscar_kernels.triton import attend
 
@@ -244,9 +254,12 @@ def main():
     res = {}
     kinds = ["base", "fast"] if args.kernel == "both" else [args.kernel]
     for kind in kinds:
-        over = {k: v for k, v in (("num_warps", args.num_warps), ("block_n", args.block_n)) if v}
+        over = {k: v for k, v in (("num_warps", args.num_warps), ("block_n", args.block_n),
+                                                 ("num_stages", args.num_stages)) if v}
         if kind == "fast" and args.block_m:
             over["block_m"] = args.block_m
+        if kind == "fast" and args.int2_stages:
+            over["int2_stages"] = args.int2_stages
         fn, a, kw = capture_decode(kind, **over)
         nw, bn = kw["num_warps"], kw["BLOCK_N"]
         ck = compile_call(fn, a, kw)

@@ -354,9 +354,11 @@ def bench_store(T, rotate):
 
 EXTEND_SHAPES = ((32768, 4096), (8192, 512))  # (prefix, new tokens), one request
 # extend_fast settings also timed with --tune-extend (defaults: dequant asm, block_m 128, block_n 128,
-# 8 warps, 2 stages)
-EXTEND_TUNE = (dict(dequant="gather"), dict(dequant="join"), dict(num_stages=3), dict(num_stages=1),
-               dict(block_n=64), dict(block_n=64, num_stages=3), dict(block_m=64, num_warps=4))
+# 8 warps, 2 stages for the BF16 loops, extend_fast.INT2_STAGES for the INT2 loop). int2_stages=2
+# is the INT2 loop's schedule before 2026-11-22 14:00 UTC (each tile's loads waited for right after
+# issue); dequant / stage / tile sweeps of the kernel's first version: bench/results/extend_fast_h100
+EXTEND_TUNE = (dict(int2_stages=2), dict(int2_stages=3), dict(int2_stages=7), dict(int2_stages=5, block_n=64),
+               dict(dequant="join"))
 
 
 def check_extend(group, lens=(3000, 700, 150, 40), owns=(0, 40, 2000, 0), sinks=(0, 40, 0, 0), E=(64, 16, 3, 5)):
@@ -548,12 +550,13 @@ def main():
             base = int2_fast.default_max_splits(B, HKV, torch.device(DEV))
             nb16 = int2_decode.bf16_splits(SINK, WINDOW, base)
             more, fewer = (base - nb16) * 2 + nb16, (base - nb16) // 2 + nb16
-            # register caps that fit more one-warp programs per SM (225 regs: 9, 200: 10, 168: 12),
-            # BLOCK_N=32, split counts (a hand-pipelined register prefetch, tried at 11:58 UTC, was
-            # 1.4-1.6x slower: bench/results/kernels_fast_h100/2026-11-22_1158_tune_fast_v3.*)
-            for cfg in (dict(row_major=True), dict(maxnreg=200), dict(maxnreg=168), dict(block_n=32),
-                        dict(maxnreg=200, max_kv_splits=more), dict(max_kv_splits=more),
-                        dict(max_kv_splits=fewer), dict(num_stages=3)):
+            # INT2 loop pipeline depth 2 and 3 (the schedules before 2026-11-22 session 4: codes
+            # waited for right after they were issued), tile sizes, a register cap (128: 16
+            # one-warp programs per SM) and split counts at the default depth. Earlier sweeps
+            # (register caps, BLOCK_N, 3 stages for all loops, a hand-pipelined register prefetch,
+            # slot-major pool): bench/results/kernels_fast_h100/README.md
+            for cfg in (dict(int2_stages=2), dict(int2_stages=3), dict(block_n=128), dict(block_n=32),
+                        dict(maxnreg=128), dict(max_kv_splits=more), dict(max_kv_splits=fewer)):
                 try:
                     t = bench_graph(ic.fn(kind="fast", **cfg), ic.copies)
                     log(f"  tune-fast B={B} L={L} {cfg}: {t * 1e3:.1f} us (default {t_fast * 1e3:.1f} us)")

@@ -19,10 +19,14 @@ What changes (SASS counts: bench/kernel_sass.py, sm_90, Hq=32, Hkv=8, D=128, G=1
 * The V (scale, min) sums are per-row scalars kept apart from the MMA accumulators and added once
   after the loop; the softmax scale is folded into q; whole tiles run without masks; offsets are
   32-bit when the pool allows.
-Base kernel 29.1 warp-instructions per (key, KV head); this one 16.6 at the default BLOCK_N=64
-(21.1 before the transposed p @ V and the changes after it). BLOCK_N=64 was the fastest tile on
-the H100 (bench/kernels.py --tune-fast, 2026-11-22 11:35-12:09 UTC: BLOCK_N 32 / 128, register
-caps of 200 / 168, 3 stages and a hand-pipelined register prefetch were all slower).
+* The INT2 loop is software-pipelined 5 deep (INT2_STAGES): the next tile's codes are in flight
+  while a tile is computed (7-14% faster than the default depth 2 on the H100).
+Base kernel 29.1 warp-instructions per (key, KV head); this one 17.3 at the default BLOCK_N=64
+(16.6 at depth 2, 21.1 before the transposed p @ V), 168 registers: 12 one-warp programs per SM
+by registers, 11 by shared memory. BLOCK_N=64 was the fastest tile on the H100 at both depths
+(bench/kernels.py --tune-fast and bench/decode_breakdown.py, 2026-11-22 11:35-13:46 UTC: BLOCK_N
+32 / 128, register caps, deeper pipelines, BF16 tiles of 16 and a hand-pipelined register
+prefetch were slower or within 4%).
 """
 from __future__ import annotations
 
@@ -37,12 +41,23 @@ LN2 = tl.constexpr(0.6931471805599453)
 MASKS = tl.constexpr(("0x00030003", "0x000C000C", "0x00300030", "0x00C000C0"))
 # One warp per program: the [BLOCK_N, 8] score tile is one warp's MMA column, so a second warp
 # would only duplicate it (Triton gives every chained dot the same warp split). Twice the base
-# kernel's programs per SM keeps the same number of warps in flight.
+# kernel's programs per SM keeps the same number of warps in flight. (Split counts follow 8 programs
+# per SM rounded up to a power of two; at the 11-12 that fit since the depth-5 pipeline, other
+# counts were within 3%: bench/decode_breakdown.py, 2026-11-22 13:39-13:46 UTC.)
 NUM_WARPS = 1
 PROGRAMS_PER_SM = 8
 # H100, same run vs BLOCK_N=128 / 32 (us): B=64 L=32K 714 vs 1301 / 959, B=8 L=32K 101 vs 121 / 132
 # (bench/kernels.py --tune-fast, 2026-11-22 11:35 UTC)
 BLOCK_N = 64
+# Software-pipeline depth of the INT2 loop alone (tl.range; the BF16 sink/ring loops keep the
+# launch's num_stages=2). The loop has a chain of two loads: slot indices, then the codes and
+# params they address. At depth 2 or 3 Triton loads the indices synchronously (2) or one tile
+# ahead (3) but issues each tile's code copies after the previous tile's compute and waits for
+# all copies at the top of the next iteration, so every tile exposes a full memory latency.
+# From depth 5 the indices run two tiles ahead and the codes one tile ahead of the tile being
+# computed (cp.async wait with 5 groups in flight, bench/kernel_sass.py shows the schedule); 4
+# gives the depth-3 schedule, 6+ the depth-5 one.
+INT2_STAGES = 5
 
 
 # Codes as small floats with a constant offset and a power-of-two scale per quarter j (scale
@@ -186,7 +201,7 @@ def attend_fast_kernel(
     S: tl.constexpr, W: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, HAS_NSPLITS: tl.constexpr,
     MIN_CHUNK: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, NB16: tl.constexpr,
-    USE_ASM: tl.constexpr, OFS32: tl.constexpr,
+    USE_ASM: tl.constexpr, OFS32: tl.constexpr, INT2_STAGES: tl.constexpr,
 ):
     QD: tl.constexpr = D // 4
     QDV: tl.constexpr = DV // 4
@@ -270,7 +285,7 @@ def attend_fast_kernel(
     idx_base = kv_indices + kv_start
     # whole tiles without masks, then the partial last tile (if any) with them
     i_full = i_lo + (i_hi - i_lo) // BLOCK_N * BLOCK_N
-    for i0 in range(i_lo, i_full, BLOCK_N):  # Triton pipelines the loads (num_stages)
+    for i0 in tl.range(i_lo, i_full, BLOCK_N, num_stages=INT2_STAGES):  # see INT2_STAGES
         kc, kpw, vct, vpw = _int2_fetch(_int2_slots(i0, i_hi, sink_lo, hole, idx_base, BLOCK_N, OFS32),
                                         KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn, QD, QDV)
         m_i, l_i, b_mn, b_sc, a0, a1, a2, a3 = _int2_tile(
@@ -321,12 +336,13 @@ def decode_attention_fast(
     kv_indptr, kv_indices, req_rows, own_start, *, k_group, v_group, sm_scale, sink_start=None,
     num_kv_splits=None, max_kv_splits=None, attn_logits=None, attn_lse=None, logit_cap=0.0,
     block_n=None, num_warps=None, num_stages=2, min_chunk=None, bf16_keys_per_split=None, use_asm=None,
-    maxnreg=None, block_m=None, offsets_32bit=None,
+    maxnreg=None, block_m=None, offsets_32bit=None, int2_stages=None, block_b=None,
 ):
     """decode.decode_attention with the fast stage-1 kernel (same arguments, same results).
 
     offsets_32bit: pool offsets in 32-bit arithmetic; default: when every pool tensor has < 2^31
-    elements (the other case is tested by forcing False)."""
+    elements (the other case is tested by forcing False). int2_stages: pipeline depth of the INT2
+    loop (default INT2_STAGES); block_b: BF16 sink/ring keys per tile (default decode.BLOCK_B)."""
     import torch
 
     from . import decode as _dec
@@ -365,11 +381,12 @@ def decode_attention_fast(
         num_kv_splits if num_kv_splits is not None else kv_indptr,
         sm_scale * _base.LOG2E, float(logit_cap), int(max_kv_splits),
         GQA=gqa, D=D, DV=Dv, GK=k_group, GV=v_group, S=S, W=W,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_B=_dec.BLOCK_B, HAS_NSPLITS=num_kv_splits is not None,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_B=block_b or _dec.BLOCK_B, HAS_NSPLITS=num_kv_splits is not None,
         MIN_CHUNK=min_chunk, LOGIT_CAP=logit_cap > 0, PV_DT=_base.PV_DTYPE, NB16=nb16,
         USE_ASM=(_base.USE_ASM if use_asm is None else use_asm) and q.dtype == torch.bfloat16,
         OFS32=(max(t.numel() for t in (k_codes, kp, v_codes, vp)) < 2 ** 31 if offsets_32bit is None
                else offsets_32bit),
+        INT2_STAGES=int2_stages or INT2_STAGES,
         num_warps=num_warps or NUM_WARPS, num_stages=num_stages, **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     return _dec.merge_splits(o, attn_logits, attn_lse, kv_indptr, req_rows, own_start, sink_start,

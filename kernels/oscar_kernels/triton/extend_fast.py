@@ -44,6 +44,12 @@ BLOCK_N = 128
 BLOCK_B = 64  # keys per BF16 sink / ring tile
 NUM_WARPS = 8
 NUM_STAGES = 2
+# Pipeline depth of the INT2 loop alone (the BF16 loops keep NUM_STAGES): its loads form a chain
+# (slot indices, then the codes and params they address). Below 5 Triton issues tile i+1's copies
+# after tile i's MMAs and waits for them at the top of the next iteration, so all 8 warps (one
+# program per SM) stall a full memory latency per tile; from 5 the indices run two tiles and the
+# codes one tile ahead (same analysis as attend_fast.INT2_STAGES; bench/extend_fast_sass.py).
+INT2_STAGES = 5
 # INT2 dequantisation (see extend_prefix_attention_fast); the interpreter (CPU) runs "join" for "asm"
 DEQUANT = "asm"
 
@@ -238,6 +244,7 @@ def extend_fast_kernel(
     S: tl.constexpr, W: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
     LOGIT_CAP: tl.constexpr, DT: tl.constexpr, PERM: tl.constexpr, USE_ASM: tl.constexpr,
+    INT2_STAGES: tl.constexpr,
 ):
     b = tl.program_id(0)
     pid1 = tl.program_id(1)
@@ -295,7 +302,7 @@ def extend_fast_kernel(
     VCh = VC + kvh64 * stride_vch
     VPh = VP + kvh64 * stride_vph
     n_full = (n_int2 // BLOCK_N) * BLOCK_N
-    for i0 in range(0, n_full, BLOCK_N):
+    for i0 in tl.range(0, n_full, BLOCK_N, num_stages=INT2_STAGES):  # see INT2_STAGES
         m_i, l_i, acc = _int2_tile(i0, n_int2, sink_lo, hole, idx_base, KCh, KPh, VCh, VPh,
                                    stride_kcn, stride_kpn, stride_vcn, stride_vpn, q, m_i, l_i, acc,
                                    sm_scale_log2, logit_cap, False, D, DV, GK, GV, BLOCK_N, LOGIT_CAP, DT, PERM, USE_ASM)
@@ -334,7 +341,7 @@ def extend_prefix_attention_fast(
     q, qo_indptr, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
     kv_indptr, kv_indices, req_rows, own_start, *, k_group, v_group, sm_scale, max_len_extend,
     sink_start=None, logit_cap=0.0, o=None, lse=None, block_m=None, block_n=None, num_warps=None,
-    num_stages=None, dequant=None,
+    num_stages=None, dequant=None, int2_stages=None,
 ):
     """extend_prefix.extend_prefix_attention with this kernel (same arguments, same results);
     block_m / block_n / num_warps / num_stages / dequant override the defaults (benchmark sweeps).
@@ -383,6 +390,8 @@ def extend_prefix_attention_fast(
         GQA=gqa, D=D, DV=Dv, GK=k_group, GV=v_group, S=sink_k.shape[1], W=ring_k.shape[1],
         num_mb=num_mb, BLOCK_M=bm, BLOCK_N=block_n or BLOCK_N, BLOCK_B=BLOCK_B,
         LOGIT_CAP=logit_cap > 0, DT=dt, PERM=dequant != "gather", USE_ASM=use_asm,
+        # "gather" (a comparison variant) stages fp32 tiles: 5 stages overflow shared memory at G < 128
+        INT2_STAGES=int2_stages or (2 if dequant == "gather" else INT2_STAGES),
         num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES,
     )
     return o, lse

@@ -1,0 +1,146 @@
+"""Where the fast INT2 decode's time goes at the bandwidth shapes, and which split count / tile fits.
+
+For each (B, L) it times, in one CUDA-graph run like bench/kernels.py:
+  * the whole op (stage 1 + merge), the stage-1 kernel alone, the merge kernel alone;
+  * the whole op on a one-tile-per-split context (fixed cost of the grid: launch, prologue,
+    epilogue, merge) at the default split count;
+  * the whole op over a sweep of INT2 split counts x kernel settings (CONFIGS; default marked).
+Bytes and GB/s use bench/kernels.py's count (codes + params + BF16 sink/ring + int32 indices).
+
+Usage (H100, from the project root):
+    source .devkit/device-env.sh && python bench/decode_breakdown.py --out $OUT/breakdown.md
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+
+import importlib.util
+import pathlib
+
+import torch
+
+from oscar_kernels.triton import attend_fast as fast
+from oscar_kernels.triton import decode as dec
+
+# bench/kernels.py (cases, graph timer, byte counts), loaded under its own name: a module called
+# `kernels` would shadow the `kernels` package SGLang depends on
+_spec = importlib.util.spec_from_file_location("oscar_bench_kernels", pathlib.Path(__file__).with_name("kernels.py"))
+kb = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(kb)
+
+SWEEP = {  # INT2 splits per (request, KV head) tried per batch size
+    8: (16, 24, 32, 48),
+    32: (4, 6, 8, 12),
+    64: (2, 4, 6, 8),
+}
+# kernel settings swept (decode_attention_fast keyword arguments; {} = the defaults)
+CONFIGS = [{}, dict(int2_stages=7), dict(int2_stages=7, block_b=16), dict(int2_stages=10, block_b=16),
+           dict(int2_stages=7, block_n=128), dict(int2_stages=10, block_n=32, block_b=16)]
+
+
+def stage1_only(case, **kw):
+    """case.fn(kind='fast') with the merge kernel replaced by nothing."""
+    run = case.fn(kind="fast", **kw)
+
+    def go():
+        saved = dec.merge_splits
+        dec.merge_splits = lambda *a, **k: None
+        try:
+            run()
+        finally:
+            dec.merge_splits = saved
+    return go
+
+
+def merge_only(case):
+    """The merge kernel alone on the partials of one stage-1 call."""
+    ms = fast.default_max_splits(case.B, kb.HKV, torch.device(kb.DEV))
+    captured = {}
+    saved = dec.merge_splits
+
+    def grab(*a, **k):
+        captured["a"], captured["k"] = a, k
+        return saved(*a, **k)
+    dec.merge_splits = grab
+    try:
+        case.fn(kind="fast", max_kv_splits=ms)()
+    finally:
+        dec.merge_splits = saved
+    a, k = captured["a"], captured["k"]
+    return lambda: dec.merge_splits(*a, **k)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", help="markdown summary here")
+    ap.add_argument("--json", help="raw numbers here")
+    ap.add_argument("--shapes", default="8x32768,32x8192,64x32768")
+    ap.add_argument("--configs", default=json.dumps(CONFIGS),
+                    help="JSON list of decode_attention_fast keyword dicts to sweep (default: %(default)s)")
+    args = ap.parse_args()
+    dev = torch.cuda.get_device_name()
+    copy_gbs = kb.copy_bandwidth()
+    kb.log(f"device {dev}; copy bandwidth {copy_gbs:.0f} GB/s")
+    raw = {"device": dev, "copy_gbs": copy_gbs, "shapes": []}
+    md = []
+    for s in args.shapes.split(","):
+        B, L = (int(v) for v in s.split("x"))
+        case = kb.Int2Case(B, L)
+        nbytes = kb.int2_bytes(B, L, kb.GROUP)
+        default = fast.default_max_splits(B, kb.HKV, torch.device(kb.DEV))
+        nb16 = dec.bf16_splits(kb.SINK, kb.WINDOW, default)
+        t_full = kb.bench_graph(case.fn(kind="fast"), case.copies)
+        t_s1 = kb.bench_graph(stage1_only(case), case.copies)
+        t_mg = kb.bench_graph(merge_only(case), case.copies)
+        del case
+        torch.cuda.empty_cache()
+        # fixed cost: one BLOCK_N tile of INT2 keys per split (plus the BF16 sink and ring)
+        L1 = kb.SINK + kb.WINDOW + (default - nb16) * fast.BLOCK_N
+        small = kb.Int2Case(B, L1)
+        t_fixed = kb.bench_graph(small.fn(kind="fast"), small.copies)
+        del small
+        torch.cuda.empty_cache()
+        row = dict(B=B, L=L, bytes=nbytes, default_splits=default, full_us=t_full * 1e3, stage1_us=t_s1 * 1e3,
+                   merge_us=t_mg * 1e3, fixed_us=t_fixed * 1e3, fixed_L=L1, sweep=[])
+        kb.log(f"B={B} L={L}: whole op {t_full * 1e3:.1f} us ({nbytes / t_full / 1e6 / copy_gbs:.0%} of copy), "
+               f"stage 1 alone {t_s1 * 1e3:.1f} us, merge alone {t_mg * 1e3:.1f} us, "
+               f"one tile per split (L={L1}) {t_fixed * 1e3:.1f} us; default max_kv_splits {default}")
+        case = kb.Int2Case(B, L)
+        for cfg in json.loads(args.configs):
+            for n in sorted(set(SWEEP.get(B, ())) | {default - nb16}):
+                ms = n + nb16
+                try:
+                    t = kb.bench_graph(case.fn(kind="fast", max_kv_splits=ms, **cfg), case.copies)
+                except Exception as e:  # noqa: BLE001  (a config that does not fit: report, go on)
+                    kb.log(f"  {cfg} splits={n}: failed {type(e).__name__}: {str(e)[:160]}")
+                    continue
+                mark = " (default)" if ms == default and not cfg else ""
+                kb.log(f"  {str(cfg):45s} INT2 splits={n:3d} programs={B * kb.HKV * ms:5d}: {t * 1e3:7.1f} us "
+                       f"({nbytes / t / 1e6 / copy_gbs:.0%} of copy){mark}")
+                row["sweep"].append(dict(cfg=cfg, int2_splits=n, us=t * 1e3, frac=nbytes / t / 1e6 / copy_gbs))
+        del case
+        torch.cuda.empty_cache()
+        best = min(row["sweep"], key=lambda r: r["us"]) if row["sweep"] else None
+        raw["shapes"].append(row)
+        md.append(f"| {B} | {L // 1024}K | {t_full * 1e3:.1f} | {t_s1 * 1e3:.1f} | {t_mg * 1e3:.1f} | "
+                  f"{t_fixed * 1e3:.1f} (L={L1}) | "
+                  + (f"{best['us']:.1f} ({best['cfg'] or 'defaults'}, {best['int2_splits']} splits, "
+                     f"{best['frac']:.0%} of copy) |" if best else "- |"))
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    text = "\n".join([
+        f"{dev}, {date}; copy bandwidth {copy_gbs:.0f} GB/s (same run). Times in us per decode call.", "",
+        "| B | L | whole op | stage 1 alone | merge alone | one tile per split | best of the sweep |",
+        "|---:|---:|---:|---:|---:|---:|---|", *md])
+    kb.log("\n" + text)
+    if args.out:
+        open(args.out, "w").write(text + "\n")
+    if args.json:
+        json.dump(raw, open(args.json, "w"), indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""The INT2 loops of the fast decode and extend kernels keep the next tile's loads in flight.
+
+Compiled for sm_90 without a GPU (Triton ships ptxas) by bench/kernel_sass.py and
+bench/extend_fast_sass.py, in a subprocess so this process keeps its interpreter setting. With a
+too-shallow software pipeline (the default depth 2), Triton loads the slot indices synchronously and
+waits for every tile's code copies right after issuing them: the compiled loop then waits with 0
+copy groups in flight, and on the H100 decode was 7-14% slower and extend 6-10% slower
+(docs/benchmarks.md, "Kernels", 2026-11-22 13:36 / 13:53 UTC).
+"""
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _in_flight(script, *args):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    m = re.search(r"async copy groups in flight at the INT2 loop's wait: (\d+)", out.stdout)
+    assert m, out.stdout[-2000:]
+    return int(m.group(1)), out.stdout
+
+
+@pytest.mark.parametrize("script,args", [
+    ("kernel_sass.py", ("--kernel", "fast")),
+    ("extend_fast_sass.py", ()),
+], ids=["decode_fast", "extend_fast"])
+def test_int2_loop_overlaps_loads_with_compute(script, args):
+    n, out = _in_flight(script, *args)
+    # 5 = one tile's code / param copies (4 groups) + the slot indices of the tile after it
+    assert n >= 5, f"the INT2 loop waits with {n} copy groups in flight (expected >= 5):\n{out}"
+
+
+def test_shallow_pipeline_is_detected():
+    """The check above can fail: the same decode kernel at depth 2 waits with nothing in flight."""
+    n, _ = _in_flight("kernel_sass.py", "--kernel", "fast", "--int2-stages", "2")
+    assert n == 0
