@@ -69,22 +69,23 @@ def head_major(t):
     return t.transpose(0, 1).contiguous().transpose(0, 1)
 
 
-def check_correctness(group: int, lens=(3000, 700, 150, 1), owns=(0, 40, 2000, 0)):
-    """Store a few requests with the store kernel, then decode / extend vs the float64 reference."""
+def check_correctness(group: int, lens=(3000, 700, 150, 1), owns=(0, 40, 2000, 0), d=D):
+    """Store a few requests with the store kernel, then decode / extend vs the float64 reference
+    (head_dim d: the benchmark's 128, and 256 for the shapes only that head size has)."""
     gen = torch.Generator(device=DEV).manual_seed(1234 + group)
-    fmt = Int2Format(D, group)
+    fmt = Int2Format(d, group)
     B, N, R = len(lens), sum(lens) + 1, len(lens) + 1
     pool = dict(
-        k_codes=head_major(torch.zeros(N, HKV, D // 4, dtype=torch.uint8, device=DEV)),
-        k_params=head_major(torch.zeros(N, HKV, D // group, 2, dtype=torch.float16, device=DEV)),
-        v_codes=head_major(torch.zeros(N, HKV, D // 4, dtype=torch.uint8, device=DEV)),
-        v_params=head_major(torch.zeros(N, HKV, D // group, 2, dtype=torch.float16, device=DEV)),
+        k_codes=head_major(torch.zeros(N, HKV, d // 4, dtype=torch.uint8, device=DEV)),
+        k_params=head_major(torch.zeros(N, HKV, d // group, 2, dtype=torch.float16, device=DEV)),
+        v_codes=head_major(torch.zeros(N, HKV, d // 4, dtype=torch.uint8, device=DEV)),
+        v_params=head_major(torch.zeros(N, HKV, d // group, 2, dtype=torch.float16, device=DEV)),
     )
     side = dict(
-        sink_k=torch.full((R, SINK, HKV, D), 1e4, dtype=torch.bfloat16, device=DEV),
-        sink_v=torch.full((R, SINK, HKV, D), 1e4, dtype=torch.bfloat16, device=DEV),
-        ring_k=torch.full((R, WINDOW, HKV, D), 1e4, dtype=torch.bfloat16, device=DEV),
-        ring_v=torch.full((R, WINDOW, HKV, D), 1e4, dtype=torch.bfloat16, device=DEV),
+        sink_k=torch.full((R, SINK, HKV, d), 1e4, dtype=torch.bfloat16, device=DEV),
+        sink_v=torch.full((R, SINK, HKV, d), 1e4, dtype=torch.bfloat16, device=DEV),
+        ring_k=torch.full((R, WINDOW, HKV, d), 1e4, dtype=torch.bfloat16, device=DEV),
+        ring_v=torch.full((R, WINDOW, HKV, d), 1e4, dtype=torch.bfloat16, device=DEV),
     )
     slots = (torch.randperm(N - 1, device=DEV, generator=gen) + 1).int()
     kv_indptr = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device=DEV)
@@ -95,7 +96,7 @@ def check_correctness(group: int, lens=(3000, 700, 150, 1), owns=(0, 40, 2000, 0
     ks, vs = [], []
     worst = {}
     for b, L in enumerate(lens):
-        k, v = heavy_tailed(L, HKV, D, gen), heavy_tailed(L, HKV, D, gen)
+        k, v = heavy_tailed(L, HKV, d, gen), heavy_tailed(L, HKV, d, gen)
         ks.append(k)
         vs.append(v)
         sl = slots[kv_indptr[b]:kv_indptr[b + 1]]
@@ -113,11 +114,11 @@ def check_correctness(group: int, lens=(3000, 700, 150, 1), owns=(0, 40, 2000, 0
                                ("k_params", pool["k_params"][sl.long()], pk), ("v_params", pool["v_params"][sl.long()], pv)):
             mism = (got.view(torch.uint8) != exp.view(torch.uint8)).float().mean().item()
             worst[name] = max(worst.get(name, 0.0), mism)
-    log(f"  G={group} store vs reference.quantize (clip 0.96/0.92), mismatching bytes: {worst}")
+    log(f"  D={d} G={group} store vs reference.quantize (clip 0.96/0.92), mismatching bytes: {worst}")
     assert all(v == 0.0 for v in worst.values()), "store is not bit-exact on the GPU"
 
-    q = torch.randn(B, HQ, D, device=DEV, generator=gen).bfloat16()
-    sm = 1 / math.sqrt(D)
+    q = torch.randn(B, HQ, d, device=DEV, generator=gen).bfloat16()
+    sm = 1 / math.sqrt(d)
     # float64 oracle per request: what a reader sees in the pool (sink / ring / INT2 by the rule)
     oracle = []
     for b in range(B):
@@ -130,20 +131,20 @@ def check_correctness(group: int, lens=(3000, 700, 150, 1), owns=(0, 40, 2000, 0
         oracle.append(ref.attention(q[b:b + 1], K, V, sm_scale=sm)[0][0])
 
     def check_decode(name, decode):
-        out = torch.full((B, HQ, D), float("nan"), device=DEV)
+        out = torch.full((B, HQ, d), float("nan"), device=DEV)
         decode(q, out, *pool.values(), *side.values(), kv_indptr, slots, rows, own,
                k_group=group, v_group=group, sm_scale=sm)
         errs = [((out[b].double() - o_ref).norm() / o_ref.norm()).item() for b, o_ref in enumerate(oracle)]
-        log(f"  G={group} {name} rel. error vs float64 per request: {[f'{e:.1e}' for e in errs]}")
+        log(f"  D={d} G={group} {name} rel. error vs float64 per request: {[f'{e:.1e}' for e in errs]}")
         assert max(errs) < 2e-2
 
     check_decode("decode", int2_decode.decode_attention)
-    if int2_fast.supports(D, D, group, group, HQ // HKV):
+    if int2_fast.supports(d, d, group, group, HQ // HKV):
         check_decode("FAST decode", int2_fast.decode_attention_fast)
 
     E = [64, 16, 1, 3][:B]
     qo = torch.tensor([0] + list(torch.tensor(E).cumsum(0)), dtype=torch.int32, device=DEV)
-    qe = torch.randn(sum(E), HQ, D, device=DEV, generator=gen).bfloat16()
+    qe = torch.randn(sum(E), HQ, d, device=DEV, generator=gen).bfloat16()
     oe, lse = ops.extend_prefix_attention(qe, qo, *pool.values(), *side.values(), kv_indptr, slots, rows, own,
                                           k_group=group, v_group=group, sm_scale=sm, max_len_extend=max(E))
     errs = []
@@ -154,7 +155,7 @@ def check_correctness(group: int, lens=(3000, 700, 150, 1), owns=(0, 40, 2000, 0
         o_ref, l_ref = ref.attention(qe[qo[b]:qo[b + 1]], K, V, sm_scale=sm)
         errs.append(((oe[qo[b]:qo[b + 1]].double() - o_ref).norm() / o_ref.norm()).item())
         assert (lse[qo[b]:qo[b + 1]].double() - l_ref).abs().max() < 1e-2
-    log(f"  G={group} extend-prefix rel. error vs float64 per request: {[f'{e:.1e}' for e in errs]}")
+    log(f"  D={d} G={group} extend-prefix rel. error vs float64 per request: {[f'{e:.1e}' for e in errs]}")
     assert max(errs) < 2e-2
 
 
@@ -526,6 +527,8 @@ def main():
     log("correctness (GPU, vs float64 reference):")
     for g in () if args.extend_only else (128, 32):
         check_correctness(g)
+    for g in () if args.extend_only else (256, 32):  # head_dim 256: its own decode tile (BLOCK_N_D256)
+        check_correctness(g, lens=(1500, 700, 150, 1), d=256)
 
     copy_gbs = copy_bandwidth()
     log(f"copy bandwidth (read+write): {copy_gbs:.0f} GB/s")

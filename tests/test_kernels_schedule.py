@@ -1,4 +1,6 @@
-"""The INT2 loops of the fast decode and extend kernels keep the next tile's loads in flight.
+"""Compiled-kernel properties on sm_90 (no GPU): pipelined INT2 loops, shared memory that fits.
+
+The INT2 loops of the fast decode and extend kernels keep the next tile's loads in flight.
 
 Compiled for sm_90 without a GPU (Triton ships ptxas) by bench/kernel_sass.py and
 bench/extend_fast_sass.py, in a subprocess so this process keeps its interpreter setting. With a
@@ -42,3 +44,14 @@ def test_shallow_pipeline_is_detected():
     """The check above can fail: the same decode kernel at depth 2 waits with nothing in flight."""
     n, _ = _in_flight("kernel_sass.py", "--kernel", "fast", "--int2-stages", "2")
     assert n == 0
+
+
+def test_every_supported_shape_fits_h100_shared_memory():
+    """Decode and extend-prefix at every head_dim / group size, as ops selects the kernels, compile
+    for sm_90 within 227 KB of shared memory per block (head_dim 256 at G=32 needed 290 KB before
+    its decode tile was cut to 32 keys: a launch failure on the GPU the interpreter cannot see)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "sm90_fit.py")], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert "0 kernel(s) over" in out.stdout and out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert out.stdout.count(" ok;") == 18  # 9 (D, G) pairs x (decode, extend-prefix)

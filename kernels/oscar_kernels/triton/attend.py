@@ -39,6 +39,12 @@ LOG2E = 1.4426950408889634
 PV_DTYPE = tl.float32 if os.environ.get("TRITON_INTERPRET") == "1" else tl.bfloat16
 # PTX code unpacking (see _codes); CUDA only. OSCAR_INT2_NO_ASM=1 falls back to plain Triton ops.
 USE_ASM = os.environ.get("TRITON_INTERPRET") != "1" and os.environ.get("OSCAR_INT2_NO_ASM") != "1"
+# Software-pipeline depth of the INT2 loop alone (tl.range; the BF16 loops keep num_stages). At
+# Triton's default 2 its slot indices load synchronously and each tile's codes are waited for right
+# after issue; from 5 the indices run two tiles and the codes one tile ahead of the compute (the
+# same analysis as attend_fast.INT2_STAGES; bench/kernel_sass.py --kernel base prints the copy
+# groups in flight). Decode only: extend-prefix launches (SPLIT=False) keep 2.
+INT2_STAGES = 5
 
 
 def kernel_choice(var: str) -> str:
@@ -268,7 +274,7 @@ def attend_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
     SPLIT: tl.constexpr, HAS_NSPLITS: tl.constexpr,
     MIN_CHUNK: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, NB16: tl.constexpr,
-    USE_ASM: tl.constexpr,
+    USE_ASM: tl.constexpr, INT2_STAGES: tl.constexpr,
 ):
     QD: tl.constexpr = D // 4
     QDV: tl.constexpr = DV // 4
@@ -348,7 +354,7 @@ def attend_kernel(
     VCh = VC + kvh64 * stride_vch
     VPh = VP + kvh64 * stride_vph
     idx_base = kv_indices + kv_start
-    for i0 in range(i_lo, i_hi, BLOCK_N):
+    for i0 in tl.range(i_lo, i_hi, BLOCK_N, num_stages=INT2_STAGES):  # see INT2_STAGES
         ii = i0 + offs_n
         kmask = ii < i_hi
         pos = ii + tl.where(ii >= sink_lo, hole, 0)
@@ -424,7 +430,7 @@ def launch_attend(
     kv_indptr, kv_indices, qo_indptr, req_rows, own_start, sink_start, num_kv_splits, *,
     out_split_stride, lse_split_stride, k_group, v_group, sm_scale, logit_cap,
     num_mb, block_m, block_n, block_b, split, max_splits, min_chunk, num_warps, num_stages, nb16=1,
-    use_asm=None, maxnreg=None,
+    use_asm=None, maxnreg=None, int2_stages=None,
 ):
     import torch
     extra = {} if maxnreg is None else {"maxnreg": maxnreg}
@@ -457,6 +463,7 @@ def launch_attend(
         SPLIT=split, HAS_NSPLITS=num_kv_splits is not None,
         MIN_CHUNK=min_chunk, LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE, NB16=nb16,
         USE_ASM=(USE_ASM if use_asm is None else use_asm) and q.dtype == torch.bfloat16,
+        INT2_STAGES=int2_stages or (INT2_STAGES if split else 2),
         num_warps=num_warps, num_stages=num_stages, **extra,
     )
 

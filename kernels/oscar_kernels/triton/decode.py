@@ -17,6 +17,9 @@ from .attend import check_pool, launch_attend, num_splits_of, source_ranges
 # Tuned on H100 (bench/kernels.py --tune, 2026-11-22): BLOCK_N=128 / 2 warps / 2 stages was the
 # best or within 2% of the best tried setting at every benchmarked (B, L); see docs/benchmarks.md.
 BLOCK_N = 128  # INT2 keys per tile
+# head_dim 256: a 128-key tile at G=32 needs 290 KB of shared memory (the H100 has 227 KB per
+# block; bench/sm90_fit.py, checked by tests/test_kernels_schedule.py), 32 keys need 149 KB
+BLOCK_N_D256 = 32
 BLOCK_B = 32  # BF16 keys per tile
 MIN_CHUNK = 256  # fewest INT2 keys per split when splits are derived in-kernel
 PROGRAMS_PER_SM = 4  # target (B * Hkv * int2 splits) / SMs when max_kv_splits is not given
@@ -131,7 +134,7 @@ def decode_attention(
         bf16_keys_per_split, default_max_splits)
     min_chunk = min_chunk or MIN_CHUNK
     block_m = max(16, triton.next_power_of_2(gqa))
-    bn = block_n or BLOCK_N
+    bn = block_n or (BLOCK_N if max(D, v_codes.shape[-1] * 4) <= 128 else BLOCK_N_D256)
     launch_attend(
         (B, Hkv, max_kv_splits), q, attn_logits, attn_lse, k_codes, k_params, v_codes, v_params,
         sink_k, sink_v, ring_k, ring_v, kv_indptr, kv_indices, kv_indptr, req_rows, own_start,
