@@ -5,8 +5,8 @@ read the BF16 sink ++ ring, splits NB16.. equal BLOCK_N-aligned chunks of the IN
 program writes a normalised partial output and its natural-log LSE that decode's merge kernel
 combines). Only the INT2 loop is organised differently. ops.decode_attention uses it by default
 when K and V use one (scale, min) group per row (G = head_dim); OSCAR_INT2_DECODE_KERNEL=base
-selects the original kernel (docs/benchmarks.md "Kernels": 1.2-1.5x faster than it except at
-B=1, L=8K, where it is 1.4 us slower per layer).
+selects the original kernel (docs/benchmarks.md "Kernels", 14:06 UTC run: 1.2-1.6x faster than
+it at every benchmarked shape from B=1, L=32K up, level at B=1, L=8K: 14.9 vs 15.3 us).
 
 What changes (SASS counts: bench/kernel_sass.py, sm_90, Hq=32, Hkv=8, D=128, G=128):
 * Both products run transposed so that the long side fills the MMA's 16-row side and the GQA
