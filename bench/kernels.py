@@ -17,7 +17,8 @@ Usage (H100, from the project root):
     source .devkit/device-env.sh && python bench/kernels.py --out $OUT/kernels.md
 Options: --tune (also sweep BLOCK_N / num_stages / split count), --quick (two shapes), --no-fast
 (skip the fast INT2 decode variant, attend_fast.py, timed by default next to the base kernel),
---skip-store-extend (decode only).
+--skip-store-extend (decode only), --flashinfer (FlashInfer's BF16 paged decode as a second
+baseline, where its JIT build works; see --help for the rest).
 """
 from __future__ import annotations
 
@@ -313,6 +314,53 @@ class Bf16Case:
         return run
 
 
+def flashinfer_decode_fn(bc, tensor_cores):
+    """FlashInfer's BF16 paged decode (BatchDecodeWithPagedKVCacheWrapper, page size 1, NHD) over
+    Bf16Case bc's pool and kv_indices: one CUDA-graph-ready wrapper per input copy (planned once,
+    outside the graph), so back-to-back calls rotate through the copies like the other kernels.
+    tensor_cores: FlashInfer's tensor-core decode (its prefill kernel; SGLang's choice for GQA >= 4)."""
+    import flashinfer
+
+    B = bc.B
+    indptr = bc.indptr
+    last = torch.ones(B, dtype=torch.int32, device=DEV)
+    kc, vc = bc.k.unsqueeze(1), bc.v.unsqueeze(1)  # [pages, page_size=1, Hkv, D]
+    wrappers = []
+    for c in range(bc.copies):
+        idx = bc.indices[c].to(torch.int32)
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            torch.empty(128 << 20, dtype=torch.uint8, device=DEV), "NHD", use_cuda_graph=True,
+            use_tensor_cores=tensor_cores, paged_kv_indptr_buffer=indptr.clone(),
+            paged_kv_indices_buffer=idx.clone(), paged_kv_last_page_len_buffer=last.clone())
+        w.plan(indptr, idx, last, HQ, HKV, D, 1, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16,
+               sm_scale=D ** -0.5)
+        wrappers.append(w)
+    o = torch.empty(B, HQ, D, dtype=torch.bfloat16, device=DEV)
+    state = [0]
+
+    def run():
+        c = state[0] = (state[0] + 1) % bc.copies
+        wrappers[c].run(bc.q[c], (kc, vc), out=o)
+
+    def first_copy():  # output for input copy 0 (the correctness check against SGLang's kernel)
+        wrappers[0].run(bc.q[0], (kc, vc), out=o)
+        return o.float()
+    run.first_copy = first_copy
+    return run
+
+
+def sglang_decode_first_copy(bc, splits=8):
+    """SGLang's BF16 Triton decode on input copy 0 of Bf16Case bc (float32 copy of its output)."""
+    from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
+
+    o = torch.empty(bc.B, HQ, D, dtype=torch.bfloat16, device=DEV)
+    logits = torch.empty(bc.B, HQ, splits, D, dtype=torch.float32, device=DEV)
+    lse = torch.empty(bc.B, HQ, splits, dtype=torch.float32, device=DEV)
+    nks = torch.full((bc.B,), splits, dtype=torch.int32, device=DEV)
+    decode_attention_fwd(bc.q[0], bc.k, bc.v, o, bc.indptr, bc.indices[0], logits, lse, nks, splits, D ** -0.5, 1.0, 1.0)
+    return o.float()
+
+
 # ------------------------------------------------------------------------------------------------
 # store and extend
 # ------------------------------------------------------------------------------------------------
@@ -519,6 +567,8 @@ def main():
     ap.add_argument("--fast-max-splits", default="", help="comma list: also time the fast kernel at these "
                     "max_kv_splits (BF16 splits + INT2 splits) for every shape")
     ap.add_argument("--bf16-splits", default="8,16,32,64", help="num_kv_splits values tried for SGLang BF16")
+    ap.add_argument("--flashinfer", action="store_true", help="also time FlashInfer's BF16 paged decode "
+                    "(JIT-compiled on first use; best of its CUDA-core and tensor-core decode)")
     args = ap.parse_args()
     t_start = time.time()
     dev_name = torch.cuda.get_device_name()
@@ -542,6 +592,18 @@ def main():
     for B, L in shapes:
         bc = Bf16Case(B, L)
         bf = {s: bench_graph(bc.fn(s), bc.copies) for s in bf_splits}
+        fi = {}
+        for tc in (False, True) if args.flashinfer else ():
+            try:
+                run_fi = flashinfer_decode_fn(bc, tc)
+                ref_o = sglang_decode_first_copy(bc)
+                err = ((run_fi.first_copy() - ref_o).norm() / ref_o.norm()).item()
+                assert err < 2e-2, f"FlashInfer and SGLang BF16 decode disagree: rel. error {err:.1e}"
+                fi[tc] = bench_graph(run_fi, bc.copies)
+                log(f"  FlashInfer BF16 decode B={B} L={L} tensor_cores={tc}: {fi[tc] * 1e3:.1f} us "
+                    f"(output vs SGLang's BF16 kernel: rel. error {err:.1e})")
+            except Exception as e:  # JIT compilation may not be possible on the machine: report, go on
+                log(f"  FlashInfer BF16 decode tensor_cores={tc} failed: {type(e).__name__}: {str(e)[:300]}")
         bf_b = bc.bytes
         del bc
         torch.cuda.empty_cache()
@@ -591,6 +653,7 @@ def main():
         del ic
         torch.cuda.empty_cache()
         r = dict(B=B, L=L, bf16_ms=bf[best_s], bf16_splits=best_s, bf16_all=bf, int2_ms=t_int2,
+                 flashinfer_ms=min(fi.values()) if fi else None, flashinfer_all={str(k): v for k, v in fi.items()},
                  int2_bytes=int2_bytes(B, L, GROUP), bf16_bytes=bf_b,
                  int2_tuned_ms=min(tuned.values()) if tuned else None)
         r["int2_gbs"] = r["int2_bytes"] / t_int2 / 1e6
@@ -600,6 +663,11 @@ def main():
             r["fast_ms"] = t_fast
             r["fast_gbs"] = r["int2_bytes"] / t_fast / 1e6
             r["fast_speedup"] = r["bf16_ms"] / t_fast
+        if r["flashinfer_ms"]:
+            r["flashinfer_gbs"] = r["bf16_bytes"] / r["flashinfer_ms"] / 1e6
+            r["best_int2_vs_flashinfer"] = r["flashinfer_ms"] / min(t_int2, t_fast or float("inf"))
+            log(f"  FlashInfer BF16 best {r['flashinfer_ms'] * 1e3:.1f} us ({r['flashinfer_gbs']:.0f} GB/s): "
+                f"INT2 {r['best_int2_vs_flashinfer']:.2f}x faster")
         rows.append(r)
         raw["decode"].append(r)
         log(f"B={B:3d} L={L:6d}  BF16 {r['bf16_ms'] * 1e3:8.1f} us ({r['bf16_gbs']:5.0f} GB/s, splits {best_s})"
@@ -661,6 +729,14 @@ def main():
             f"| {100 * r['int2_gbs'] / copy_gbs:.0f}% | **{r['speedup']:.2f}x** |"
             + (f" {r['fast_ms'] * 1e3:.1f} us | {r['fast_gbs']:.0f} | {100 * r['fast_gbs'] / copy_gbs:.0f}% "
                f"| **{r['fast_speedup']:.2f}x** |" if "fast_ms" in r else ""))
+    fi_rows = [r for r in rows if r.get("flashinfer_ms")]
+    if fi_rows:  # the second BF16 baseline, same run
+        md += ["", "| B | L | FlashInfer BF16 decode (best of CUDA-core / tensor-core) | FlashInfer GB/s | "
+               "INT2 (faster of ours) | INT2 vs FlashInfer |", "|---:|---:|---:|---:|---:|---:|"]
+    for r in fi_rows:
+        t = min(r["int2_ms"], r.get("fast_ms") or float("inf"))
+        md.append(f"| {r['B']} | {r['L'] // 1024}K | {r['flashinfer_ms'] * 1e3:.1f} us | {r['flashinfer_gbs']:.0f} | "
+                  f"{t * 1e3:.1f} us | **{r['best_int2_vs_flashinfer']:.2f}x** |")
     if st:
         md += ["", "| store (K+V, clip 0.96/0.92, side buffers) | time | GB/s |", "|---|---:|---:|"]
     for s in st:
