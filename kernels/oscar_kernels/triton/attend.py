@@ -39,11 +39,15 @@ LOG2E = 1.4426950408889634
 PV_DTYPE = tl.float32 if os.environ.get("TRITON_INTERPRET") == "1" else tl.bfloat16
 # PTX code unpacking (see _codes); CUDA only. OSCAR_INT2_NO_ASM=1 falls back to plain Triton ops.
 USE_ASM = os.environ.get("TRITON_INTERPRET") != "1" and os.environ.get("OSCAR_INT2_NO_ASM") != "1"
-# Software-pipeline depth of the INT2 loop alone (tl.range; the BF16 loops keep num_stages). At
-# Triton's default 2 its slot indices load synchronously and each tile's codes are waited for right
-# after issue; from 5 the indices run two tiles and the codes one tile ahead of the compute (the
-# same analysis as attend_fast.INT2_STAGES; bench/kernel_sass.py --kernel base prints the copy
-# groups in flight). Decode only: extend-prefix launches (SPLIT=False) keep 2.
+# Software-pipeline depth of the INT2 loops of all three kernels (this one's decode path,
+# attend_fast, extend_fast), set per loop with tl.range; the BF16 loops keep the launch's
+# num_stages. The INT2 loads form a chain: slot indices, then the codes and params they address.
+# At depth 2 or 3 Triton loads the indices synchronously (2) or one tile ahead (3) but issues each
+# tile's code copies after the previous tile's compute and waits for them at the top of the next
+# iteration, so every tile exposes a full memory latency (0 copy groups in flight at the wait); 4
+# gives the depth-3 schedule. From 5 the indices run two tiles and the codes one tile ahead of the
+# compute (bench/kernel_sass.py and bench/extend_fast_sass.py print the groups in flight,
+# tests/test_kernels_schedule.py checks them). H100: decode 7-14%, extend 6-10% faster than at 2.
 INT2_STAGES = 5
 
 
@@ -53,6 +57,8 @@ def kernel_choice(var: str) -> str:
     if kind not in ("base", "fast"):
         raise ValueError(f"{var} must be 'fast' or 'base', got {kind!r}")
     return kind
+
+
 LN2 = tl.constexpr(0.6931471805599453)
 
 
@@ -463,6 +469,8 @@ def launch_attend(
         SPLIT=split, HAS_NSPLITS=num_kv_splits is not None,
         MIN_CHUNK=min_chunk, LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE, NB16=nb16,
         USE_ASM=(USE_ASM if use_asm is None else use_asm) and q.dtype == torch.bfloat16,
+        # decode only: the base extend-prefix kernel (D = 256's prefill) keeps depth 2, its
+        # shared memory at depth 2 is already 164-180 KB (bench/sm90_fit.py)
         INT2_STAGES=int2_stages or (INT2_STAGES if split else 2),
         num_warps=num_warps, num_stages=num_stages, **extra,
     )

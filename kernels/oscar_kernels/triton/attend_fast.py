@@ -19,7 +19,7 @@ What changes (SASS counts: bench/kernel_sass.py, sm_90, Hq=32, Hkv=8, D=128, G=1
 * The V (scale, min) sums are per-row scalars kept apart from the MMA accumulators and added once
   after the loop; the softmax scale is folded into q; whole tiles run without masks; offsets are
   32-bit when the pool allows.
-* The INT2 loop is software-pipelined 5 deep (INT2_STAGES): the next tile's codes are in flight
+* The INT2 loop is software-pipelined 5 deep (attend.INT2_STAGES): the next tile's codes are in flight
   while a tile is computed (7-14% faster than the default depth 2 on the H100).
 Base kernel 29.1 warp-instructions per (key, KV head); this one 17.3 at the default BLOCK_N=64
 (16.6 at depth 2, 21.1 before the transposed p @ V), 168 registers: 12 one-warp programs per SM
@@ -34,8 +34,8 @@ import triton
 import triton.language as tl
 
 from . import attend as _base
-from .attend import (_bf16_source_loop, _cap_and_scale, _unpack_params, as_param_words, num_splits_of,
-                     source_ranges, split_ranges, load_q_quarters, empty_softmax_state)
+from .attend import (INT2_STAGES, _bf16_source_loop, _cap_and_scale, _unpack_params, as_param_words,
+                     num_splits_of, source_ranges, split_ranges, load_q_quarters, empty_softmax_state)
 
 LN2 = tl.constexpr(0.6931471805599453)
 MASKS = tl.constexpr(("0x00030003", "0x000C000C", "0x00300030", "0x00C000C0"))
@@ -49,15 +49,6 @@ PROGRAMS_PER_SM = 8
 # H100, same run vs BLOCK_N=128 / 32 (us): B=64 L=32K 714 vs 1301 / 959, B=8 L=32K 101 vs 121 / 132
 # (bench/kernels.py --tune-fast, 2026-11-22 11:35 UTC)
 BLOCK_N = 64
-# Software-pipeline depth of the INT2 loop alone (tl.range; the BF16 sink/ring loops keep the
-# launch's num_stages=2). The loop has a chain of two loads: slot indices, then the codes and
-# params they address. At depth 2 or 3 Triton loads the indices synchronously (2) or one tile
-# ahead (3) but issues each tile's code copies after the previous tile's compute and waits for
-# all copies at the top of the next iteration, so every tile exposes a full memory latency.
-# From depth 5 the indices run two tiles ahead and the codes one tile ahead of the tile being
-# computed (cp.async wait with 5 groups in flight, bench/kernel_sass.py shows the schedule); 4
-# gives the depth-3 schedule, 6+ the depth-5 one.
-INT2_STAGES = 5
 
 
 # Codes as small floats with a constant offset and a power-of-two scale per quarter j (scale
@@ -328,7 +319,8 @@ def selected(q, k_codes, v_codes, k_group, v_group) -> bool:
     """ops.decode_attention uses this kernel unless OSCAR_INT2_DECODE_KERNEL=base (default: fast)
     and when the shapes are supported; other group sizes keep the base kernel."""
     D, Dv = k_codes.shape[-1] * 4, v_codes.shape[-1] * 4
-    return _base.kernel_choice("OSCAR_INT2_DECODE_KERNEL") == "fast" and supports(D, Dv, k_group, v_group, q.shape[1] // k_codes.shape[1])
+    return (_base.kernel_choice("OSCAR_INT2_DECODE_KERNEL") == "fast"
+            and supports(D, Dv, k_group, v_group, q.shape[1] // k_codes.shape[1]))
 
 
 def decode_attention_fast(

@@ -32,7 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .attend import (LOG2E, PV_DTYPE, _cap_and_scale, _unpack_params,
+from .attend import (INT2_STAGES, LOG2E, PV_DTYPE, _cap_and_scale, _unpack_params,
                      as_param_words, check_pool, kernel_choice, source_ranges)
 from .extend_prefix import extend_outputs
 
@@ -44,12 +44,6 @@ BLOCK_N = 128
 BLOCK_B = 64  # keys per BF16 sink / ring tile
 NUM_WARPS = 8
 NUM_STAGES = 2
-# Pipeline depth of the INT2 loop alone (the BF16 loops keep NUM_STAGES): its loads form a chain
-# (slot indices, then the codes and params they address). Below 5 Triton issues tile i+1's copies
-# after tile i's MMAs and waits for them at the top of the next iteration, so all 8 warps (one
-# program per SM) stall a full memory latency per tile; from 5 the indices run two tiles and the
-# codes one tile ahead (same analysis as attend_fast.INT2_STAGES; bench/extend_fast_sass.py).
-INT2_STAGES = 5
 # INT2 dequantisation (see extend_prefix_attention_fast); the interpreter (CPU) runs "join" for "asm"
 DEQUANT = "asm"
 
