@@ -452,14 +452,7 @@ def launch_attend(
         q, q.stride(0), q.stride(1),
         out, out.stride(0), out.stride(1), out_split_stride,
         lse, lse.stride(0), lse.stride(1), lse_split_stride,
-        k_codes, k_codes.stride(0), k_codes.stride(1),
-        kp, kp.stride(0), kp.stride(1),
-        v_codes, v_codes.stride(0), v_codes.stride(1),
-        vp, vp.stride(0), vp.stride(1),
-        sink_k, sink_k.stride(0), sink_k.stride(1), sink_k.stride(2),
-        sink_v, sink_v.stride(0), sink_v.stride(1), sink_v.stride(2),
-        ring_k, ring_k.stride(0), ring_k.stride(1), ring_k.stride(2),
-        ring_v, ring_v.stride(0), ring_v.stride(1), ring_v.stride(2),
+        *pool_launch_args(k_codes, kp, v_codes, vp, sink_k, sink_v, ring_k, ring_v),
         kv_indptr, kv_indices, qo_indptr, req_rows, own_start,
         own_start if sink_start is None else sink_start,
         num_kv_splits if num_kv_splits is not None else kv_indptr,
@@ -474,6 +467,18 @@ def launch_attend(
         INT2_STAGES=int2_stages or (INT2_STAGES if split else 2),
         num_warps=num_warps, num_stages=num_stages, **extra,
     )
+
+
+def pool_launch_args(k_codes, k_words, v_codes, v_words, sink_k, sink_v, ring_k, ring_v):
+    """The pool arguments every INT2 attention kernel takes, in its signature's order: codes and
+    param words [N, H, ...] with their slot and head strides, BF16 sink / ring buffers
+    [rows, positions, H, D] with their row, position and head strides."""
+    out = []
+    for t in (k_codes, k_words, v_codes, v_words):
+        out += [t, t.stride(0), t.stride(1)]
+    for t in (sink_k, sink_v, ring_k, ring_v):
+        out += [t, t.stride(0), t.stride(1), t.stride(2)]
+    return out
 
 
 def as_param_words(params):

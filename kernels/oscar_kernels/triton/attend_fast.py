@@ -35,7 +35,8 @@ import triton.language as tl
 
 from . import attend as _base
 from .attend import (INT2_STAGES, _bf16_source_loop, _cap_and_scale, _unpack_params, as_param_words,
-                     num_splits_of, source_ranges, split_ranges, load_q_quarters, empty_softmax_state)
+                     empty_softmax_state, load_q_quarters, num_splits_of, pool_launch_args, source_ranges,
+                     split_ranges)
 
 LN2 = tl.constexpr(0.6931471805599453)
 MASKS = tl.constexpr(("0x00030003", "0x000C000C", "0x00300030", "0x00C000C0"))
@@ -361,14 +362,7 @@ def decode_attention_fast(
         q, q.stride(0), q.stride(1),
         attn_logits, attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
         attn_lse, attn_lse.stride(0), attn_lse.stride(1), attn_lse.stride(2),
-        k_codes, k_codes.stride(0), k_codes.stride(1),
-        kp, kp.stride(0), kp.stride(1),
-        v_codes, v_codes.stride(0), v_codes.stride(1),
-        vp, vp.stride(0), vp.stride(1),
-        sink_k, sink_k.stride(0), sink_k.stride(1), sink_k.stride(2),
-        sink_v, sink_v.stride(0), sink_v.stride(1), sink_v.stride(2),
-        ring_k, ring_k.stride(0), ring_k.stride(1), ring_k.stride(2),
-        ring_v, ring_v.stride(0), ring_v.stride(1), ring_v.stride(2),
+        *pool_launch_args(k_codes, kp, v_codes, vp, sink_k, sink_v, ring_k, ring_v),
         kv_indptr, kv_indices, req_rows, own_start, sink_start,
         num_kv_splits if num_kv_splits is not None else kv_indptr,
         sm_scale * _base.LOG2E, float(logit_cap), int(max_kv_splits),

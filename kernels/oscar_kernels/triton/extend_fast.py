@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from .attend import (INT2_STAGES, LOG2E, PV_DTYPE, _cap_and_scale, _unpack_params,
-                     as_param_words, check_pool, kernel_choice, source_ranges)
+                     as_param_words, check_pool, kernel_choice, pool_launch_args, source_ranges)
 from .extend_prefix import extend_outputs
 
 LN2 = tl.constexpr(0.6931471805599453)
@@ -371,14 +371,7 @@ def extend_prefix_attention_fast(
         q, q.stride(0), q.stride(1),
         o, o.stride(0), o.stride(1),
         lse, lse.stride(0), lse.stride(1),
-        k_codes, k_codes.stride(0), k_codes.stride(1),
-        kp, kp.stride(0), kp.stride(1),
-        v_codes, v_codes.stride(0), v_codes.stride(1),
-        vp, vp.stride(0), vp.stride(1),
-        sink_k, sink_k.stride(0), sink_k.stride(1), sink_k.stride(2),
-        sink_v, sink_v.stride(0), sink_v.stride(1), sink_v.stride(2),
-        ring_k, ring_k.stride(0), ring_k.stride(1), ring_k.stride(2),
-        ring_v, ring_v.stride(0), ring_v.stride(1), ring_v.stride(2),
+        *pool_launch_args(k_codes, kp, v_codes, vp, sink_k, sink_v, ring_k, ring_v),
         kv_indptr, kv_indices, qo_indptr, req_rows, own_start, sink_start,
         sm_scale * LOG2E, float(logit_cap),
         GQA=gqa, D=D, DV=Dv, GK=k_group, GV=v_group, S=sink_k.shape[1], W=ring_k.shape[1],
