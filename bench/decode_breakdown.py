@@ -1,7 +1,8 @@
 """Where the fast INT2 decode's time goes at the bandwidth shapes, and which split count / tile fits.
 
 For each (B, L) it times, in one CUDA-graph run like bench/kernels.py:
-  * the whole op (stage 1 + merge), the stage-1 kernel alone, the merge kernel alone;
+  * the whole op (stage 1 with the merge fused into it, the default), the stage-1 kernel alone and
+    the merge kernel alone (the merge as its own kernel, fused_merge=False);
   * the whole op on a one-tile-per-split context (fixed cost of the grid: launch, prologue,
     epilogue, merge) at the default split count;
   * the whole op over a sweep of INT2 split counts x kernel settings (CONFIGS; default marked).
@@ -32,9 +33,9 @@ kb = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(kb)
 
 SWEEP = {  # INT2 splits per (request, KV head) tried per batch size
-    8: (16, 24, 32, 48),
-    32: (4, 6, 8, 12),
-    64: (2, 4, 6, 8),
+    8: (16, 22, 24, 32, 48),  # 22: 8 x 8 x (22 + 2) = 1536 programs, one wave of 11.6 per SM
+    32: (4, 5, 6, 8, 12),
+    64: (3, 4, 6, 8, 12),
 }
 # kernel settings swept (decode_attention_fast keyword arguments; {} = the defaults)
 CONFIGS = [{}, dict(int2_stages=7), dict(int2_stages=7, block_b=16), dict(int2_stages=10, block_b=16),
@@ -42,8 +43,8 @@ CONFIGS = [{}, dict(int2_stages=7), dict(int2_stages=7, block_b=16), dict(int2_s
 
 
 def stage1_only(case, **kw):
-    """case.fn(kind='fast') with the merge kernel replaced by nothing."""
-    run = case.fn(kind="fast", **kw)
+    """case.fn(kind='fast') with the merge kernel (not fused) replaced by nothing."""
+    run = case.fn(kind="fast", fused_merge=False, **kw)
 
     def go():
         saved = dec.merge_splits
@@ -66,7 +67,7 @@ def merge_only(case):
         return saved(*a, **k)
     dec.merge_splits = grab
     try:
-        case.fn(kind="fast", max_kv_splits=ms)()
+        case.fn(kind="fast", max_kv_splits=ms, fused_merge=False)()
     finally:
         dec.merge_splits = saved
     a, k = captured["a"], captured["k"]
@@ -110,14 +111,15 @@ def main():
                f"one tile per split (L={L1}) {t_fixed * 1e3:.1f} us; default max_kv_splits {default}")
         case = kb.Int2Case(B, L)
         for cfg in json.loads(args.configs):
+            cfg_nb16 = dec.bf16_splits(kb.SINK, kb.WINDOW, 1 << 30, cfg.get("bf16_keys_per_split"))
             for n in sorted(set(SWEEP.get(B, ())) | {default - nb16}):
-                ms = n + nb16
+                ms = n + cfg_nb16
                 try:
                     t = kb.bench_graph(case.fn(kind="fast", max_kv_splits=ms, **cfg), case.copies)
                 except Exception as e:  # noqa: BLE001  (a config that does not fit: report, go on)
                     kb.log(f"  {cfg} splits={n}: failed {type(e).__name__}: {str(e)[:160]}")
                     continue
-                mark = " (default)" if ms == default and not cfg else ""
+                mark = " (default)" if n == default - nb16 and not cfg else ""
                 kb.log(f"  {str(cfg):45s} INT2 splits={n:3d} programs={B * kb.HKV * ms:5d}: {t * 1e3:7.1f} us "
                        f"({nbytes / t / 1e6 / copy_gbs:.0%} of copy){mark}")
                 row["sweep"].append(dict(cfg=cfg, int2_splits=n, us=t * 1e3, frac=nbytes / t / 1e6 / copy_gbs))

@@ -246,6 +246,8 @@ def main():
     ap.add_argument("--block-m", type=int, help="override BLOCK_M (fast kernel)")
     ap.add_argument("--num-stages", type=int, help="override num_stages (both kernels)")
     ap.add_argument("--int2-stages", type=int, help="override the INT2 loop's pipeline depth (fast kernel)")
+    ap.add_argument("--maxnreg", type=int, help="register cap per thread (both kernels)")
+    ap.add_argument("--fused-merge", action="store_true", help="fast kernel with the split merge fused in")
     args = ap.parse_args()
     from oscar_kernels.triton import attend
 
@@ -260,6 +262,10 @@ def main():
             over["block_m"] = args.block_m
         if kind == "fast" and args.int2_stages:
             over["int2_stages"] = args.int2_stages
+        if args.maxnreg:
+            over["maxnreg"] = args.maxnreg
+        if kind == "fast" and args.fused_merge:
+            over["fused_merge"] = True
         fn, a, kw = capture_decode(kind, **over)
         nw, bn = kw["num_warps"], kw["BLOCK_N"]
         ck = compile_call(fn, a, kw)

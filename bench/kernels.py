@@ -142,6 +142,28 @@ def check_correctness(group: int, lens=(3000, 700, 150, 1), owns=(0, 40, 2000, 0
     check_decode("decode", int2_decode.decode_attention)
     if int2_fast.supports(d, d, group, group, HQ // HKV):
         check_decode("FAST decode", int2_fast.decode_attention_fast)
+        for fused in (True, False):  # both merges, whatever the default picks at this batch
+            check_decode(f"FAST decode fused_merge={fused}",
+                         lambda *a, **k: int2_fast.decode_attention_fast(*a, fused_merge=fused, **k))
+
+        # the fused merge under CUDA-graph replays (its arrival counters must return to zero)
+        out = torch.full((B, HQ, d), float("nan"), device=DEV)
+
+        def call():
+            int2_fast.decode_attention_fast(q, out, *pool.values(), *side.values(), kv_indptr, slots, rows, own,
+                                            k_group=group, v_group=group, sm_scale=sm, fused_merge=True)
+        call()  # eager first: allocates the counters outside the capture
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            call()
+        for _ in range(3):
+            out.fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            errs = [((out[b].double() - o_ref).norm() / o_ref.norm()).item() for b, o_ref in enumerate(oracle)]
+            assert max(errs) < 2e-2, errs
+        assert not int2_fast.split_arrivals(q.device, 1).any()
+        log(f"  D={d} G={group} FAST decode fused_merge=True, 3 CUDA-graph replays: rel. error {[f'{e:.1e}' for e in errs]}")
 
     E = [64, 16, 1, 3][:B]
     qo = torch.tensor([0] + list(torch.tensor(E).cumsum(0)), dtype=torch.int32, device=DEV)
@@ -615,7 +637,8 @@ def main():
             # (register caps, BLOCK_N, 3 stages for all loops, a hand-pipelined register prefetch,
             # slot-major pool): bench/results/kernels_fast_h100/README.md
             for cfg in (dict(int2_stages=2), dict(int2_stages=3), dict(block_n=128), dict(block_n=32),
-                        dict(maxnreg=128), dict(max_kv_splits=more), dict(max_kv_splits=fewer)):
+                        dict(maxnreg=128), dict(max_kv_splits=more), dict(max_kv_splits=fewer),
+                        dict(fused_merge=False), dict(bf16_last=False, block_b=32)):
                 try:
                     t = bench_graph(ic.fn(kind="fast", **cfg), ic.copies)
                     log(f"  tune-fast B={B} L={L} {cfg}: {t * 1e3:.1f} us (default {t_fast * 1e3:.1f} us)")

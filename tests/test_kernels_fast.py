@@ -50,6 +50,43 @@ def test_fast_decode_matches_reference(seed, D, gqa, splits):
         assert err <= REL_TOL, (b, err)
 
 
+@pytest.mark.parametrize("bf16_last,block_b", [(False, 32), (True, 16), (True, 32)])
+def test_fast_decode_program_order_and_bf16_tile(seed, bf16_last, block_b):
+    """BF16 splits' programs first or last (bf16_last) and either BF16 tile: same attention."""
+    D, hkv, gqa = 64, 2, 4
+    pool = Pool(LENS, OWNS, hkv, D, D, sinks=SINKS)
+    q = (torch.randn(len(LENS), hkv * gqa, D) * 2).bfloat16()
+    # 3 BF16 splits (12 sink + ring keys, 5 per split) and 1-4 INT2 splits per request
+    nsplit = torch.tensor([4, 5, 6, 7, 5], dtype=torch.int32, device=DEV)
+    for nks in (None, nsplit):
+        o = run_fast(pool, q, D, num_kv_splits=nks, bf16_last=bf16_last, block_b=block_b,
+                     bf16_keys_per_split=5, max_kv_splits=7)
+        for b in range(len(LENS)):
+            K, V = pool.request_kv(b)
+            o_ref, _ = ref.attention(q[b:b + 1].float(), K, V)
+            assert rel_err(o[b], o_ref[0]) <= REL_TOL, (b, nks is None)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_fast_decode_merge_fused_or_kernel(seed, fused):
+    """The splits merged by the last program of each (request, KV head) (default) or by decode's
+    merge kernel: same attention; the fused merge leaves its arrival counters at zero for the
+    next call (given counters, and the per-device default ones)."""
+    D, hkv, gqa = 64, 2, 4
+    pool = Pool(LENS, OWNS, hkv, D, D, sinks=SINKS)
+    q = (torch.randn(len(LENS), hkv * gqa, D) * 2).bfloat16()
+    arrived = torch.zeros(len(LENS) * hkv + 3, dtype=torch.int32, device=DEV)
+    for kw in ({"arrived": arrived}, {}):
+        for _ in range(2):  # a second call relies on the counters the first one left
+            o = run_fast(pool, q, D, fused_merge=fused, max_kv_splits=5, **kw)
+            for b in range(len(LENS)):
+                K, V = pool.request_kv(b)
+                o_ref, _ = ref.attention(q[b:b + 1].float(), K, V)
+                assert rel_err(o[b], o_ref[0]) <= REL_TOL, (b, fused, kw.keys())
+    assert not arrived.any()
+    assert not attend_fast.split_arrivals(DEV, 1).any()
+
+
 def test_fast_decode_small_tiles_many_splits(seed):
     """BLOCK_N=16, in-kernel split count: several INT2 tiles per split, masked tail tiles."""
     from oscar_kernels.triton import decode as dec

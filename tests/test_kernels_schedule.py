@@ -55,3 +55,19 @@ def test_every_supported_shape_fits_h100_shared_memory():
                          capture_output=True, text=True, timeout=900)
     assert "0 kernel(s) over" in out.stdout and out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert out.stdout.count(" ok;") == 16  # 8 (D, G) pairs x (decode, extend-prefix)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["merge_kernel", "fused_merge"])
+def test_fast_decode_fits_its_programs_per_sm(fused):
+    """attend_fast.default_max_splits gives every SM PROGRAMS_PER_SM (12) one-warp INT2 programs:
+    the compiled kernel must let that many run at once on an H100 SM (64K registers, 228 KB of
+    shared memory, 1 KB of it reserved per block). With more registers or shared memory the grid
+    would spill into a second wave (bench/decode_probe.py: the kernel is bound by its SMs)."""
+    from oscar_kernels.triton import attend_fast
+
+    _, out = _in_flight("kernel_sass.py", "--kernel", "fast", *(("--fused-merge",) if fused else ()))
+    regs = int(re.search(r"regs (\d+)", out).group(1))
+    smem = int(re.search(r"static smem (\d+) B", out).group(1)) + int(re.search(r"dynamic smem (\d+) B", out).group(1))
+    per_sm_regs = 65536 // (-(-regs // 8) * 8 * 32 * attend_fast.NUM_WARPS)
+    per_sm_smem = 233472 // (smem + 1024)
+    assert min(per_sm_regs, per_sm_smem) >= attend_fast.PROGRAMS_PER_SM, (regs, smem, out)

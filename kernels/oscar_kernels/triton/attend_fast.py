@@ -3,10 +3,11 @@
 Same semantics, split-K layout and outputs as attend.attend_kernel with SPLIT=True (split 0..NB16-1
 read the BF16 sink ++ ring, splits NB16.. equal BLOCK_N-aligned chunks of the INT2 range; every
 program writes a normalised partial output and its natural-log LSE that decode's merge kernel
-combines). Only the INT2 loop is organised differently. ops.decode_attention uses it by default
-when K and V use one (scale, min) group per row (G = head_dim); OSCAR_INT2_DECODE_KERNEL=base
-selects the original kernel (docs/benchmarks.md "Kernels", 14:06 UTC run: 1.2-1.6x faster than
-it at every benchmarked shape from B=1, L=32K up, level at B=1, L=8K: 14.9 vs 15.3 us).
+combines, or that the last program of each (request, KV head) merges itself: _merge_if_last).
+ops.decode_attention uses it by default when K and V use one (scale, min) group per row
+(G = head_dim); OSCAR_INT2_DECODE_KERNEL=base selects the original kernel (docs/benchmarks.md
+"Kernels", 16:02 UTC run: 1.2-1.7x faster than it at every benchmarked shape from B=1, L=32K up,
+level at B=1, L=8K: 15.2 vs 15.3 us).
 
 What changes (SASS counts: bench/kernel_sass.py, sm_90, Hq=32, Hkv=8, D=128, G=128):
 * Both products run transposed so that the long side fills the MMA's 16-row side and the GQA
@@ -21,9 +22,11 @@ What changes (SASS counts: bench/kernel_sass.py, sm_90, Hq=32, Hkv=8, D=128, G=1
   32-bit when the pool allows.
 * The INT2 loop is software-pipelined 5 deep (attend.INT2_STAGES): the next tile's codes are in flight
   while a tile is computed (7-14% faster than the default depth 2 on the H100).
-Base kernel 29.1 warp-instructions per (key, KV head); this one 17.3 at the default BLOCK_N=64
-(16.6 at depth 2, 21.1 before the transposed p @ V), 168 registers: 12 one-warp programs per SM
-by registers, 11 by shared memory. BLOCK_N=64 was the fastest tile on the H100 at both depths
+* The grid is scheduled for an SM-bound kernel (see PROGRAMS_PER_SM): one INT2 program per
+  program slot, BF16 programs last, 16-key BF16 tiles, the merge fused at few splits.
+Base kernel 29.1 warp-instructions per (key, KV head); this one 17.2 at the default BLOCK_N=64
+(16.6 at depth 2, 21.1 before the transposed p @ V), 166 registers and 11.8 KB of shared memory:
+12 one-warp programs per SM by both. BLOCK_N=64 was the fastest tile on the H100 at both depths
 (bench/kernels.py --tune-fast and bench/decode_breakdown.py, 2026-11-22 11:35-13:46 UTC: BLOCK_N
 32 / 128, register caps, deeper pipelines, BF16 tiles of 16 and a hand-pipelined register
 prefetch were slower or within 4%).
@@ -42,11 +45,25 @@ LN2 = tl.constexpr(0.6931471805599453)
 MASKS = tl.constexpr(("0x00030003", "0x000C000C", "0x00300030", "0x00C000C0"))
 # One warp per program: the [BLOCK_N, 8] score tile is one warp's MMA column, so a second warp
 # would only duplicate it (Triton gives every chained dot the same warp split). Twice the base
-# kernel's programs per SM keeps the same number of warps in flight. (Split counts follow 8 programs
-# per SM rounded up to a power of two; at the 11-12 that fit since the depth-5 pipeline, other
-# counts were within 3%: bench/decode_breakdown.py, 2026-11-22 13:39-13:46 UTC.)
+# kernel's programs per SM keeps the same number of warps in flight.
 NUM_WARPS = 1
-PROGRAMS_PER_SM = 8
+# The kernel is bound by its SMs, not by memory (bench/decode_probe.py, 2026-11-22 15:28 UTC: its
+# INT2 loads alone stream at 87-96% of copy bandwidth; on an L2-resident pool it is only 0-15%
+# faster; ncu: 0.58 instructions issued per scheduler-cycle with 2.5 warps per scheduler). So what
+# counts is keeping every one of the 12 program slots per SM (166 registers, 11.8 KB of shared
+# memory per one-warp program; tests/test_kernels_schedule.py) busy with INT2 work to the end:
+# * INT2 programs: one per slot (PROGRAMS_PER_SM x SMs in all, default_max_splits);
+# * BF16 (sink + ring) programs start last (BF16_LAST): short ones fill the slots that free up,
+#   instead of INT2 programs starting late and running alone at the end;
+# * 16-key BF16 tiles (BLOCK_B) halve that loop's shared memory (19.5 -> 11.8 KB per program),
+#   so 12 programs fit by shared memory too; when the whole grid fits in one wave (batch 1) the
+#   BF16 programs are the last to finish and 32-key tiles are faster (default_block_b).
+# H100, same run (bench/kernels.py --tune-fast, 16:02 UTC), these defaults vs BF16 programs first
+# with 32-key tiles: B=8 L=32K 80.1 vs 86.9 us, B=32 L=8K 82.0 vs 92.2 us, B=64 L=32K 551.7 vs
+# 555.2 us (B=64 moves by +-4% between runs; decode_breakdown.py 15:32: 523.5 vs 544.9 us).
+PROGRAMS_PER_SM = 12
+BLOCK_B = 16
+BLOCK_B_ONE_WAVE = 32
 # H100, same run vs BLOCK_N=128 / 32 (us): B=64 L=32K 714 vs 1301 / 959, B=8 L=32K 101 vs 121 / 132
 # (bench/kernels.py --tune-fast, 2026-11-22 11:35 UTC)
 BLOCK_N = 64
@@ -163,15 +180,93 @@ def _int2_tile(i0, i_hi, kc, kpw, vct, vpw,
     return m_i, l_i, b_mn, b_sc, a0, a1, a2, a3
 
 
-def default_max_splits(batch: int, kv_heads: int, device, nb16: int = 2) -> int:
-    """BF16 splits + enough INT2 splits for PROGRAMS_PER_SM one-warp programs per SM."""
+def _sms(device) -> int:
     import torch
 
     from .decode import _num_sms
 
-    sms = _num_sms(device.index or 0) if torch.device(device).type == "cuda" else 8
-    want = triton.cdiv(PROGRAMS_PER_SM * sms, batch * kv_heads)
-    return min(128, triton.next_power_of_2(max(1, want))) + nb16
+    return _num_sms(device.index or 0) if torch.device(device).type == "cuda" else 8
+
+
+# One warp merges n partials in n / 4 dependent L2 round trips: cheaper than the merge kernel's
+# launch and wait at few splits, dearer at many. H100 (bench/decode_breakdown.py, 15:55 UTC),
+# fused vs merge kernel: B=32 L=8K, 8 splits 81.2 vs 83.3 us; B=64 L=32K, 5 splits 523.5 vs
+# 533.2 us; B=8 L=32K, 26 splits 83.4 vs 80.4 us.
+FUSED_MERGE_MAX_SPLITS = 16
+_ARRIVALS: dict = {}
+ARRIVALS_MIN = 1 << 16  # counters allocated at once per device: batch x KV heads up to 65536
+
+
+def split_arrivals(device, n: int):
+    """The fused merge's per-(request, KV head) arrival counters on `device`: int32 zeros, kept
+    zero by the kernel (the merging program resets its counter), allocated once per device (not
+    while a CUDA graph is being captured: run one call before capture, as SGLang's warm-up does)."""
+    import torch
+
+    key = str(torch.device(device))
+    t = _ARRIVALS.get(key)
+    if t is None or t.numel() < n:
+        if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("INT2 decode: the split arrival counters must exist before CUDA graph capture "
+                               "(run one decode call first, or pass arrived=)")
+        t = _ARRIVALS[key] = torch.zeros(max(n, ARRIVALS_MIN), dtype=torch.int32, device=device)
+    return t
+
+
+def default_block_b(batch: int, kv_heads: int, max_kv_splits: int, device) -> int:
+    """BF16 keys per tile: BLOCK_B when the grid needs more than one wave of program slots,
+    BLOCK_B_ONE_WAVE when every program starts at once."""
+    one_wave = batch * kv_heads * max_kv_splits <= PROGRAMS_PER_SM * _sms(device)
+    return BLOCK_B_ONE_WAVE if one_wave else BLOCK_B
+
+
+def default_max_splits(batch: int, kv_heads: int, device, nb16: int = 2) -> int:
+    """BF16 splits + INT2 splits: one INT2 program per program slot (PROGRAMS_PER_SM per SM),
+    at least one per (request, KV head) and at most 128."""
+    return min(128, max(1, PROGRAMS_PER_SM * _sms(device) // (batch * kv_heads))) + nb16
+
+
+@triton.jit
+def _merge_if_last(b, kvh, n_splits, Part, stride_pt, stride_ph, stride_ps,
+                   Lse, stride_lt, stride_lh, stride_ls, Final, stride_fb, stride_fh, Arrived,
+                   GQA: tl.constexpr, ROWS: tl.constexpr, DV: tl.constexpr, SPLITS_P2: tl.constexpr):
+    """The last of the n_splits programs of (request b, KV head kvh) to finish LSE-merges their
+    partial outputs into Final (decode.merge_splits' formula) and resets the arrival counter:
+    no merge kernel to launch and wait for.
+
+    Arrived[b * Hkv + kvh] counts finished programs. The barrier makes every lane's partial
+    stores precede the counter's release; the acquire of the program that sees n_splits - 1
+    orders its reads of the other programs' partials (read through L2, .cg) after their stores."""
+    CH: tl.constexpr = 4  # splits per load: [ROWS, CH, DV] (64 fp32 per lane at GQA 4, DV 128)
+    tl.debug_barrier()
+    cnt = tl.atomic_add(Arrived + b * tl.num_programs(1) + kvh, 1, sem="acq_rel", scope="gpu")
+    if cnt == n_splits - 1:
+        tl.store(Arrived + b * tl.num_programs(1) + kvh, 0)  # every program of this call has counted
+        bt = b.to(tl.int64)
+        r = tl.arange(0, ROWS)
+        hq = kvh * GQA + r
+        rmask = r < GQA
+        s = tl.arange(0, SPLITS_P2)
+        lb = Lse + bt * stride_lt + hq * stride_lh
+        lse = tl.load(lb[:, None] + s[None, :] * stride_ls, mask=rmask[:, None] & (s < n_splits)[None, :],
+                      other=float("-inf"), cache_modifier=".cg")
+        m = tl.max(lse, 1)
+        m = tl.where(m == float("-inf"), 0.0, m)
+        wsum = tl.sum(tl.where(lse == float("-inf"), 0.0, tl.exp(lse - m[:, None])), 1)
+        c = tl.arange(0, CH)
+        d = tl.arange(0, DV)
+        pb = Part + bt * stride_pt + hq[:, None, None] * stride_ph + d[None, None, :]
+        acc = tl.zeros([ROWS, DV], tl.float32)
+        for s0 in range(0, n_splits, CH):
+            sp = s0 + c
+            cm = rmask[:, None] & (sp < n_splits)[None, :]
+            lc = tl.load(lb[:, None] + sp[None, :] * stride_ls, mask=cm, other=float("-inf"), cache_modifier=".cg")
+            wc = tl.where(lc == float("-inf"), 0.0, tl.exp(lc - m[:, None]))  # splits without keys: 0
+            part = tl.load(pb + sp[None, :, None] * stride_ps, mask=cm[:, :, None], other=0.0, cache_modifier=".cg")
+            acc += tl.sum(wc[:, :, None] * part, 1)
+        o = acc / tl.where(wsum > 0, wsum, 1.0)[:, None]
+        tl.store(Final + bt * stride_fb + hq[:, None] * stride_fh + d[None, :], o.to(Final.dtype.element_ty),
+                 mask=rmask[:, None])
 
 
 @triton.jit
@@ -189,11 +284,13 @@ def attend_fast_kernel(
     RV, stride_rvr, stride_rvp, stride_rvh,
     kv_indptr, kv_indices, req_rows, own_start, sink_start, num_kv_splits,
     sm_scale_log2, logit_cap, MAX_SPLITS,
+    Final, stride_fb, stride_fh, Arrived,
     GQA: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, GK: tl.constexpr, GV: tl.constexpr,
     S: tl.constexpr, W: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, HAS_NSPLITS: tl.constexpr,
     MIN_CHUNK: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, NB16: tl.constexpr,
-    USE_ASM: tl.constexpr, OFS32: tl.constexpr, INT2_STAGES: tl.constexpr,
+    USE_ASM: tl.constexpr, OFS32: tl.constexpr, INT2_STAGES: tl.constexpr, BF16_LAST: tl.constexpr,
+    MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr, SPLITS_P2: tl.constexpr,
 ):
     QD: tl.constexpr = D // 4
     QDV: tl.constexpr = DV // 4
@@ -214,6 +311,8 @@ def attend_fast_kernel(
     n_splits = num_splits_of(n_int2, b, num_kv_splits, HAS_NSPLITS, MAX_SPLITS, MIN_CHUNK, NB16)
     if split >= n_splits:
         return
+    if BF16_LAST:  # programs start in split order: INT2 splits (long) first, BF16 (short) last
+        split = tl.where(split < n_splits - NB16, split + NB16, split - (n_splits - NB16))
     # the same split of keys as attend.py
     i_lo, i_hi, s_lo, s_hi, r_lo, r_hi = split_ranges(
         split, n_splits, n_int2, sink_lo, sink_hi, ring_lo, kv_len, BLOCK_N, NB16)
@@ -309,6 +408,10 @@ def attend_fast_kernel(
     tl.store(ob + 2 * QDV, a2 * inv_l[None, :], mask=rmask[None, :])
     tl.store(ob + 3 * QDV, a3 * inv_l[None, :], mask=rmask[None, :])
     tl.store(Lse + b.to(tl.int64) * stride_lt + hq * stride_lh + split * stride_ls, lse, mask=rmask)
+    if MERGE:
+        _merge_if_last(b, kvh, n_splits, Out, stride_ot, stride_oh, stride_os,
+                       Lse, stride_lt, stride_lh, stride_ls, Final, stride_fb, stride_fh, Arrived,
+                       GQA, MERGE_ROWS, DV, SPLITS_P2)
 
 
 def supports(D, Dv, k_group, v_group, gqa) -> bool:
@@ -329,13 +432,18 @@ def decode_attention_fast(
     kv_indptr, kv_indices, req_rows, own_start, *, k_group, v_group, sm_scale, sink_start=None,
     num_kv_splits=None, max_kv_splits=None, attn_logits=None, attn_lse=None, logit_cap=0.0,
     block_n=None, num_warps=None, num_stages=2, min_chunk=None, bf16_keys_per_split=None, use_asm=None,
-    maxnreg=None, block_m=None, offsets_32bit=None, int2_stages=None, block_b=None,
+    maxnreg=None, block_m=None, offsets_32bit=None, int2_stages=None, block_b=None, bf16_last=True,
+    fused_merge=None, arrived=None,
 ):
     """decode.decode_attention with the fast stage-1 kernel (same arguments, same results).
 
     offsets_32bit: pool offsets in 32-bit arithmetic; default: when every pool tensor has < 2^31
     elements (the other case is tested by forcing False). int2_stages: pipeline depth of the INT2
-    loop (default INT2_STAGES); block_b: BF16 sink/ring keys per tile (default decode.BLOCK_B)."""
+    loop (default INT2_STAGES); block_b: BF16 sink/ring keys per tile (default default_block_b); bf16_last:
+    the BF16 splits' programs start after the INT2 ones (default; False: in split order).
+    fused_merge: the last program of each (request, KV head) merges the splits, or (False) decode's
+    merge kernel does; default: fused up to FUSED_MERGE_MAX_SPLITS splits. arrived: int32 scratch of >= batch x KV heads zeros, left zero by
+    every call (default: one per device, split_arrivals)."""
     import torch
 
     from . import decode as _dec
@@ -358,6 +466,10 @@ def decode_attention_fast(
     bn = block_n or BLOCK_N
     kp = as_param_words(k_params)
     vp = as_param_words(v_params)
+    if fused_merge is None:
+        fused_merge = max_kv_splits <= FUSED_MERGE_MAX_SPLITS
+    if fused_merge and arrived is None:
+        arrived = split_arrivals(q.device, B * Hkv)
     attend_fast_kernel[(B, Hkv, max_kv_splits)](
         q, q.stride(0), q.stride(1),
         attn_logits, attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
@@ -366,14 +478,18 @@ def decode_attention_fast(
         kv_indptr, kv_indices, req_rows, own_start, sink_start,
         num_kv_splits if num_kv_splits is not None else kv_indptr,
         sm_scale * _base.LOG2E, float(logit_cap), int(max_kv_splits),
+        o, o.stride(0), o.stride(1), arrived if fused_merge else kv_indptr,
         GQA=gqa, D=D, DV=Dv, GK=k_group, GV=v_group, S=S, W=W,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_B=block_b or _dec.BLOCK_B, HAS_NSPLITS=num_kv_splits is not None,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_B=block_b or default_block_b(B, Hkv, max_kv_splits, q.device), HAS_NSPLITS=num_kv_splits is not None,
         MIN_CHUNK=min_chunk, LOGIT_CAP=logit_cap > 0, PV_DT=_base.PV_DTYPE, NB16=nb16,
         USE_ASM=(_base.USE_ASM if use_asm is None else use_asm) and q.dtype == torch.bfloat16,
         OFS32=(max(t.numel() for t in (k_codes, kp, v_codes, vp)) < 2 ** 31 if offsets_32bit is None
                else offsets_32bit),
-        INT2_STAGES=int2_stages or INT2_STAGES,
+        INT2_STAGES=int2_stages or INT2_STAGES, BF16_LAST=bf16_last,
+        MERGE=fused_merge, MERGE_ROWS=triton.next_power_of_2(gqa), SPLITS_P2=triton.next_power_of_2(max_kv_splits),
         num_warps=num_warps or NUM_WARPS, num_stages=num_stages, **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
+    if fused_merge:
+        return o
     return _dec.merge_splits(o, attn_logits, attn_lse, kv_indptr, req_rows, own_start, sink_start,
                              num_kv_splits, max_kv_splits, nb16, min_chunk, S, W)
