@@ -33,8 +33,8 @@ kb = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(kb)
 
 SWEEP = {  # INT2 splits per (request, KV head) tried per batch size
-    8: (16, 22, 24, 32, 48),  # 22: 8 x 8 x (22 + 2) = 1536 programs, one wave of 11.6 per SM
-    32: (4, 5, 6, 8, 12),
+    8: (16, 22, 24, 28, 32, 48),  # 22: 8 x 8 x (22 + 2) = 1536 programs, one wave of 11.6 per SM
+    32: (4, 5, 6, 7, 8, 12),
     64: (3, 4, 6, 8, 12),
 }
 # kernel settings swept (decode_attention_fast keyword arguments; {} = the defaults)
