@@ -131,11 +131,14 @@ def check_correctness(group: int, lens=(3000, 700, 150, 1), owns=(0, 40, 2000, 0
         assert torch.equal(K, exp_k), "pool contents differ from reference.mixed_kv"
         oracle.append(ref.attention(q[b:b + 1], K, V, sm_scale=sm)[0][0])
 
+    def rel_errors(out):
+        return [((out[b].double() - o_ref).norm() / o_ref.norm()).item() for b, o_ref in enumerate(oracle)]
+
     def check_decode(name, decode):
         out = torch.full((B, HQ, d), float("nan"), device=DEV)
         decode(q, out, *pool.values(), *side.values(), kv_indptr, slots, rows, own,
                k_group=group, v_group=group, sm_scale=sm)
-        errs = [((out[b].double() - o_ref).norm() / o_ref.norm()).item() for b, o_ref in enumerate(oracle)]
+        errs = rel_errors(out)
         log(f"  D={d} G={group} {name} rel. error vs float64 per request: {[f'{e:.1e}' for e in errs]}")
         assert max(errs) < 2e-2
 
@@ -160,7 +163,7 @@ def check_correctness(group: int, lens=(3000, 700, 150, 1), owns=(0, 40, 2000, 0
             out.fill_(float("nan"))
             g.replay()
             torch.cuda.synchronize()
-            errs = [((out[b].double() - o_ref).norm() / o_ref.norm()).item() for b, o_ref in enumerate(oracle)]
+            errs = rel_errors(out)
             assert max(errs) < 2e-2, errs
         assert not int2_fast.split_arrivals(q.device, 1).any()
         log(f"  D={d} G={group} FAST decode fused_merge=True, 3 CUDA-graph replays: rel. error {[f'{e:.1e}' for e in errs]}")

@@ -180,14 +180,6 @@ def _int2_tile(i0, i_hi, kc, kpw, vct, vpw,
     return m_i, l_i, b_mn, b_sc, a0, a1, a2, a3
 
 
-def _sms(device) -> int:
-    import torch
-
-    from .decode import _num_sms
-
-    return _num_sms(device.index or 0) if torch.device(device).type == "cuda" else 8
-
-
 # One warp merges n partials in n / 4 dependent L2 round trips: cheaper than the merge kernel's
 # launch and wait at few splits, dearer at many. H100 (bench/decode_breakdown.py, 15:55 UTC),
 # fused vs merge kernel: B=32 L=8K, 8 splits 81.2 vs 83.3 us; B=64 L=32K, 5 splits 523.5 vs
@@ -216,14 +208,18 @@ def split_arrivals(device, n: int):
 def default_block_b(batch: int, kv_heads: int, max_kv_splits: int, device) -> int:
     """BF16 keys per tile: BLOCK_B when the grid needs more than one wave of program slots,
     BLOCK_B_ONE_WAVE when every program starts at once."""
-    one_wave = batch * kv_heads * max_kv_splits <= PROGRAMS_PER_SM * _sms(device)
+    from .decode import sm_count
+
+    one_wave = batch * kv_heads * max_kv_splits <= PROGRAMS_PER_SM * sm_count(device)
     return BLOCK_B_ONE_WAVE if one_wave else BLOCK_B
 
 
 def default_max_splits(batch: int, kv_heads: int, device, nb16: int = 2) -> int:
     """BF16 splits + INT2 splits: one INT2 program per program slot (PROGRAMS_PER_SM per SM),
     at least one per (request, KV head) and at most 128."""
-    return min(128, max(1, PROGRAMS_PER_SM * _sms(device) // (batch * kv_heads))) + nb16
+    from .decode import sm_count
+
+    return min(128, max(1, PROGRAMS_PER_SM * sm_count(device) // (batch * kv_heads))) + nb16
 
 
 @triton.jit
@@ -260,6 +256,7 @@ def _merge_if_last(b, kvh, n_splits, Part, stride_pt, stride_ph, stride_ps,
         for s0 in range(0, n_splits, CH):
             sp = s0 + c
             cm = rmask[:, None] & (sp < n_splits)[None, :]
+            # the chunk's LSEs again (from L2): a column block of `lse` cannot be sliced out in Triton
             lc = tl.load(lb[:, None] + sp[None, :] * stride_ls, mask=cm, other=float("-inf"), cache_modifier=".cg")
             wc = tl.where(lc == float("-inf"), 0.0, tl.exp(lc - m[:, None]))  # splits without keys: 0
             part = tl.load(pb + sp[None, :, None] * stride_ps, mask=cm[:, :, None], other=0.0, cache_modifier=".cg")
@@ -439,11 +436,11 @@ def decode_attention_fast(
 
     offsets_32bit: pool offsets in 32-bit arithmetic; default: when every pool tensor has < 2^31
     elements (the other case is tested by forcing False). int2_stages: pipeline depth of the INT2
-    loop (default INT2_STAGES); block_b: BF16 sink/ring keys per tile (default default_block_b); bf16_last:
-    the BF16 splits' programs start after the INT2 ones (default; False: in split order).
-    fused_merge: the last program of each (request, KV head) merges the splits, or (False) decode's
-    merge kernel does; default: fused up to FUSED_MERGE_MAX_SPLITS splits. arrived: int32 scratch of >= batch x KV heads zeros, left zero by
-    every call (default: one per device, split_arrivals)."""
+    loop (default INT2_STAGES). block_b: BF16 sink/ring keys per tile (default default_block_b).
+    bf16_last: the BF16 splits' programs start after the INT2 ones (default; False: in split
+    order). fused_merge: the last program of each (request, KV head) merges the splits, or (False)
+    decode's merge kernel does; default: fused up to FUSED_MERGE_MAX_SPLITS splits. arrived: int32
+    scratch of >= batch x KV heads zeros, left zero by every call (default: split_arrivals)."""
     import torch
 
     from . import decode as _dec
@@ -480,13 +477,15 @@ def decode_attention_fast(
         sm_scale * _base.LOG2E, float(logit_cap), int(max_kv_splits),
         o, o.stride(0), o.stride(1), arrived if fused_merge else kv_indptr,
         GQA=gqa, D=D, DV=Dv, GK=k_group, GV=v_group, S=S, W=W,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_B=block_b or default_block_b(B, Hkv, max_kv_splits, q.device), HAS_NSPLITS=num_kv_splits is not None,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_B=block_b or default_block_b(B, Hkv, max_kv_splits, q.device),
+        HAS_NSPLITS=num_kv_splits is not None,
         MIN_CHUNK=min_chunk, LOGIT_CAP=logit_cap > 0, PV_DT=_base.PV_DTYPE, NB16=nb16,
         USE_ASM=(_base.USE_ASM if use_asm is None else use_asm) and q.dtype == torch.bfloat16,
         OFS32=(max(t.numel() for t in (k_codes, kp, v_codes, vp)) < 2 ** 31 if offsets_32bit is None
                else offsets_32bit),
         INT2_STAGES=int2_stages or INT2_STAGES, BF16_LAST=bf16_last,
-        MERGE=fused_merge, MERGE_ROWS=triton.next_power_of_2(gqa), SPLITS_P2=triton.next_power_of_2(max_kv_splits),
+        MERGE=fused_merge, MERGE_ROWS=triton.next_power_of_2(gqa),
+        SPLITS_P2=triton.next_power_of_2(max_kv_splits),
         num_warps=num_warps or NUM_WARPS, num_stages=num_stages, **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     if fused_merge:

@@ -37,9 +37,15 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def sm_count(device) -> int:
+    """SMs of a CUDA device; 8 elsewhere (the CPU interpreter), so split plans stay small there."""
+    device = torch.device(device)
+    return _num_sms(device.index or 0) if device.type == "cuda" else 8
+
+
 def default_max_splits(batch: int, kv_heads: int, device: torch.device, nb16: int = 2) -> int:
     """BF16 splits + enough INT2 splits to give every SM a few programs (static given B)."""
-    sms = _num_sms(device.index or 0) if device.type == "cuda" else 8
+    sms = sm_count(device)
     want = triton.cdiv(PROGRAMS_PER_SM * sms, batch * kv_heads)
     return min(64, triton.next_power_of_2(max(1, want))) + nb16
 
