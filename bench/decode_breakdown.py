@@ -33,13 +33,12 @@ kb = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(kb)
 
 SWEEP = {  # INT2 splits per (request, KV head) tried per batch size
-    8: (16, 22, 24, 28, 32, 48),  # 22: 8 x 8 x (22 + 2) = 1536 programs, one wave of 11.6 per SM
-    32: (4, 5, 6, 7, 8, 12),
-    64: (3, 4, 6, 8, 12),
+    8: (12, 16, 20, 24),  # 16: 8 x 8 x 16 = 1024 programs, 7.8 per SM (SPLIT_PROGRAMS_PER_SM = 8)
+    32: (3, 4, 5, 6),
+    64: (2, 3, 4, 6),
 }
 # kernel settings swept (decode_attention_fast keyword arguments; {} = the defaults)
-CONFIGS = [{}, dict(int2_stages=7), dict(int2_stages=7, block_b=16), dict(int2_stages=10, block_b=16),
-           dict(int2_stages=7, block_n=128), dict(int2_stages=10, block_n=32, block_b=16)]
+CONFIGS = [{}, dict(words=False), dict(bf16_spread=False), dict(block_b=16), dict(int2_stages=7)]
 
 
 def stage1_only(case, **kw):
@@ -92,7 +91,7 @@ def main():
         case = kb.Int2Case(B, L)
         nbytes = kb.int2_bytes(B, L, kb.GROUP)
         default = fast.default_max_splits(B, kb.HKV, torch.device(kb.DEV))
-        nb16 = dec.bf16_splits(kb.SINK, kb.WINDOW, default)
+        nb16 = 0  # the default spreads the BF16 keys over the INT2 splits
         t_full = kb.bench_graph(case.fn(kind="fast"), case.copies)
         t_s1 = kb.bench_graph(stage1_only(case), case.copies)
         t_mg = kb.bench_graph(merge_only(case), case.copies)
@@ -111,7 +110,8 @@ def main():
                f"one tile per split (L={L1}) {t_fixed * 1e3:.1f} us; default max_kv_splits {default}")
         case = kb.Int2Case(B, L)
         for cfg in json.loads(args.configs):
-            cfg_nb16 = dec.bf16_splits(kb.SINK, kb.WINDOW, 1 << 30, cfg.get("bf16_keys_per_split"))
+            cfg_nb16 = (0 if cfg.get("bf16_spread", True) else
+                        dec.bf16_splits(kb.SINK, kb.WINDOW, 1 << 30, cfg.get("bf16_keys_per_split")))
             for n in sorted(set(SWEEP.get(B, ())) | {default - nb16}):
                 ms = n + cfg_nb16
                 try:

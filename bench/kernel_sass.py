@@ -30,7 +30,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 HQ, HKV, D, GROUP, SINK, WINDOW, B, L = 32, 8, 128, 128, 64, 256, 8, 4096
 TARGET = GPUTarget("cuda", 90, 32)
-_DT = {torch.uint8: "u8", torch.int8: "i8", torch.int32: "i32", torch.int64: "i64",
+_DT = {torch.uint8: "u8", torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64",
        torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
@@ -248,6 +248,7 @@ def main():
     ap.add_argument("--int2-stages", type=int, help="override the INT2 loop's pipeline depth (fast kernel)")
     ap.add_argument("--maxnreg", type=int, help="register cap per thread (both kernels)")
     ap.add_argument("--fused-merge", action="store_true", help="fast kernel with the split merge fused in")
+    ap.add_argument("--words", action="store_true", help="fast kernel reading 16-bit code words (WORDS)")
     args = ap.parse_args()
     from oscar_kernels.triton import attend
 
@@ -266,6 +267,8 @@ def main():
             over["maxnreg"] = args.maxnreg
         if kind == "fast" and args.fused_merge:
             over["fused_merge"] = True
+        if kind == "fast" and args.words:
+            over["words"] = True
         fn, a, kw = capture_decode(kind, **over)
         nw, bn = kw["num_warps"], kw["BLOCK_N"]
         ck = compile_call(fn, a, kw)

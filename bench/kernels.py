@@ -148,6 +148,11 @@ def check_correctness(group: int, lens=(3000, 700, 150, 1), owns=(0, 40, 2000, 0
         for fused in (True, False):  # both merges, whatever the default picks at this batch
             check_decode(f"FAST decode fused_merge={fused}",
                          lambda *a, **k: int2_fast.decode_attention_fast(*a, fused_merge=fused, **k))
+        for words in (True, False):  # codes read as 16-bit words or bytes, BF16 keys spread or not
+            for spread in (True, False):
+                check_decode(f"FAST decode words={words} bf16_spread={spread}",
+                             lambda *a, **k: int2_fast.decode_attention_fast(*a, words=words, bf16_spread=spread,
+                                                                             **k))
 
         # the fused merge under CUDA-graph replays (its arrival counters must return to zero)
         out = torch.full((B, HQ, d), float("nan"), device=DEV)
@@ -631,17 +636,16 @@ def main():
         t_int2 = bench_graph(ic.fn(), ic.copies)
         t_fast = bench_graph(ic.fn(kind="fast"), ic.copies) if args.fast else None
         if args.tune_fast:
-            base = int2_fast.default_max_splits(B, HKV, torch.device(DEV))
-            nb16 = int2_decode.bf16_splits(SINK, WINDOW, base)
-            more, fewer = (base - nb16) * 2 + nb16, (base - nb16) // 2 + nb16
-            # INT2 loop pipeline depth 2 and 3 (the schedules before 2026-11-22 session 4: codes
-            # waited for right after they were issued), tile sizes, a register cap (128: 16
-            # one-warp programs per SM) and split counts at the default depth. Earlier sweeps
-            # (register caps, BLOCK_N, 3 stages for all loops, a hand-pipelined register prefetch,
-            # slot-major pool): bench/results/kernels_fast_h100/README.md
-            for cfg in (dict(int2_stages=2), dict(int2_stages=3), dict(block_n=128), dict(block_n=32),
-                        dict(maxnreg=128), dict(max_kv_splits=more), dict(max_kv_splits=fewer),
-                        dict(fused_merge=False), dict(bf16_last=False, block_b=32)):
+            base = int2_fast.default_max_splits(B, HKV, torch.device(DEV))  # INT2 splits, BF16 keys spread
+            slots = min(128, int2_fast.PROGRAMS_PER_SM * int2_decode.sm_count(DEV) // (B * HKV))
+            # the session-5 kernel (byte codes, 2 BF16-only splits started last, one INT2 program
+            # per program slot), then one change at a time from the defaults. Earlier sweeps:
+            # bench/results/kernels_fast_h100/README.md
+            for cfg in (dict(words=False, bf16_spread=False, max_kv_splits=slots + 2),
+                        dict(words=False), dict(bf16_spread=False, max_kv_splits=base + 2),
+                        dict(max_kv_splits=max(2, base * 3 // 4)), dict(max_kv_splits=base * 3 // 2),
+                        dict(fused_merge=base > int2_fast.FUSED_MERGE_MAX_SPLITS), dict(block_b=16),
+                        dict(int2_stages=3), dict(block_n=128)):
                 try:
                     t = bench_graph(ic.fn(kind="fast", **cfg), ic.copies)
                     log(f"  tune-fast B={B} L={L} {cfg}: {t * 1e3:.1f} us (default {t_fast * 1e3:.1f} us)")

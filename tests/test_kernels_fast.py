@@ -52,7 +52,8 @@ def test_fast_decode_matches_reference(seed, D, gqa, splits):
 
 @pytest.mark.parametrize("bf16_last,block_b", [(False, 32), (True, 16), (True, 32)])
 def test_fast_decode_program_order_and_bf16_tile(seed, bf16_last, block_b):
-    """BF16 splits' programs first or last (bf16_last) and either BF16 tile: same attention."""
+    """BF16-only splits (bf16_spread=False) whose programs start first or last (bf16_last), either
+    BF16 tile: same attention."""
     D, hkv, gqa = 64, 2, 4
     pool = Pool(LENS, OWNS, hkv, D, D, sinks=SINKS)
     q = (torch.randn(len(LENS), hkv * gqa, D) * 2).bfloat16()
@@ -60,7 +61,7 @@ def test_fast_decode_program_order_and_bf16_tile(seed, bf16_last, block_b):
     nsplit = torch.tensor([4, 5, 6, 7, 5], dtype=torch.int32, device=DEV)
     for nks in (None, nsplit):
         o = run_fast(pool, q, D, num_kv_splits=nks, bf16_last=bf16_last, block_b=block_b,
-                     bf16_keys_per_split=5, max_kv_splits=7)
+                     bf16_keys_per_split=5, max_kv_splits=7, bf16_spread=False)
         for b in range(len(LENS)):
             K, V = pool.request_kv(b)
             o_ref, _ = ref.attention(q[b:b + 1].float(), K, V)
@@ -87,11 +88,12 @@ def test_fast_decode_merge_fused_or_kernel(seed, fused):
     assert not attend_fast.split_arrivals(DEV, 1).any()
 
 
-def test_fast_decode_small_tiles_many_splits(seed):
+@pytest.mark.parametrize("D", [64, 128], ids=["bytes", "words"])
+def test_fast_decode_small_tiles_many_splits(seed, D):
     """BLOCK_N=16, in-kernel split count: several INT2 tiles per split, masked tail tiles."""
     from oscar_kernels.triton import decode as dec
 
-    D, hkv, gqa = 64, 1, 4
+    hkv, gqa = 1, 4
     lens, owns = [100, 37], [0, 10]
     pool = Pool(lens, owns, hkv, D, D)
     q = torch.randn(2, hkv * gqa, D).bfloat16()
@@ -107,9 +109,10 @@ def test_fast_decode_small_tiles_many_splits(seed):
         assert rel_err(o[b], o_ref[0]) <= REL_TOL
 
 
-def test_fast_decode_64bit_offsets(seed):
+@pytest.mark.parametrize("D", [64, 128], ids=["bytes", "words"])
+def test_fast_decode_64bit_offsets(seed, D):
     """The int64 offset path (taken for pools of >= 2^31 elements) gives the same attention."""
-    D, hkv, gqa = 64, 2, 4
+    hkv, gqa = 2, 4
     pool = Pool(LENS, OWNS, hkv, D, D, sinks=SINKS)
     q = (torch.randn(len(LENS), hkv * gqa, D) * 2).bfloat16()
     o = run_fast(pool, q, D, offsets_32bit=False)
@@ -135,8 +138,9 @@ def test_fast_decode_head_major_pool(seed):
         assert rel_err(o[b], o_ref[0]) <= REL_TOL
 
 
-def test_fast_decode_logit_cap(seed):
-    D, hkv, gqa, cap = 64, 1, 2, 5.0
+@pytest.mark.parametrize("D", [64, 128], ids=["bytes", "words"])
+def test_fast_decode_logit_cap(seed, D):
+    hkv, gqa, cap = 1, 2, 5.0
     pool = Pool([40], [0], hkv, D, D)
     q = (torch.randn(1, hkv * gqa, D) * 4).bfloat16()
     o = run_fast(pool, q, D, max_kv_splits=3, sm_scale=0.125, logit_cap=cap)
@@ -170,3 +174,77 @@ def test_ops_switch_selects_fast(seed, monkeypatch, env, use_fast):
         K, V = pool.request_kv(0)
         o_ref, _ = ref.attention(q.float(), K, V, sm_scale=0.125)
         assert rel_err(o[0].cpu(), o_ref[0]) <= REL_TOL
+
+
+@pytest.mark.parametrize("words", [True, False], ids=["words", "bytes"])
+@pytest.mark.parametrize("spread", [True, False], ids=["bf16_spread", "bf16_splits"])
+@pytest.mark.parametrize("splits", ["auto", "given"])
+def test_fast_decode_code_words_and_bf16_spread(seed, words, spread, splits):
+    """head_dim 128: codes read as 16-bit words (the default there) or as bytes, BF16 sink + ring
+    keys spread over every split (default) or in splits of their own: same attention, with split
+    counts derived in-kernel or given per request (1 = one split reads everything)."""
+    D, hkv, gqa = 128, 2, 4
+    pool = Pool(LENS, OWNS, hkv, D, D, sinks=SINKS)
+    q = (torch.randn(len(LENS), hkv * gqa, D) * 2).bfloat16()
+    nsplit = torch.tensor([1, 3, 4, 2, 3], dtype=torch.int32, device=DEV) if splits == "given" else None
+    o = run_fast(pool, q, D, words=words, bf16_spread=spread, num_kv_splits=nsplit)
+    for b in range(len(LENS)):
+        K, V = pool.request_kv(b)
+        o_ref, _ = ref.attention(q[b:b + 1].float(), K, V)
+        assert rel_err(o[b], o_ref[0]) <= REL_TOL, b
+
+
+def test_fast_decode_code_words_need_head_dim_128():
+    pool = Pool([30], [0], 1, 64, 64)
+    q = torch.randn(1, 4, 64).bfloat16()
+    with pytest.raises(ValueError, match="head_dim >= 128"):
+        run_fast(pool, q, 64, words=True)
+
+
+def _emulate_word_code(p, lo, hi):
+    """attend_fast._word_code's PTX on registers holding two 16-bit code words (lo | hi << 16),
+    bit for bit: the shift, then lop3 0xEA = (w & mask) | exponent; the two fp16 halves."""
+    import numpy as np
+
+    reg = lo.astype(np.uint32) | (hi.astype(np.uint32) << 16)
+    op, _, amount = attend_fast.WORD_SRC[p].partition("$1")
+    shift = int(amount.strip(" ,;") or 0)
+    w = (reg << shift) & 0xFFFFFFFF if op.startswith("shl") else reg >> shift
+    out = (w & int(attend_fast.WORD_MASK[p], 16)) | int(attend_fast.WORD_EXP[p], 16)
+    halves = np.stack([out & 0xFFFF, out >> 16], -1).astype(np.uint16)
+    return halves.view(np.float16).astype(np.float64)
+
+
+def test_word_code_extractions_are_offset_plus_code():
+    """The GPU path's 8 extractions (one shift + one lop3 each, never run by the interpreter):
+    for every 16-bit word in either half of a register, extraction p is exactly WORD_OFS[p] + the
+    code of dim 2w + p // 4 + D/4 (p % 4), i.e. bits 8 (p // 4) + 2 (p % 4) of the word."""
+    import numpy as np
+
+    lo = np.arange(1 << 16, dtype=np.uint32)
+    hi = np.random.default_rng(0).permutation(lo)
+    for p in range(8):
+        bit = 8 * (p // 4) + 2 * (p % 4)
+        want = attend_fast.WORD_OFS[p] + np.stack([(lo >> bit) & 3, (hi >> bit) & 3], -1)
+        assert np.array_equal(_emulate_word_code(p, lo, hi), want), p
+
+
+def test_word_dims_follow_the_quarter_split():
+    """Word w = bytes 2w, 2w+1 of a row; byte j holds dims j + (D/4) k at bits 2k (format.md):
+    extraction p of word w is dim 2w + p // 4 + (D/4)(p % 4), and the 8 extractions cover every
+    dim once."""
+    import numpy as np
+
+    for D in (128, 256):
+        QW = D // 8
+        codes = np.random.default_rng(D).integers(0, 4, (5, D))
+        j = np.arange(D // 4)
+        packed = sum(codes[:, j + k * (D // 4)] << (2 * k) for k in range(4)).astype(np.uint8)
+        words = np.ascontiguousarray(packed).view("<u2").astype(np.int64)  # byte 2w | byte 2w+1 << 8
+        dims = []
+        for p in range(8):
+            d = 2 * np.arange(QW) + p // 4 + 2 * QW * (p % 4)  # attend_fast._word_dims
+            bit = 8 * (p // 4) + 2 * (p % 4)
+            assert np.array_equal((words >> bit) & 3, codes[:, d]), (D, p)
+            dims += list(d)
+        assert sorted(dims) == list(range(D))

@@ -93,16 +93,21 @@ def split_ranges(split, n_splits, n_int2, sink_lo, sink_hi, ring_lo, kv_len,
     ring position ranges (s_lo, s_hi), (r_lo, r_hi); empty ranges for the other kind of split.
 
     INT2 splits NB16..n-1 get equal BLOCK_N-aligned chunks of the INT2 index range; BF16 splits
-    0..NB16-1 equal chunks of the sink ++ ring key list (a BF16 key costs ~7x an INT2 key)."""
-    do_bf16 = split < NB16
+    0..NB16-1 equal chunks of the sink ++ ring key list (a BF16 key costs ~7x an INT2 key).
+    NB16 = 0 ("spread"): every split gets a chunk of both lists."""
     chunk = tl.cdiv(tl.cdiv(n_int2, n_splits - NB16), BLOCK_N) * BLOCK_N
     i_lo = tl.minimum((split - NB16) * chunk, n_int2)
     i_hi = tl.minimum(i_lo + chunk, n_int2)
-    i_hi = tl.where(do_bf16, 0, i_hi)
-    i_lo = tl.where(do_bf16, 0, i_lo)
     n_sink = sink_hi - sink_lo
     n_bf = n_sink + kv_len - ring_lo
-    bchunk = tl.cdiv(n_bf, NB16)
+    if NB16 == 0:
+        do_bf16 = split >= 0
+        bchunk = tl.cdiv(n_bf, n_splits)
+    else:
+        do_bf16 = split < NB16
+        i_hi = tl.where(do_bf16, 0, i_hi)
+        i_lo = tl.where(do_bf16, 0, i_lo)
+        bchunk = tl.cdiv(n_bf, NB16)
     b_lo = tl.where(do_bf16, tl.minimum(split * bchunk, n_bf), 0)
     b_hi = tl.where(do_bf16, tl.minimum(b_lo + bchunk, n_bf), 0)
     s_lo = sink_lo + tl.minimum(b_lo, n_sink)

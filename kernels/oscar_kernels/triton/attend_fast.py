@@ -62,6 +62,11 @@ NUM_WARPS = 1
 # with 32-key tiles: B=8 L=32K 80.1 vs 86.9 us, B=32 L=8K 82.0 vs 92.2 us, B=64 L=32K 551.7 vs
 # 555.2 us (B=64 moves by +-4% between runs; decode_breakdown.py 15:32: 523.5 vs 544.9 us).
 PROGRAMS_PER_SM = 12
+# ... but with code words (WORDS) the INT2 loop is 23% shorter and the kernel no longer needs every
+# slot: fewer, longer programs (less fixed cost per program, one wave) are faster. H100, same run
+# (bench/decode_breakdown.py, 2026-11-22 17:33 UTC), INT2 splits giving ~1024 programs vs 1536:
+# B=8 L=32K 68.6 vs 73.8-87.4 us, B=32 L=8K 75.2 vs 83.6-91.4 us.
+SPLIT_PROGRAMS_PER_SM = 8
 BLOCK_B = 16
 BLOCK_B_ONE_WAVE = 32
 # H100, same run vs BLOCK_N=128 / 32 (us): B=64 L=32K 714 vs 1301 / 959, B=8 L=32K 101 vs 121 / 132
@@ -118,6 +123,46 @@ def _quarter_v(c16, J: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr):
     else:
         ci = c16.to(tl.int32)
         return ((ci >> 2) & 48).to(DT) if J == 3 else (ci & (3 << (2 * J))).to(DT)
+
+
+# Code words (WORDS=True): a row's codes read as D/8 little-endian 16-bit words, word w = bytes
+# 2w | 2w+1 << 8, so bits 8e + 2q of word w hold dim 2w + e + (D/4) q (format.md "quarter split").
+# Eight extractions p = 4e + q, each a [words, keys] (or [keys, words]) MMA operand whose K index
+# is the word: dims 2w + p // 4 + D/4 * (p % 4). A 16-bit operand has the two codes an MMA
+# register needs (two keys for V, two words for K) in one 32-bit register, straight from
+# ldmatrix: no byte gathers, no widening. Each extraction is one lop3 that drops a 2-bit field
+# at mantissa bits b..b+1 (b = 4, 6, 8) under the fp16 exponent 2^(10-b): exactly
+# WORD_OFS[p] + code, scale 1 (offsets 64 / 16 / 4: less cancellation than 1024 or bf16's 128).
+# Fields are brought to bits 4..9 by one shift left by 4 (low byte) or right by 6 (high byte)
+# per register, shared by three extractions.
+WORD_SRC = tl.constexpr(("shl.b32 w, $1, 4;", "shl.b32 w, $1, 4;", "shl.b32 w, $1, 4;", "mov.b32 w, $1;",
+                         "mov.b32 w, $1;", "shr.b32 w, $1, 6;", "shr.b32 w, $1, 6;", "shr.b32 w, $1, 6;"))
+WORD_MASK = tl.constexpr(("0x00300030", "0x00C000C0", "0x03000300", "0x00C000C0",
+                          "0x03000300", "0x00300030", "0x00C000C0", "0x03000300"))
+WORD_EXP = tl.constexpr(("0x54005400", "0x4C004C00", "0x44004400", "0x4C004C00",
+                         "0x44004400", "0x54005400", "0x4C004C00", "0x44004400"))
+WORD_OFS = tl.constexpr((64.0, 16.0, 4.0, 16.0, 4.0, 64.0, 16.0, 4.0))
+# An extraction is D/8 words: the MMA's K side (K codes) and 16-row side (V codes) need >= 16
+WORDS_MIN_DIM = 128
+
+
+@triton.jit
+def _word_code(w16, P: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr):
+    """Extraction P of 16-bit code words: WORD_OFS[P] + code of dim 2w + P // 4 + D/4 (P % 4) in DT
+    (fp16; the plain-Triton fallback of the CPU interpreter: the exact code, no offset)."""
+    if USE_ASM:
+        r = tl.inline_asm_elementwise(
+            "{.reg .b32 w; " + WORD_SRC[P] + " lop3.b32 $0, w, " + WORD_MASK[P] + ", " + WORD_EXP[P] + ", 0xEA;}",
+            "=r,r", [w16], dtype=tl.float16, is_pure=True, pack=2)
+        return r.to(DT)
+    else:
+        return ((w16.to(tl.int32) >> (8 * (P // 4) + 2 * (P % 4))) & 3).to(DT)
+
+
+@triton.jit
+def _word_dims(P: tl.constexpr, QW: tl.constexpr):
+    """Dims of extraction P for words 0..QW-1."""
+    return 2 * tl.arange(0, QW) + (P // 4 + 2 * QW * (P % 4))
 
 
 @triton.jit
@@ -180,6 +225,75 @@ def _int2_tile(i0, i_hi, kc, kpw, vct, vpw,
     return m_i, l_i, b_mn, b_sc, a0, a1, a2, a3
 
 
+@triton.jit
+def _int2_fetch_words(slot, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
+                      QW: tl.constexpr, QWV: tl.constexpr):
+    """WORDS: K code words [keys, D/8], K params, V code words transposed [Dv/8, keys], V params."""
+    kw = tl.load(KCh + slot[:, None] * stride_kcn + tl.arange(0, QW)[None, :])
+    kpw = tl.load(KPh + slot * stride_kpn)
+    vwt = tl.load(VCh + slot[None, :] * stride_vcn + tl.arange(0, QWV)[:, None])
+    vpw = tl.load(VPh + slot * stride_vpn)
+    return kw, kpw, vwt, vpw
+
+
+@triton.jit
+def _pv_words(vwt, pst, al, a0, a1, a2, a3, a4, a5, a6, a7, DT: tl.constexpr, USE_ASM: tl.constexpr):
+    """o^T_p += extraction_p(V words)^T @ (p*sc) for the 8 extractions."""
+    a0 = tl.dot(_word_code(vwt, 0, DT, USE_ASM), pst, a0 * al)
+    a1 = tl.dot(_word_code(vwt, 1, DT, USE_ASM), pst, a1 * al)
+    a2 = tl.dot(_word_code(vwt, 2, DT, USE_ASM), pst, a2 * al)
+    a3 = tl.dot(_word_code(vwt, 3, DT, USE_ASM), pst, a3 * al)
+    a4 = tl.dot(_word_code(vwt, 4, DT, USE_ASM), pst, a4 * al)
+    a5 = tl.dot(_word_code(vwt, 5, DT, USE_ASM), pst, a5 * al)
+    a6 = tl.dot(_word_code(vwt, 6, DT, USE_ASM), pst, a6 * al)
+    a7 = tl.dot(_word_code(vwt, 7, DT, USE_ASM), pst, a7 * al)
+    return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@triton.jit
+def _int2_tile_words(i0, i_hi, kw, kpw, vwt, vpw,
+                     q0t, q1t, q2t, q3t, q4t, q5t, q6t, q7t, qs_ofs, qsum, m_i, l_i, b_mn, b_sc,
+                     a0, a1, a2, a3, a4, a5, a6, a7, sm_scale_log2, logit_cap,
+                     MASKED: tl.constexpr, BLOCK_N: tl.constexpr, LOGIT_CAP: tl.constexpr,
+                     DT: tl.constexpr, USE_ASM: tl.constexpr):
+    """_int2_tile on code words: 8 extractions of K words [keys, D/8] against the matching q^T
+    slices, 8 of V words [Dv/8, keys] against p*sc (DT: fp16, fp32 in the interpreter)."""
+    ksc, kmn = _unpack_params(kpw)
+    part = tl.dot(_word_code(kw, 0, DT, USE_ASM), q0t)
+    part = tl.dot(_word_code(kw, 1, DT, USE_ASM), q1t, part)
+    part = tl.dot(_word_code(kw, 2, DT, USE_ASM), q2t, part)
+    part = tl.dot(_word_code(kw, 3, DT, USE_ASM), q3t, part)
+    part = tl.dot(_word_code(kw, 4, DT, USE_ASM), q4t, part)
+    part = tl.dot(_word_code(kw, 5, DT, USE_ASM), q5t, part)
+    part = tl.dot(_word_code(kw, 6, DT, USE_ASM), q6t, part)
+    part = tl.dot(_word_code(kw, 7, DT, USE_ASM), q7t, part)
+    st = (part - qs_ofs[None, :]) * ksc[:, None] + kmn[:, None] * qsum[None, :]  # one group per row
+    if LOGIT_CAP:
+        st = _cap_and_scale(st, sm_scale_log2, logit_cap, LOGIT_CAP)
+    if MASKED:
+        st = tl.where((i0 + tl.arange(0, BLOCK_N) < i_hi)[:, None], st, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(st, 0))
+    alpha = tl.exp2(m_i - m_new)
+    pt = tl.exp2(st - m_new[None, :])
+    l_i = l_i * alpha + tl.sum(pt, 0)
+    m_i = m_new
+
+    vsc, vmn = _unpack_params(vpw)
+    pst = (pt * vsc[:, None]).to(DT)
+    b_mn = b_mn * alpha + tl.sum(pt * vmn[:, None], 0)
+    b_sc = b_sc * alpha + tl.sum(pst.to(tl.float32), 0)
+    a0, a1, a2, a3, a4, a5, a6, a7 = _pv_words(vwt, pst, alpha[None, :], a0, a1, a2, a3, a4, a5, a6, a7,
+                                               DT, USE_ASM)
+    return m_i, l_i, b_mn, b_sc, a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@triton.jit
+def _words_of_quarter(a, QW: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Output quarter a [rows, D/4] -> its two word extractions [D/8, rows]: even dims, odd dims."""
+    ev, od = tl.split(tl.reshape(a, [BLOCK_M, QW, 2]))
+    return tl.trans(ev), tl.trans(od)
+
+
 # One warp merges n partials in n / 4 dependent L2 round trips: cheaper than the merge kernel's
 # launch and wait at few splits, dearer at many. H100 (bench/decode_breakdown.py, 15:55 UTC),
 # fused vs merge kernel: B=32 L=8K, 8 splits 81.2 vs 83.3 us; B=64 L=32K, 5 splits 523.5 vs
@@ -214,12 +328,12 @@ def default_block_b(batch: int, kv_heads: int, max_kv_splits: int, device) -> in
     return BLOCK_B_ONE_WAVE if one_wave else BLOCK_B
 
 
-def default_max_splits(batch: int, kv_heads: int, device, nb16: int = 2) -> int:
-    """BF16 splits + INT2 splits: one INT2 program per program slot (PROGRAMS_PER_SM per SM),
-    at least one per (request, KV head) and at most 128."""
+def default_max_splits(batch: int, kv_heads: int, device, nb16: int = 0) -> int:
+    """BF16 splits (none when the BF16 keys are spread) + INT2 splits: SPLIT_PROGRAMS_PER_SM
+    programs per SM, at least one per (request, KV head) and at most 128."""
     from .decode import sm_count
 
-    return min(128, max(1, PROGRAMS_PER_SM * sm_count(device) // (batch * kv_heads))) + nb16
+    return min(128, max(1, SPLIT_PROGRAMS_PER_SM * sm_count(device) // (batch * kv_heads))) + nb16
 
 
 @triton.jit
@@ -267,6 +381,84 @@ def _merge_if_last(b, kvh, n_splits, Part, stride_pt, stride_ph, stride_ps,
 
 
 @triton.jit
+def _int2_words_part(qbt, rmask, ob, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
+                     idx_base, i_lo, i_hi, sink_lo, hole, m_i, l_i, a0, a1, a2, a3, sm_scale_log2, logit_cap,
+                     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, USE_ASM: tl.constexpr, OFS32: tl.constexpr,
+                     INT2_STAGES: tl.constexpr):
+    """The kernel's INT2 body with WORDS: KCh / VCh are int16 views of the codes (strides in
+    words). Continues the softmax state (m_i, l_i, output quarters a0..a3 [rows, Dv/4]) of the
+    BF16 loops, stores the normalised partial output at ob + dim, returns (m_i, l_i)."""
+    QW: tl.constexpr = D // 8
+    QWV: tl.constexpr = DV // 8
+    DT: tl.constexpr = tl.float32 if PV_DT == tl.float32 else tl.float16
+    QSC = 1.0 if LOGIT_CAP else sm_scale_log2
+    # q^T slices [D/8, rows] matching the 8 extractions, scaled by the softmax scale only (every
+    # extraction has scale 1); part = q.c + sum_p WORD_OFS[p] sum(q_p), q.k_hat = sc q.c + mn sum(q)
+    q0t = (tl.load(qbt + _word_dims(0, QW)[:, None], mask=rmask[None, :], other=0.0).to(tl.float32) * QSC).to(DT)
+    q1t = (tl.load(qbt + _word_dims(1, QW)[:, None], mask=rmask[None, :], other=0.0).to(tl.float32) * QSC).to(DT)
+    q2t = (tl.load(qbt + _word_dims(2, QW)[:, None], mask=rmask[None, :], other=0.0).to(tl.float32) * QSC).to(DT)
+    q3t = (tl.load(qbt + _word_dims(3, QW)[:, None], mask=rmask[None, :], other=0.0).to(tl.float32) * QSC).to(DT)
+    q4t = (tl.load(qbt + _word_dims(4, QW)[:, None], mask=rmask[None, :], other=0.0).to(tl.float32) * QSC).to(DT)
+    q5t = (tl.load(qbt + _word_dims(5, QW)[:, None], mask=rmask[None, :], other=0.0).to(tl.float32) * QSC).to(DT)
+    q6t = (tl.load(qbt + _word_dims(6, QW)[:, None], mask=rmask[None, :], other=0.0).to(tl.float32) * QSC).to(DT)
+    q7t = (tl.load(qbt + _word_dims(7, QW)[:, None], mask=rmask[None, :], other=0.0).to(tl.float32) * QSC).to(DT)
+    s0 = tl.sum(q0t.to(tl.float32), 0)
+    s1 = tl.sum(q1t.to(tl.float32), 0)
+    s2 = tl.sum(q2t.to(tl.float32), 0)
+    s3 = tl.sum(q3t.to(tl.float32), 0)
+    s4 = tl.sum(q4t.to(tl.float32), 0)
+    s5 = tl.sum(q5t.to(tl.float32), 0)
+    s6 = tl.sum(q6t.to(tl.float32), 0)
+    s7 = tl.sum(q7t.to(tl.float32), 0)
+    qsum = s0 + s1 + s2 + s3 + s4 + s5 + s6 + s7
+    if USE_ASM:
+        qs_ofs = (WORD_OFS[0] * s0 + WORD_OFS[1] * s1 + WORD_OFS[2] * s2 + WORD_OFS[3] * s3
+                  + WORD_OFS[4] * s4 + WORD_OFS[5] * s5 + WORD_OFS[6] * s6 + WORD_OFS[7] * s7)
+    else:
+        qs_ofs = qsum * 0.0
+    # the BF16 loops' output quarters -> the 8 extractions' transposed accumulators [Dv/8, rows]
+    x0, x4 = _words_of_quarter(a0, QWV, BLOCK_M)
+    x1, x5 = _words_of_quarter(a1, QWV, BLOCK_M)
+    x2, x6 = _words_of_quarter(a2, QWV, BLOCK_M)
+    x3, x7 = _words_of_quarter(a3, QWV, BLOCK_M)
+    b_mn = tl.zeros([BLOCK_M], dtype=tl.float32)
+    b_sc = tl.zeros([BLOCK_M], dtype=tl.float32)
+    i_full = i_lo + (i_hi - i_lo) // BLOCK_N * BLOCK_N
+    for i0 in tl.range(i_lo, i_full, BLOCK_N, num_stages=INT2_STAGES):
+        kw, kpw, vwt, vpw = _int2_fetch_words(_int2_slots(i0, i_hi, sink_lo, hole, idx_base, BLOCK_N, OFS32),
+                                              KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
+                                              QW, QWV)
+        m_i, l_i, b_mn, b_sc, x0, x1, x2, x3, x4, x5, x6, x7 = _int2_tile_words(
+            i0, i_hi, kw, kpw, vwt, vpw, q0t, q1t, q2t, q3t, q4t, q5t, q6t, q7t, qs_ofs, qsum, m_i, l_i,
+            b_mn, b_sc, x0, x1, x2, x3, x4, x5, x6, x7, sm_scale_log2, logit_cap, False, BLOCK_N, LOGIT_CAP,
+            DT, USE_ASM)
+    if i_full < i_hi:
+        kw, kpw, vwt, vpw = _int2_fetch_words(_int2_slots(i_full, i_hi, sink_lo, hole, idx_base, BLOCK_N, OFS32),
+                                              KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
+                                              QW, QWV)
+        m_i, l_i, b_mn, b_sc, x0, x1, x2, x3, x4, x5, x6, x7 = _int2_tile_words(
+            i_full, i_hi, kw, kpw, vwt, vpw, q0t, q1t, q2t, q3t, q4t, q5t, q6t, q7t, qs_ofs, qsum, m_i, l_i,
+            b_mn, b_sc, x0, x1, x2, x3, x4, x5, x6, x7, sm_scale_log2, logit_cap, True, BLOCK_N, LOGIT_CAP,
+            DT, USE_ASM)
+    # (p*sc) @ (WORD_OFS[p] + c) + p @ mn: add sum(p*mn) - WORD_OFS[p] * sum(p*sc) per row
+    has = l_i > 0
+    inv_l = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)[None, :]
+    b_mn = b_mn[None, :]
+    b_sc = b_sc[None, :] * (1.0 if USE_ASM else 0.0)
+    rm = rmask[None, :]
+    tl.store(ob + _word_dims(0, QWV)[:, None], (x0 + b_mn - WORD_OFS[0] * b_sc) * inv_l, mask=rm)
+    tl.store(ob + _word_dims(1, QWV)[:, None], (x1 + b_mn - WORD_OFS[1] * b_sc) * inv_l, mask=rm)
+    tl.store(ob + _word_dims(2, QWV)[:, None], (x2 + b_mn - WORD_OFS[2] * b_sc) * inv_l, mask=rm)
+    tl.store(ob + _word_dims(3, QWV)[:, None], (x3 + b_mn - WORD_OFS[3] * b_sc) * inv_l, mask=rm)
+    tl.store(ob + _word_dims(4, QWV)[:, None], (x4 + b_mn - WORD_OFS[4] * b_sc) * inv_l, mask=rm)
+    tl.store(ob + _word_dims(5, QWV)[:, None], (x5 + b_mn - WORD_OFS[5] * b_sc) * inv_l, mask=rm)
+    tl.store(ob + _word_dims(6, QWV)[:, None], (x6 + b_mn - WORD_OFS[6] * b_sc) * inv_l, mask=rm)
+    tl.store(ob + _word_dims(7, QWV)[:, None], (x7 + b_mn - WORD_OFS[7] * b_sc) * inv_l, mask=rm)
+    return m_i, l_i
+
+
+@triton.jit
 def attend_fast_kernel(
     Q, stride_qt, stride_qh,
     Out, stride_ot, stride_oh, stride_os,
@@ -287,7 +479,7 @@ def attend_fast_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, HAS_NSPLITS: tl.constexpr,
     MIN_CHUNK: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, NB16: tl.constexpr,
     USE_ASM: tl.constexpr, OFS32: tl.constexpr, INT2_STAGES: tl.constexpr, BF16_LAST: tl.constexpr,
-    MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr, SPLITS_P2: tl.constexpr,
+    MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr, SPLITS_P2: tl.constexpr, WORDS: tl.constexpr,
 ):
     QD: tl.constexpr = D // 4
     QDV: tl.constexpr = DV // 4
@@ -336,74 +528,84 @@ def attend_fast_kernel(
         stride_rkp, stride_rvp, q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3,
         sm_scale_log2, logit_cap, True, W, QD, QDV, BLOCK_B, LOGIT_CAP, PV_DT)
 
-    # ---- INT2 body: scores transposed, s^T [BLOCK_N keys, BLOCK_M rows] ----------------------
-    # q^T quarters loaded transposed ([D/4, rows], the MMA's B side) and scaled once: by the
-    # softmax scale (log2 domain, unless a logit cap needs raw q.k) and by 1/(code scale of
-    # quarter j), a power of two; KDT = fp16 for the K codes' exponent trick
-    KDT: tl.constexpr = tl.float32 if PV_DT == tl.float32 else tl.float16
-    QSC = 1.0 if LOGIT_CAP else sm_scale_log2
-    qbt = Q + b.to(tl.int64) * stride_qt + hq[None, :] * stride_qh + dq[:, None]
-    q0t = (tl.load(qbt, mask=rmask[None, :], other=0.0).to(tl.float32) * QSC).to(KDT)
-    q1t = (tl.load(qbt + QD, mask=rmask[None, :], other=0.0).to(tl.float32) * (QSC / _k_scale(1))).to(KDT)
-    q2t = (tl.load(qbt + 2 * QD, mask=rmask[None, :], other=0.0).to(tl.float32) * (QSC / _k_scale(2))).to(KDT)
-    q3t = (tl.load(qbt + 3 * QD, mask=rmask[None, :], other=0.0).to(tl.float32) * (QSC / _k_scale(3))).to(KDT)
-    # scores: part = sum_j q'_j.(K_OFS + s_j c_j) = q.c + K_OFS * qs_ofs, q.k_hat = sc q.c + mn sum(q)
-    s0 = tl.sum(q0t.to(tl.float32), 0)
-    s1 = tl.sum(q1t.to(tl.float32), 0)
-    s2 = tl.sum(q2t.to(tl.float32), 0)
-    s3 = tl.sum(q3t.to(tl.float32), 0)
-    qs_ofs = K_OFS * (s0 + s1 + s2 + s3)
-    qsum = s0 + _k_scale(1) * s1 + _k_scale(2) * s2 + _k_scale(3) * s3
-    # V accumulators transposed ([Dv/4, rows]: Dv fills the MMA's 16-row side, no padding rows)
-    # and in scaled units during the INT2 loop: a'_j = s_j * a_j
-    a0 = tl.trans(a0)
-    a1 = tl.trans(a1 * _v_scale(1))
-    a2 = tl.trans(a2 * _v_scale(2))
-    a3 = tl.trans(a3 * _v_scale(3))
-    # per-row parts of the V sums, added to the accumulators once after the loop (rescaled by
-    # alpha like them): sum_k p*mn and sum_k p*sc; the tile's p @ codes accumulates in the MMA
-    b_mn = tl.zeros([BLOCK_M], dtype=tl.float32)
-    b_sc = tl.zeros([BLOCK_M], dtype=tl.float32)
-    dv = tl.arange(0, QDV)
-    kvh64 = kvh.to(tl.int64)  # the pool is head-major: kvh * stride can pass 2^31
-    KCh = KC + kvh64 * stride_kch
-    KPh = KP + kvh64 * stride_kph
-    VCh = VC + kvh64 * stride_vch
-    VPh = VP + kvh64 * stride_vph
-    idx_base = kv_indices + kv_start
-    # whole tiles without masks, then the partial last tile (if any) with them
-    i_full = i_lo + (i_hi - i_lo) // BLOCK_N * BLOCK_N
-    for i0 in tl.range(i_lo, i_full, BLOCK_N, num_stages=INT2_STAGES):  # see INT2_STAGES
-        kc, kpw, vct, vpw = _int2_fetch(_int2_slots(i0, i_hi, sink_lo, hole, idx_base, BLOCK_N, OFS32),
-                                        KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn, QD, QDV)
-        m_i, l_i, b_mn, b_sc, a0, a1, a2, a3 = _int2_tile(
-            i0, i_hi, kc, kpw, vct, vpw, q0t, q1t, q2t, q3t, qs_ofs, qsum, m_i, l_i, b_mn, b_sc,
-            a0, a1, a2, a3, sm_scale_log2, logit_cap, False, BLOCK_N, LOGIT_CAP, KDT, PV_DT, USE_ASM)
-    if i_full < i_hi:  # the partial last tile, masked
-        kc, kpw, vct, vpw = _int2_fetch(_int2_slots(i_full, i_hi, sink_lo, hole, idx_base, BLOCK_N, OFS32),
-                                        KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn, QD, QDV)
-        m_i, l_i, b_mn, b_sc, a0, a1, a2, a3 = _int2_tile(
-            i_full, i_hi, kc, kpw, vct, vpw, q0t, q1t, q2t, q3t, qs_ofs, qsum, m_i, l_i, b_mn, b_sc,
-            a0, a1, a2, a3, sm_scale_log2, logit_cap, True, BLOCK_N, LOGIT_CAP, KDT, PV_DT, USE_ASM)
+    if WORDS:  # the INT2 body on 16-bit code words (see WORD_SRC), partial output stored
+        m_i, l_i = _int2_words_part(
+            Q + b.to(tl.int64) * stride_qt + hq[None, :] * stride_qh, rmask,
+            Out + b.to(tl.int64) * stride_ot + hq[None, :] * stride_oh + split * stride_os,
+            KC + kvh.to(tl.int64) * stride_kch, stride_kcn, KP + kvh.to(tl.int64) * stride_kph, stride_kpn,
+            VC + kvh.to(tl.int64) * stride_vch, stride_vcn, VP + kvh.to(tl.int64) * stride_vph, stride_vpn,
+            kv_indices + kv_start, i_lo, i_hi, sink_lo, hole, m_i, l_i, a0, a1, a2, a3,
+            sm_scale_log2, logit_cap, D, DV, BLOCK_M, BLOCK_N, LOGIT_CAP, PV_DT, USE_ASM, OFS32, INT2_STAGES)
+    else:
+        # ---- INT2 body: scores transposed, s^T [BLOCK_N keys, BLOCK_M rows] ----------------------
+        # q^T quarters loaded transposed ([D/4, rows], the MMA's B side) and scaled once: by the
+        # softmax scale (log2 domain, unless a logit cap needs raw q.k) and by 1/(code scale of
+        # quarter j), a power of two; KDT = fp16 for the K codes' exponent trick
+        KDT: tl.constexpr = tl.float32 if PV_DT == tl.float32 else tl.float16
+        QSC = 1.0 if LOGIT_CAP else sm_scale_log2
+        qbt = Q + b.to(tl.int64) * stride_qt + hq[None, :] * stride_qh + dq[:, None]
+        q0t = (tl.load(qbt, mask=rmask[None, :], other=0.0).to(tl.float32) * QSC).to(KDT)
+        q1t = (tl.load(qbt + QD, mask=rmask[None, :], other=0.0).to(tl.float32) * (QSC / _k_scale(1))).to(KDT)
+        q2t = (tl.load(qbt + 2 * QD, mask=rmask[None, :], other=0.0).to(tl.float32) * (QSC / _k_scale(2))).to(KDT)
+        q3t = (tl.load(qbt + 3 * QD, mask=rmask[None, :], other=0.0).to(tl.float32) * (QSC / _k_scale(3))).to(KDT)
+        # scores: part = sum_j q'_j.(K_OFS + s_j c_j) = q.c + K_OFS * qs_ofs, q.k_hat = sc q.c + mn sum(q)
+        s0 = tl.sum(q0t.to(tl.float32), 0)
+        s1 = tl.sum(q1t.to(tl.float32), 0)
+        s2 = tl.sum(q2t.to(tl.float32), 0)
+        s3 = tl.sum(q3t.to(tl.float32), 0)
+        qs_ofs = K_OFS * (s0 + s1 + s2 + s3)
+        qsum = s0 + _k_scale(1) * s1 + _k_scale(2) * s2 + _k_scale(3) * s3
+        # V accumulators transposed ([Dv/4, rows]: Dv fills the MMA's 16-row side, no padding rows)
+        # and in scaled units during the INT2 loop: a'_j = s_j * a_j
+        a0 = tl.trans(a0)
+        a1 = tl.trans(a1 * _v_scale(1))
+        a2 = tl.trans(a2 * _v_scale(2))
+        a3 = tl.trans(a3 * _v_scale(3))
+        # per-row parts of the V sums, added to the accumulators once after the loop (rescaled by
+        # alpha like them): sum_k p*mn and sum_k p*sc; the tile's p @ codes accumulates in the MMA
+        b_mn = tl.zeros([BLOCK_M], dtype=tl.float32)
+        b_sc = tl.zeros([BLOCK_M], dtype=tl.float32)
+        dv = tl.arange(0, QDV)
+        kvh64 = kvh.to(tl.int64)  # the pool is head-major: kvh * stride can pass 2^31
+        KCh = KC + kvh64 * stride_kch
+        KPh = KP + kvh64 * stride_kph
+        VCh = VC + kvh64 * stride_vch
+        VPh = VP + kvh64 * stride_vph
+        idx_base = kv_indices + kv_start
+        # whole tiles without masks, then the partial last tile (if any) with them
+        i_full = i_lo + (i_hi - i_lo) // BLOCK_N * BLOCK_N
+        for i0 in tl.range(i_lo, i_full, BLOCK_N, num_stages=INT2_STAGES):  # see INT2_STAGES
+            kc, kpw, vct, vpw = _int2_fetch(_int2_slots(i0, i_hi, sink_lo, hole, idx_base, BLOCK_N, OFS32),
+                                            KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn, QD, QDV)
+            m_i, l_i, b_mn, b_sc, a0, a1, a2, a3 = _int2_tile(
+                i0, i_hi, kc, kpw, vct, vpw, q0t, q1t, q2t, q3t, qs_ofs, qsum, m_i, l_i, b_mn, b_sc,
+                a0, a1, a2, a3, sm_scale_log2, logit_cap, False, BLOCK_N, LOGIT_CAP, KDT, PV_DT, USE_ASM)
+        if i_full < i_hi:  # the partial last tile, masked
+            kc, kpw, vct, vpw = _int2_fetch(_int2_slots(i_full, i_hi, sink_lo, hole, idx_base, BLOCK_N, OFS32),
+                                            KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn, QD, QDV)
+            m_i, l_i, b_mn, b_sc, a0, a1, a2, a3 = _int2_tile(
+                i_full, i_hi, kc, kpw, vct, vpw, q0t, q1t, q2t, q3t, qs_ofs, qsum, m_i, l_i, b_mn, b_sc,
+                a0, a1, a2, a3, sm_scale_log2, logit_cap, True, BLOCK_N, LOGIT_CAP, KDT, PV_DT, USE_ASM)
 
-    # (p*sc) @ (V_OFS + s_j c) = V_OFS sum(p*sc) + s_j (p*sc) @ c, and s_j p @ v_hat_j =
-    # s_j (p*sc) @ c + s_j p @ mn: add s_j * sum(p*mn) - V_OFS * sum(p*sc) per row
-    b_mn = b_mn[None, :]
-    b_ofs = V_OFS * b_sc[None, :]
-    a0 = a0 + (b_mn * _v_scale(0) - b_ofs)
-    a1 = (a1 + (b_mn * _v_scale(1) - b_ofs)) * (1.0 / _v_scale(1))
-    a2 = (a2 + (b_mn * _v_scale(2) - b_ofs)) * (1.0 / _v_scale(2))
-    a3 = (a3 + (b_mn * _v_scale(3) - b_ofs)) * (1.0 / _v_scale(3))
+        # (p*sc) @ (V_OFS + s_j c) = V_OFS sum(p*sc) + s_j (p*sc) @ c, and s_j p @ v_hat_j =
+        # s_j (p*sc) @ c + s_j p @ mn: add s_j * sum(p*mn) - V_OFS * sum(p*sc) per row
+        b_mn = b_mn[None, :]
+        b_ofs = V_OFS * b_sc[None, :]
+        a0 = a0 + (b_mn * _v_scale(0) - b_ofs)
+        a1 = (a1 + (b_mn * _v_scale(1) - b_ofs)) * (1.0 / _v_scale(1))
+        a2 = (a2 + (b_mn * _v_scale(2) - b_ofs)) * (1.0 / _v_scale(2))
+        a3 = (a3 + (b_mn * _v_scale(3) - b_ofs)) * (1.0 / _v_scale(3))
 
-    # ---- normalised partial output + LSE -----------------------------------------------------
+        # ---- normalised partial output ------------------------------------------------------------
+        has = l_i > 0
+        inv_l = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)
+        ob = Out + b.to(tl.int64) * stride_ot + hq[None, :] * stride_oh + split * stride_os + dv[:, None]
+        tl.store(ob, a0 * inv_l[None, :], mask=rmask[None, :])
+        tl.store(ob + QDV, a1 * inv_l[None, :], mask=rmask[None, :])
+        tl.store(ob + 2 * QDV, a2 * inv_l[None, :], mask=rmask[None, :])
+        tl.store(ob + 3 * QDV, a3 * inv_l[None, :], mask=rmask[None, :])
     has = l_i > 0
-    inv_l = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)
     lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * LN2, float("-inf"))
-    ob = Out + b.to(tl.int64) * stride_ot + hq[None, :] * stride_oh + split * stride_os + dv[:, None]
-    tl.store(ob, a0 * inv_l[None, :], mask=rmask[None, :])
-    tl.store(ob + QDV, a1 * inv_l[None, :], mask=rmask[None, :])
-    tl.store(ob + 2 * QDV, a2 * inv_l[None, :], mask=rmask[None, :])
-    tl.store(ob + 3 * QDV, a3 * inv_l[None, :], mask=rmask[None, :])
     tl.store(Lse + b.to(tl.int64) * stride_lt + hq * stride_lh + split * stride_ls, lse, mask=rmask)
     if MERGE:
         _merge_if_last(b, kvh, n_splits, Out, stride_ot, stride_oh, stride_os,
@@ -430,7 +632,7 @@ def decode_attention_fast(
     num_kv_splits=None, max_kv_splits=None, attn_logits=None, attn_lse=None, logit_cap=0.0,
     block_n=None, num_warps=None, num_stages=2, min_chunk=None, bf16_keys_per_split=None, use_asm=None,
     maxnreg=None, block_m=None, offsets_32bit=None, int2_stages=None, block_b=None, bf16_last=True,
-    fused_merge=None, arrived=None,
+    fused_merge=None, arrived=None, words=None, bf16_spread=True,
 ):
     """decode.decode_attention with the fast stage-1 kernel (same arguments, same results).
 
@@ -454,10 +656,14 @@ def decode_attention_fast(
     if not supports(D, Dv, k_group, v_group, gqa):
         raise ValueError(f"fast INT2 decode needs group size == head_dim (got D={D}, G={k_group}/{v_group}); "
                          "use OSCAR_INT2_DECODE_KERNEL=base")
+    if words is None:
+        words = D >= WORDS_MIN_DIM and Dv >= WORDS_MIN_DIM
+    elif words and min(D, Dv) < WORDS_MIN_DIM:
+        raise ValueError(f"code words need head_dim >= {WORDS_MIN_DIM} (got D={D}, Dv={Dv})")
     S, W = sink_k.shape[1], ring_k.shape[1]
     max_kv_splits, nb16, attn_logits, attn_lse = _dec.plan_decode(
         q, o, k_codes, v_codes, sink_k, ring_k, kv_indptr, max_kv_splits, attn_logits, attn_lse,
-        bf16_keys_per_split, default_max_splits)
+        bf16_keys_per_split, default_max_splits, bf16_spread)
     min_chunk = min_chunk or _dec.MIN_CHUNK
     bm = block_m or max(8, triton.next_power_of_2(gqa))
     bn = block_n or BLOCK_N
@@ -471,7 +677,8 @@ def decode_attention_fast(
         q, q.stride(0), q.stride(1),
         attn_logits, attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
         attn_lse, attn_lse.stride(0), attn_lse.stride(1), attn_lse.stride(2),
-        *pool_launch_args(k_codes, kp, v_codes, vp, sink_k, sink_v, ring_k, ring_v),
+        *pool_launch_args(*((k_codes.view(torch.int16), kp, v_codes.view(torch.int16), vp) if words else
+                            (k_codes, kp, v_codes, vp)), sink_k, sink_v, ring_k, ring_v),
         kv_indptr, kv_indices, req_rows, own_start, sink_start,
         num_kv_splits if num_kv_splits is not None else kv_indptr,
         sm_scale * _base.LOG2E, float(logit_cap), int(max_kv_splits),
@@ -485,7 +692,7 @@ def decode_attention_fast(
                else offsets_32bit),
         INT2_STAGES=int2_stages or INT2_STAGES, BF16_LAST=bf16_last,
         MERGE=fused_merge, MERGE_ROWS=triton.next_power_of_2(gqa),
-        SPLITS_P2=triton.next_power_of_2(max_kv_splits),
+        SPLITS_P2=triton.next_power_of_2(max_kv_splits), WORDS=words,
         num_warps=num_warps or NUM_WARPS, num_stages=num_stages, **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     if fused_merge:

@@ -80,7 +80,7 @@ def _merge_splits_kernel(
 
 
 def plan_decode(q, o, k_codes, v_codes, sink_k, ring_k, kv_indptr, max_kv_splits, attn_logits, attn_lse,
-                bf16_keys_per_split, default_splits):
+                bf16_keys_per_split, default_splits, bf16_spread=False):
     """Checks and split plan shared by both stage-1 kernels (base and fast):
     (max_kv_splits, BF16 splits, attn_logits, attn_lse); scratch is allocated only when not given.
     default_splits(B, Hkv, device, nb16) sizes max_kv_splits when neither it nor scratch is given."""
@@ -92,12 +92,13 @@ def plan_decode(q, o, k_codes, v_codes, sink_k, ring_k, kv_indptr, max_kv_splits
     if o.shape != (B, Hq, Dv) or o.stride(-1) != 1:
         raise ValueError(f"o must be [{B}, {Hq}, {Dv}] with a contiguous last dim, got {tuple(o.shape)}")
     S, W = sink_k.shape[1], ring_k.shape[1]
+    nb16_of = (lambda ms: 0) if bf16_spread else (lambda ms: bf16_splits(S, W, ms, bf16_keys_per_split))
     if max_kv_splits is None:
         max_kv_splits = (attn_logits.shape[2] if attn_logits is not None
-                         else default_splits(B, Hkv, q.device, bf16_splits(S, W, 1 << 30, bf16_keys_per_split)))
+                         else default_splits(B, Hkv, q.device, nb16_of(1 << 30)))
     if max_kv_splits < 2:
         raise ValueError("INT2 decode needs max_kv_splits >= 2 (one BF16 split + INT2 splits)")
-    nb16 = bf16_splits(S, W, max_kv_splits, bf16_keys_per_split)
+    nb16 = nb16_of(max_kv_splits)
     if attn_logits is None:
         attn_logits = torch.empty(B, Hq, max_kv_splits, Dv, dtype=torch.float32, device=q.device)
     if attn_lse is None:
