@@ -194,6 +194,23 @@ def test_fast_decode_code_words_and_bf16_spread(seed, words, spread, splits):
         assert rel_err(o[b], o_ref[0]) <= REL_TOL, b
 
 
+def test_fast_decode_one_split_per_request(seed):
+    """At large batch the split policy gives one split per (request, KV head) (1024 programs at
+    B x Hkv >= 1024 on an H100): with the BF16 keys spread, that one split reads sink, INT2 body
+    and ring, and the default split count itself can be 1."""
+    D, hkv, gqa = 128, 2, 4
+    pool = Pool(LENS, OWNS, hkv, D, D, sinks=SINKS)
+    q = (torch.randn(len(LENS), hkv * gqa, D) * 2).bfloat16()
+    assert attend_fast.default_max_splits(4096, 8, "cuda" if DEV == "cuda" else "cpu") == 1
+    o = run_fast(pool, q, D, max_kv_splits=1)
+    for b in range(len(LENS)):
+        K, V = pool.request_kv(b)
+        o_ref, _ = ref.attention(q[b:b + 1].float(), K, V)
+        assert rel_err(o[b], o_ref[0]) <= REL_TOL, b
+    with pytest.raises(ValueError, match="max_kv_splits >= 2"):
+        run_fast(pool, q, D, max_kv_splits=1, bf16_spread=False)
+
+
 def test_fast_decode_code_words_need_head_dim_128():
     pool = Pool([30], [0], 1, 64, 64)
     q = torch.randn(1, 4, 64).bfloat16()

@@ -100,11 +100,15 @@ def decode_attention(
     is read once per KV head. attn_logits [B, Hq, max_kv_splits, Dv] f32 and
     attn_lse [B, Hq, max_kv_splits] f32 are scratch (allocated if None; pass them under CUDA graphs).
 
-    Splits: split 0 of a request reads its BF16 sink + ring, splits 1..n-1 share its INT2 body.
-    num_kv_splits [B] int32: n per request, clamped to [2, max_kv_splits]; None (recommended):
-    n is derived in-kernel from the request length (>= 256 INT2 keys per split), no host sync.
+    Splits: with the fast kernel (G = head_dim, the default there) every split of a request reads
+    an equal share of its INT2 body and of its BF16 sink + ring; with the base kernel the first
+    splits read the BF16 keys (decode.bf16_splits) and the others share the INT2 body.
+    num_kv_splits [B] int32: n per request, clamped to [1, max_kv_splits] (fast) or
+    [BF16 splits + 1, max_kv_splits] (base); None (recommended): n is derived in-kernel from the
+    request length (>= 256 INT2 keys per split), no host sync.
     max_kv_splits: None = attn_logits.shape[2] if given, else a default that gives every SM a few
-    programs for this batch size (decode.default_max_splits; 65 at B=1, Hkv=8 on an H100).
+    programs for this batch size (attend_fast.default_max_splits: 128 at B=1, Hkv=8 on an H100;
+    decode.default_max_splits for the base kernel).
     Small batches need many splits to fill the GPU: size the scratch with max_kv_splits >= 33 for
     B * Hkv <= 16. (Changed compatibly: the default was 16.)
     """

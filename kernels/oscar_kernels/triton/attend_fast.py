@@ -1,13 +1,14 @@
 """Decode stage-1 kernel with fewer instructions per INT2 key ("fast" variant of attend.py).
 
-Same semantics, split-K layout and outputs as attend.attend_kernel with SPLIT=True (split 0..NB16-1
-read the BF16 sink ++ ring, splits NB16.. equal BLOCK_N-aligned chunks of the INT2 range; every
-program writes a normalised partial output and its natural-log LSE that decode's merge kernel
-combines, or that the last program of each (request, KV head) merges itself: _merge_if_last).
+Same semantics, split-K layout and outputs as attend.attend_kernel with SPLIT=True (every program
+writes a normalised partial output and its natural-log LSE that decode's merge kernel combines, or
+that the last program of each (request, KV head) merges itself: _merge_if_last). By default the
+BF16 sink ++ ring keys are spread over every split (bf16_spread, NB16 = 0: each split gets an
+equal BLOCK_N-aligned chunk of the INT2 range and an equal chunk of the BF16 keys); with
+bf16_spread=False splits 0..NB16-1 read only the BF16 keys, as in attend.py.
 ops.decode_attention uses it by default when K and V use one (scale, min) group per row
 (G = head_dim); OSCAR_INT2_DECODE_KERNEL=base selects the original kernel (docs/benchmarks.md
-"Kernels", 16:02 UTC run: 1.2-1.7x faster than it at every benchmarked shape from B=1, L=32K up,
-level at B=1, L=8K: 15.2 vs 15.3 us).
+"Kernels", 17:44 UTC run: 1.06-1.96x faster than it at every benchmarked shape).
 
 What changes (SASS counts: bench/kernel_sass.py, sm_90, Hq=32, Hkv=8, D=128, G=128):
 * Both products run transposed so that the long side fills the MMA's 16-row side and the GQA
@@ -15,19 +16,23 @@ What changes (SASS counts: bench/kernel_sass.py, sm_90, Hq=32, Hkv=8, D=128, G=1
   and o^T += codes_V^T @ (p*sc) (Dv x rows). Half the MMAs and half the accumulator registers of
   the row-major form; p never needs transposing.
 * One warp per program (see NUM_WARPS).
-* Codes are widened to 16 bits once per tile and each quarter becomes an MMA operand with one
-  lop3 per two codes (exponent trick, _quarter_k / _quarter_v), one quarter at a time.
+* Code words (WORDS, head_dim >= 128): each row's codes are read as D/8 16-bit words, and each of
+  the 8 two-bit fields of a word becomes an MMA operand with one lop3 per two codes
+  (_word_code): the operands come straight from ldmatrix, with no byte gathers for V and no
+  widening (format.md). At head_dim 64 (an extraction would be 8 wide, under the MMA's 16) the
+  bytes are widened to 16 bits once per tile and each quarter unpacked the same way
+  (_quarter_k / _quarter_v).
 * The V (scale, min) sums are per-row scalars kept apart from the MMA accumulators and added once
   after the loop; the softmax scale is folded into q; whole tiles run without masks; offsets are
   32-bit when the pool allows.
 * The INT2 loop is software-pipelined 5 deep (attend.INT2_STAGES): the next tile's codes are in flight
   while a tile is computed (7-14% faster than the default depth 2 on the H100).
-* The grid is scheduled for an SM-bound kernel (see PROGRAMS_PER_SM): one INT2 program per
-  program slot, BF16 programs last, 16-key BF16 tiles, the merge fused at few splits.
-Base kernel 29.1 warp-instructions per (key, KV head); this one 17.2 at the default BLOCK_N=64
-(16.6 at depth 2, 21.1 before the transposed p @ V), 166 registers and 11.8 KB of shared memory:
-12 one-warp programs per SM by both. BLOCK_N=64 was the fastest tile on the H100 at both depths
-(bench/kernels.py --tune-fast and bench/decode_breakdown.py, 2026-11-22 11:35-13:46 UTC: BLOCK_N
+* The grid (see PROGRAMS_PER_SM and SPLIT_PROGRAMS_PER_SM): ~8 INT2 programs per SM in one wave,
+  the BF16 keys spread over them, the merge fused at few splits.
+Base kernel 29.4 warp-instructions per (key, KV head); this one 13.2 at the default BLOCK_N=64
+(17.2 reading bytes, 21.1 before the transposed p @ V), 168 registers and 12.8 KB of shared
+memory: 12 one-warp programs per SM by both. BLOCK_N=64 was the fastest tile on the H100
+(bench/kernels.py --tune-fast and bench/decode_breakdown.py, 2026-11-22 11:35-17:45 UTC: BLOCK_N
 32 / 128, register caps, deeper pipelines, BF16 tiles of 16 and a hand-pipelined register
 prefetch were slower or within 4%).
 """
@@ -47,25 +52,21 @@ MASKS = tl.constexpr(("0x00030003", "0x000C000C", "0x00300030", "0x00C000C0"))
 # would only duplicate it (Triton gives every chained dot the same warp split). Twice the base
 # kernel's programs per SM keeps the same number of warps in flight.
 NUM_WARPS = 1
-# The kernel is bound by its SMs, not by memory (bench/decode_probe.py, 2026-11-22 15:28 UTC: its
-# INT2 loads alone stream at 87-96% of copy bandwidth; on an L2-resident pool it is only 0-15%
-# faster; ncu: 0.58 instructions issued per scheduler-cycle with 2.5 warps per scheduler). So what
-# counts is keeping every one of the 12 program slots per SM (166 registers, 11.8 KB of shared
-# memory per one-warp program; tests/test_kernels_schedule.py) busy with INT2 work to the end:
-# * INT2 programs: one per slot (PROGRAMS_PER_SM x SMs in all, default_max_splits);
-# * BF16 (sink + ring) programs start last (BF16_LAST): short ones fill the slots that free up,
-#   instead of INT2 programs starting late and running alone at the end;
-# * 16-key BF16 tiles (BLOCK_B) halve that loop's shared memory (19.5 -> 11.8 KB per program),
-#   so 12 programs fit by shared memory too; when the whole grid fits in one wave (batch 1) the
-#   BF16 programs are the last to finish and 32-key tiles are faster (default_block_b).
-# H100, same run (bench/kernels.py --tune-fast, 16:02 UTC), these defaults vs BF16 programs first
-# with 32-key tiles: B=8 L=32K 80.1 vs 86.9 us, B=32 L=8K 82.0 vs 92.2 us, B=64 L=32K 551.7 vs
-# 555.2 us (B=64 moves by +-4% between runs; decode_breakdown.py 15:32: 523.5 vs 544.9 us).
+# Program slots per SM: 12 one-warp programs fit by registers (168) and by shared memory (12.8 KB
+# per program with 16-key BF16 tiles; tests/test_kernels_schedule.py), so a grid of up to
+# 12 x SMs programs runs in one wave. BF16_LAST and BLOCK_B date from the byte-reading kernel,
+# which was bound by its SMs (bench/decode_probe.py, 2026-11-22 15:28 UTC) and ran one INT2
+# program per slot with BF16-only splits: those programs started last to fill the slots freed at
+# the end (16:02 UTC: B=8 L=32K 80.1 vs 86.9 us); with bf16_spread (the default) there are no
+# BF16-only programs and BF16_LAST changes nothing. 16-key BF16 tiles (BLOCK_B) keep shared
+# memory at 12.8 KB; when the whole grid fits in one wave 32-key tiles are as fast or faster
+# (default_block_b).
 PROGRAMS_PER_SM = 12
-# ... but with code words (WORDS) the INT2 loop is 23% shorter and the kernel no longer needs every
-# slot: fewer, longer programs (less fixed cost per program, one wave) are faster. H100, same run
-# (bench/decode_breakdown.py, 2026-11-22 17:33 UTC), INT2 splits giving ~1024 programs vs 1536:
-# B=8 L=32K 68.6 vs 73.8-87.4 us, B=32 L=8K 75.2 vs 83.6-91.4 us.
+# ... but with code words (WORDS) the INT2 loop is 23% shorter and fewer, longer programs (less
+# fixed cost per program) are faster than one per slot: the split policy (default_max_splits)
+# aims at 8 INT2 programs per SM. H100 (bench/decode_breakdown.py, 2026-11-22 17:45 UTC), INT2
+# programs 768 / 1024 / 1280 / 1536: B=8 L=32K 79.7 / 67.6 / 82.6 / 87.1 us, B=32 L=8K 87.8 /
+# 75.7 / 88.9 / 91.3 us; B=64 L=32K 1024 / 1536 / 2048: 461.2 / 482.4 / 546.5 us.
 SPLIT_PROGRAMS_PER_SM = 8
 BLOCK_B = 16
 BLOCK_B_ONE_WAVE = 32
@@ -639,10 +640,13 @@ def decode_attention_fast(
     offsets_32bit: pool offsets in 32-bit arithmetic; default: when every pool tensor has < 2^31
     elements (the other case is tested by forcing False). int2_stages: pipeline depth of the INT2
     loop (default INT2_STAGES). block_b: BF16 sink/ring keys per tile (default default_block_b).
-    bf16_last: the BF16 splits' programs start after the INT2 ones (default; False: in split
-    order). fused_merge: the last program of each (request, KV head) merges the splits, or (False)
-    decode's merge kernel does; default: fused up to FUSED_MERGE_MAX_SPLITS splits. arrived: int32
-    scratch of >= batch x KV heads zeros, left zero by every call (default: split_arrivals)."""
+    bf16_spread: every split reads a chunk of the BF16 sink + ring keys too (default), or (False)
+    they get NB16 splits of their own (decode.bf16_splits). bf16_last: those BF16-only splits'
+    programs start after the INT2 ones (default; False: in split order). fused_merge: the last
+    program of each (request, KV head) merges the splits, or (False) decode's merge kernel does;
+    default: fused up to FUSED_MERGE_MAX_SPLITS splits. arrived: int32 scratch of >= batch x KV
+    heads zeros, left zero by every call (default: split_arrivals). words: read the codes as
+    16-bit words (default when head_dim >= WORDS_MIN_DIM; False: as bytes)."""
     import torch
 
     from . import decode as _dec

@@ -96,8 +96,9 @@ def plan_decode(q, o, k_codes, v_codes, sink_k, ring_k, kv_indptr, max_kv_splits
     if max_kv_splits is None:
         max_kv_splits = (attn_logits.shape[2] if attn_logits is not None
                          else default_splits(B, Hkv, q.device, nb16_of(1 << 30)))
-    if max_kv_splits < 2:
-        raise ValueError("INT2 decode needs max_kv_splits >= 2 (one BF16 split + INT2 splits)")
+    if max_kv_splits < (1 if bf16_spread else 2):
+        raise ValueError(f"INT2 decode needs max_kv_splits >= {1 if bf16_spread else 2}"
+                         + ("" if bf16_spread else " (one BF16 split + INT2 splits)"))
     nb16 = nb16_of(max_kv_splits)
     if attn_logits is None:
         attn_logits = torch.empty(B, Hq, max_kv_splits, Dv, dtype=torch.float32, device=q.device)
