@@ -248,7 +248,8 @@ def main():
     ap.add_argument("--int2-stages", type=int, help="override the INT2 loop's pipeline depth (fast kernel)")
     ap.add_argument("--maxnreg", type=int, help="register cap per thread (both kernels)")
     ap.add_argument("--fused-merge", action="store_true", help="fast kernel with the split merge fused in")
-    ap.add_argument("--words", action="store_true", help="fast kernel reading 16-bit code words (WORDS)")
+    ap.add_argument("--bytes", action="store_true", help="fast kernel reading the codes as bytes (words=False; "
+                    "the default at head_dim 128 reads 16-bit code words)")
     args = ap.parse_args()
     from oscar_kernels.triton import attend
 
@@ -267,8 +268,8 @@ def main():
             over["maxnreg"] = args.maxnreg
         if kind == "fast" and args.fused_merge:
             over["fused_merge"] = True
-        if kind == "fast" and args.words:
-            over["words"] = True
+        if kind == "fast" and args.bytes:
+            over["words"] = False
         fn, a, kw = capture_decode(kind, **over)
         nw, bn = kw["num_warps"], kw["BLOCK_N"]
         ck = compile_call(fn, a, kw)

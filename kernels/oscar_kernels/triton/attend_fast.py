@@ -189,19 +189,13 @@ def _int2_fetch(slot, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, st
 
 
 @triton.jit
-def _int2_tile(i0, i_hi, kc, kpw, vct, vpw,
-               q0t, q1t, q2t, q3t, qs_ofs, qsum, m_i, l_i, b_mn, b_sc, a0, a1, a2, a3, sm_scale_log2, logit_cap,
-               MASKED: tl.constexpr, BLOCK_N: tl.constexpr,
-               LOGIT_CAP: tl.constexpr, KDT: tl.constexpr, PV_DT: tl.constexpr, USE_ASM: tl.constexpr):
-    """One tile of BLOCK_N INT2 keys (codes and params from _int2_fetch): scores s^T = codes @ q^T,
-    online softmax, o^T += codes^T @ p. MASKED: keys at or past i_hi get -inf scores."""
+def _scores_softmax(part, kpw, qs_ofs, qsum, i0, i_hi, m_i, l_i, sm_scale_log2, logit_cap,
+                    MASKED: tl.constexpr, BLOCK_N: tl.constexpr, LOGIT_CAP: tl.constexpr):
+    """part = q'.(offset + codes) of a tile [keys, rows] -> (p^T, alpha, m_i, l_i): the K (scale,
+    min) applied (one group per row), online softmax in the log2 domain. MASKED: keys at or past
+    i_hi get -inf scores."""
     ksc, kmn = _unpack_params(kpw)
-    k16 = kc.to(tl.uint16)
-    part = tl.dot(_quarter_k(k16, 0, KDT, USE_ASM), q0t)
-    part = tl.dot(_quarter_k(k16, 1, KDT, USE_ASM), q1t, part)
-    part = tl.dot(_quarter_k(k16, 2, KDT, USE_ASM), q2t, part)
-    part = tl.dot(_quarter_k(k16, 3, KDT, USE_ASM), q3t, part)
-    st = (part - qs_ofs[None, :]) * ksc[:, None] + kmn[:, None] * qsum[None, :]  # one group per row
+    st = (part - qs_ofs[None, :]) * ksc[:, None] + kmn[:, None] * qsum[None, :]
     if LOGIT_CAP:
         st = _cap_and_scale(st, sm_scale_log2, logit_cap, LOGIT_CAP)
     if MASKED:
@@ -210,13 +204,37 @@ def _int2_tile(i0, i_hi, kc, kpw, vct, vpw,
     alpha = tl.exp2(m_i - m_new)
     pt = tl.exp2(st - m_new[None, :])
     l_i = l_i * alpha + tl.sum(pt, 0)
-    m_i = m_new
+    return pt, alpha, m_new, l_i
 
-    # o^T += codes^T @ (p*sc)
+
+@triton.jit
+def _p_times_scale(pt, vpw, alpha, b_mn, b_sc, DT: tl.constexpr):
+    """p^T * V scale per key (the V MMAs' operand, in DT) and the per-row V sums sum(p*mn),
+    sum(p*sc) rescaled by alpha (added to the accumulators once, after the loop)."""
     vsc, vmn = _unpack_params(vpw)
-    pst = (pt * vsc[:, None]).to(PV_DT)
+    pst = (pt * vsc[:, None]).to(DT)
     b_mn = b_mn * alpha + tl.sum(pt * vmn[:, None], 0)
     b_sc = b_sc * alpha + tl.sum(pst.to(tl.float32), 0)
+    return pst, b_mn, b_sc
+
+
+@triton.jit
+def _int2_tile(i0, i_hi, kc, kpw, vct, vpw,
+               q0t, q1t, q2t, q3t, qs_ofs, qsum, m_i, l_i, b_mn, b_sc, a0, a1, a2, a3, sm_scale_log2, logit_cap,
+               MASKED: tl.constexpr, BLOCK_N: tl.constexpr,
+               LOGIT_CAP: tl.constexpr, KDT: tl.constexpr, PV_DT: tl.constexpr, USE_ASM: tl.constexpr):
+    """One tile of BLOCK_N INT2 keys (codes and params from _int2_fetch): scores s^T = codes @ q^T,
+    online softmax, o^T += codes^T @ p. MASKED: keys at or past i_hi get -inf scores."""
+    k16 = kc.to(tl.uint16)
+    part = tl.dot(_quarter_k(k16, 0, KDT, USE_ASM), q0t)
+    part = tl.dot(_quarter_k(k16, 1, KDT, USE_ASM), q1t, part)
+    part = tl.dot(_quarter_k(k16, 2, KDT, USE_ASM), q2t, part)
+    part = tl.dot(_quarter_k(k16, 3, KDT, USE_ASM), q3t, part)
+    pt, alpha, m_i, l_i = _scores_softmax(part, kpw, qs_ofs, qsum, i0, i_hi, m_i, l_i, sm_scale_log2,
+                                          logit_cap, MASKED, BLOCK_N, LOGIT_CAP)
+
+    # o^T += codes^T @ (p*sc)
+    pst, b_mn, b_sc = _p_times_scale(pt, vpw, alpha, b_mn, b_sc, PV_DT)
     v16 = vct.to(tl.uint16)
     al = alpha[None, :]
     a0 = tl.dot(_quarter_v(v16, 0, PV_DT, USE_ASM), pst, a0 * al)
@@ -259,7 +277,6 @@ def _int2_tile_words(i0, i_hi, kw, kpw, vwt, vpw,
                      DT: tl.constexpr, USE_ASM: tl.constexpr):
     """_int2_tile on code words: 8 extractions of K words [keys, D/8] against the matching q^T
     slices, 8 of V words [Dv/8, keys] against p*sc (DT: fp16, fp32 in the interpreter)."""
-    ksc, kmn = _unpack_params(kpw)
     part = tl.dot(_word_code(kw, 0, DT, USE_ASM), q0t)
     part = tl.dot(_word_code(kw, 1, DT, USE_ASM), q1t, part)
     part = tl.dot(_word_code(kw, 2, DT, USE_ASM), q2t, part)
@@ -268,21 +285,10 @@ def _int2_tile_words(i0, i_hi, kw, kpw, vwt, vpw,
     part = tl.dot(_word_code(kw, 5, DT, USE_ASM), q5t, part)
     part = tl.dot(_word_code(kw, 6, DT, USE_ASM), q6t, part)
     part = tl.dot(_word_code(kw, 7, DT, USE_ASM), q7t, part)
-    st = (part - qs_ofs[None, :]) * ksc[:, None] + kmn[:, None] * qsum[None, :]  # one group per row
-    if LOGIT_CAP:
-        st = _cap_and_scale(st, sm_scale_log2, logit_cap, LOGIT_CAP)
-    if MASKED:
-        st = tl.where((i0 + tl.arange(0, BLOCK_N) < i_hi)[:, None], st, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(st, 0))
-    alpha = tl.exp2(m_i - m_new)
-    pt = tl.exp2(st - m_new[None, :])
-    l_i = l_i * alpha + tl.sum(pt, 0)
-    m_i = m_new
+    pt, alpha, m_i, l_i = _scores_softmax(part, kpw, qs_ofs, qsum, i0, i_hi, m_i, l_i, sm_scale_log2,
+                                          logit_cap, MASKED, BLOCK_N, LOGIT_CAP)
 
-    vsc, vmn = _unpack_params(vpw)
-    pst = (pt * vsc[:, None]).to(DT)
-    b_mn = b_mn * alpha + tl.sum(pt * vmn[:, None], 0)
-    b_sc = b_sc * alpha + tl.sum(pst.to(tl.float32), 0)
+    pst, b_mn, b_sc = _p_times_scale(pt, vpw, alpha, b_mn, b_sc, DT)
     a0, a1, a2, a3, a4, a5, a6, a7 = _pv_words(vwt, pst, alpha[None, :], a0, a1, a2, a3, a4, a5, a6, a7,
                                                DT, USE_ASM)
     return m_i, l_i, b_mn, b_sc, a0, a1, a2, a3, a4, a5, a6, a7
