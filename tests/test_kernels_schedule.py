@@ -59,10 +59,11 @@ def test_every_supported_shape_fits_h100_shared_memory():
 
 @pytest.mark.parametrize("fused", [False, True], ids=["merge_kernel", "fused_merge"])
 def test_fast_decode_fits_its_programs_per_sm(fused):
-    """attend_fast.default_max_splits gives every SM PROGRAMS_PER_SM (12) one-warp INT2 programs:
-    the compiled kernel must let that many run at once on an H100 SM (64K registers, 228 KB of
-    shared memory, 1 KB of it reserved per block). With more registers or shared memory the grid
-    would spill into a second wave (bench/decode_probe.py: the kernel is bound by its SMs)."""
+    """PROGRAMS_PER_SM (12) one-warp programs of the fast decode must run at once on an H100 SM
+    (64K registers, 228 KB of shared memory, 1 KB of it reserved per block): its own split policy
+    aims at SPLIT_PROGRAMS_PER_SM (8) per SM and SGLang's split counts in the server go higher, and
+    every grid up to 12 per SM then runs in one wave. With more registers or shared memory such
+    grids would spill into a second wave."""
     from oscar_kernels.triton import attend_fast
 
     _, out = _in_flight("kernel_sass.py", "--kernel", "fast", *(("--fused-merge",) if fused else ()))
@@ -71,3 +72,4 @@ def test_fast_decode_fits_its_programs_per_sm(fused):
     per_sm_regs = 65536 // (-(-regs // 8) * 8 * 32 * attend_fast.NUM_WARPS)
     per_sm_smem = 233472 // (smem + 1024)
     assert min(per_sm_regs, per_sm_smem) >= attend_fast.PROGRAMS_PER_SM, (regs, smem, out)
+    assert attend_fast.SPLIT_PROGRAMS_PER_SM <= attend_fast.PROGRAMS_PER_SM
