@@ -34,6 +34,15 @@ def run_fast(pool, q, G, **kw):
     return o.cpu()
 
 
+def assert_matches_reference(pool, q, o, *ctx, **ref_kw):
+    """Every request's output within REL_TOL of the float64 oracle over the same stored K/V."""
+    for b in range(q.shape[0]):
+        K, V = pool.request_kv(b)
+        o_ref, _ = ref.attention(q[b:b + 1].float(), K, V, **ref_kw)
+        err = rel_err(o[b], o_ref[0])
+        assert err <= REL_TOL, (b, err, *ctx)
+
+
 @pytest.mark.parametrize("D,gqa", [(128, 4), (64, 8), (64, 3), (128, 1)])
 @pytest.mark.parametrize("splits", ["auto", "given"])
 def test_fast_decode_matches_reference(seed, D, gqa, splits):
@@ -43,11 +52,7 @@ def test_fast_decode_matches_reference(seed, D, gqa, splits):
     q = (torch.randn(B, hkv * gqa, D) * 2).bfloat16()
     nsplit = torch.tensor([2, 3, 4, 4, 3], dtype=torch.int32, device=DEV) if splits == "given" else None
     o = run_fast(pool, q, D, num_kv_splits=nsplit)
-    for b in range(B):
-        K, V = pool.request_kv(b)
-        o_ref, _ = ref.attention(q[b:b + 1].float(), K, V)
-        err = rel_err(o[b], o_ref[0])
-        assert err <= REL_TOL, (b, err)
+    assert_matches_reference(pool, q, o)
 
 
 @pytest.mark.parametrize("bf16_last,block_b", [(False, 32), (True, 16), (True, 32)])
@@ -62,10 +67,7 @@ def test_fast_decode_program_order_and_bf16_tile(seed, bf16_last, block_b):
     for nks in (None, nsplit):
         o = run_fast(pool, q, D, num_kv_splits=nks, bf16_last=bf16_last, block_b=block_b,
                      bf16_keys_per_split=5, max_kv_splits=7, bf16_spread=False)
-        for b in range(len(LENS)):
-            K, V = pool.request_kv(b)
-            o_ref, _ = ref.attention(q[b:b + 1].float(), K, V)
-            assert rel_err(o[b], o_ref[0]) <= REL_TOL, (b, nks is None)
+        assert_matches_reference(pool, q, o, nks is None)
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -80,10 +82,7 @@ def test_fast_decode_merge_fused_or_kernel(seed, fused):
     for kw in ({"arrived": arrived}, {}):
         for _ in range(2):  # a second call relies on the counters the first one left
             o = run_fast(pool, q, D, fused_merge=fused, max_kv_splits=5, **kw)
-            for b in range(len(LENS)):
-                K, V = pool.request_kv(b)
-                o_ref, _ = ref.attention(q[b:b + 1].float(), K, V)
-                assert rel_err(o[b], o_ref[0]) <= REL_TOL, (b, fused, kw.keys())
+            assert_matches_reference(pool, q, o, fused, kw.keys())
     assert not arrived.any()
     assert not attend_fast.split_arrivals(DEV, 1).any()
 
@@ -103,10 +102,7 @@ def test_fast_decode_small_tiles_many_splits(seed, D):
         o = run_fast(pool, q, D, max_kv_splits=7, block_n=16, sm_scale=0.125)
     finally:
         dec.MIN_CHUNK = old
-    for b in range(2):
-        K, V = pool.request_kv(b)
-        o_ref, _ = ref.attention(q[b:b + 1].float(), K, V, sm_scale=0.125)
-        assert rel_err(o[b], o_ref[0]) <= REL_TOL
+    assert_matches_reference(pool, q, o, sm_scale=0.125)
 
 
 @pytest.mark.parametrize("D", [64, 128], ids=["bytes", "words"])
@@ -116,10 +112,7 @@ def test_fast_decode_64bit_offsets(seed, D):
     pool = Pool(LENS, OWNS, hkv, D, D, sinks=SINKS)
     q = (torch.randn(len(LENS), hkv * gqa, D) * 2).bfloat16()
     o = run_fast(pool, q, D, offsets_32bit=False)
-    for b in range(len(LENS)):
-        K, V = pool.request_kv(b)
-        o_ref, _ = ref.attention(q[b:b + 1].float(), K, V)
-        assert rel_err(o[b], o_ref[0]) <= REL_TOL
+    assert_matches_reference(pool, q, o)
 
 
 def test_fast_decode_head_major_pool(seed):
@@ -132,10 +125,7 @@ def test_fast_decode_head_major_pool(seed):
     assert pool.k_codes.stride(1) > pool.k_codes.stride(0)
     q = (torch.randn(len(LENS), hkv * gqa, D) * 2).bfloat16()
     o = run_fast(pool, q, D)
-    for b in range(len(LENS)):
-        K, V = pool.request_kv(b)
-        o_ref, _ = ref.attention(q[b:b + 1].float(), K, V)
-        assert rel_err(o[b], o_ref[0]) <= REL_TOL
+    assert_matches_reference(pool, q, o)
 
 
 @pytest.mark.parametrize("D", [64, 128], ids=["bytes", "words"])
@@ -188,10 +178,7 @@ def test_fast_decode_code_words_and_bf16_spread(seed, words, spread, splits):
     q = (torch.randn(len(LENS), hkv * gqa, D) * 2).bfloat16()
     nsplit = torch.tensor([1, 3, 4, 2, 3], dtype=torch.int32, device=DEV) if splits == "given" else None
     o = run_fast(pool, q, D, words=words, bf16_spread=spread, num_kv_splits=nsplit)
-    for b in range(len(LENS)):
-        K, V = pool.request_kv(b)
-        o_ref, _ = ref.attention(q[b:b + 1].float(), K, V)
-        assert rel_err(o[b], o_ref[0]) <= REL_TOL, b
+    assert_matches_reference(pool, q, o)
 
 
 def test_fast_decode_one_split_per_request(seed):
@@ -203,10 +190,7 @@ def test_fast_decode_one_split_per_request(seed):
     q = (torch.randn(len(LENS), hkv * gqa, D) * 2).bfloat16()
     assert attend_fast.default_max_splits(4096, 8, "cuda" if DEV == "cuda" else "cpu") == 1
     o = run_fast(pool, q, D, max_kv_splits=1)
-    for b in range(len(LENS)):
-        K, V = pool.request_kv(b)
-        o_ref, _ = ref.attention(q[b:b + 1].float(), K, V)
-        assert rel_err(o[b], o_ref[0]) <= REL_TOL, b
+    assert_matches_reference(pool, q, o)
     with pytest.raises(ValueError, match="max_kv_splits >= 2"):
         run_fast(pool, q, D, max_kv_splits=1, bf16_spread=False)
 

@@ -180,7 +180,8 @@ def _int2_slots(i0, i_hi, sink_lo, hole, idx_base, BLOCK_N: tl.constexpr, OFS32:
 @triton.jit
 def _int2_fetch(slot, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
                 QD: tl.constexpr, QDV: tl.constexpr):
-    """K codes [keys, D/4], K params, V codes transposed [Dv/4, keys], V params of one tile."""
+    """K codes [keys, QD], K params, V codes transposed [QDV, keys], V params of one tile. The codes
+    are bytes (QD = D/4) or, through int16 pointers, code words (QD = D/8; WORDS)."""
     kc = tl.load(KCh + slot[:, None] * stride_kcn + tl.arange(0, QD)[None, :])
     kpw = tl.load(KPh + slot * stride_kpn)
     vct = tl.load(VCh + slot[None, :] * stride_vcn + tl.arange(0, QDV)[:, None])
@@ -242,17 +243,6 @@ def _int2_tile(i0, i_hi, kc, kpw, vct, vpw,
     a2 = tl.dot(_quarter_v(v16, 2, PV_DT, USE_ASM), pst, a2 * al)
     a3 = tl.dot(_quarter_v(v16, 3, PV_DT, USE_ASM), pst, a3 * al)
     return m_i, l_i, b_mn, b_sc, a0, a1, a2, a3
-
-
-@triton.jit
-def _int2_fetch_words(slot, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
-                      QW: tl.constexpr, QWV: tl.constexpr):
-    """WORDS: K code words [keys, D/8], K params, V code words transposed [Dv/8, keys], V params."""
-    kw = tl.load(KCh + slot[:, None] * stride_kcn + tl.arange(0, QW)[None, :])
-    kpw = tl.load(KPh + slot * stride_kpn)
-    vwt = tl.load(VCh + slot[None, :] * stride_vcn + tl.arange(0, QWV)[:, None])
-    vpw = tl.load(VPh + slot * stride_vpn)
-    return kw, kpw, vwt, vpw
 
 
 @triton.jit
@@ -388,6 +378,27 @@ def _merge_if_last(b, kvh, n_splits, Part, stride_pt, stride_ph, stride_ps,
 
 
 @triton.jit
+def _word_ofs(P: tl.constexpr, USE_ASM: tl.constexpr):
+    """The constant _word_code adds to extraction P's codes (none in the plain-Triton fallback)."""
+    return WORD_OFS[P] if USE_ASM else 0.0
+
+
+@triton.jit
+def _q_word_slice(qbt, rmask, QSC, P: tl.constexpr, QW: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr):
+    """q^T [D/8, rows] at extraction P's dims, times QSC, in DT, and its per-row sum (fp32)."""
+    qt = (tl.load(qbt + _word_dims(P, QW)[:, None], mask=rmask[None, :], other=0.0).to(tl.float32) * QSC).to(DT)
+    return qt, tl.sum(qt.to(tl.float32), 0)
+
+
+@triton.jit
+def _store_word_part(ob, x, b_mn, b_sc, inv_l, rmask, P: tl.constexpr, QWV: tl.constexpr, USE_ASM: tl.constexpr):
+    """Extraction P's accumulator [Dv/8, rows] -> normalised partial output at its dims:
+    (p*sc) @ (ofs_p + c) + p @ mn = x + sum(p*mn) - ofs_p * sum(p*sc) per row."""
+    tl.store(ob + _word_dims(P, QWV)[:, None], (x + b_mn - _word_ofs(P, USE_ASM) * b_sc) * inv_l,
+             mask=rmask[None, :])
+
+
+@triton.jit
 def _int2_words_part(qbt, rmask, ob, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
                      idx_base, i_lo, i_hi, sink_lo, hole, m_i, l_i, a0, a1, a2, a3, sm_scale_log2, logit_cap,
                      D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -401,29 +412,19 @@ def _int2_words_part(qbt, rmask, ob, KCh, stride_kcn, KPh, stride_kpn, VCh, stri
     DT: tl.constexpr = tl.float32 if PV_DT == tl.float32 else tl.float16
     QSC = 1.0 if LOGIT_CAP else sm_scale_log2
     # q^T slices [D/8, rows] matching the 8 extractions, scaled by the softmax scale only (every
-    # extraction has scale 1); part = q.c + sum_p WORD_OFS[p] sum(q_p), q.k_hat = sc q.c + mn sum(q)
-    q0t = (tl.load(qbt + _word_dims(0, QW)[:, None], mask=rmask[None, :], other=0.0).to(tl.float32) * QSC).to(DT)
-    q1t = (tl.load(qbt + _word_dims(1, QW)[:, None], mask=rmask[None, :], other=0.0).to(tl.float32) * QSC).to(DT)
-    q2t = (tl.load(qbt + _word_dims(2, QW)[:, None], mask=rmask[None, :], other=0.0).to(tl.float32) * QSC).to(DT)
-    q3t = (tl.load(qbt + _word_dims(3, QW)[:, None], mask=rmask[None, :], other=0.0).to(tl.float32) * QSC).to(DT)
-    q4t = (tl.load(qbt + _word_dims(4, QW)[:, None], mask=rmask[None, :], other=0.0).to(tl.float32) * QSC).to(DT)
-    q5t = (tl.load(qbt + _word_dims(5, QW)[:, None], mask=rmask[None, :], other=0.0).to(tl.float32) * QSC).to(DT)
-    q6t = (tl.load(qbt + _word_dims(6, QW)[:, None], mask=rmask[None, :], other=0.0).to(tl.float32) * QSC).to(DT)
-    q7t = (tl.load(qbt + _word_dims(7, QW)[:, None], mask=rmask[None, :], other=0.0).to(tl.float32) * QSC).to(DT)
-    s0 = tl.sum(q0t.to(tl.float32), 0)
-    s1 = tl.sum(q1t.to(tl.float32), 0)
-    s2 = tl.sum(q2t.to(tl.float32), 0)
-    s3 = tl.sum(q3t.to(tl.float32), 0)
-    s4 = tl.sum(q4t.to(tl.float32), 0)
-    s5 = tl.sum(q5t.to(tl.float32), 0)
-    s6 = tl.sum(q6t.to(tl.float32), 0)
-    s7 = tl.sum(q7t.to(tl.float32), 0)
+    # extraction has scale 1); part = q.c + sum_p ofs_p sum(q_p), q.k_hat = sc q.c + mn sum(q)
+    q0t, s0 = _q_word_slice(qbt, rmask, QSC, 0, QW, DT, USE_ASM)
+    q1t, s1 = _q_word_slice(qbt, rmask, QSC, 1, QW, DT, USE_ASM)
+    q2t, s2 = _q_word_slice(qbt, rmask, QSC, 2, QW, DT, USE_ASM)
+    q3t, s3 = _q_word_slice(qbt, rmask, QSC, 3, QW, DT, USE_ASM)
+    q4t, s4 = _q_word_slice(qbt, rmask, QSC, 4, QW, DT, USE_ASM)
+    q5t, s5 = _q_word_slice(qbt, rmask, QSC, 5, QW, DT, USE_ASM)
+    q6t, s6 = _q_word_slice(qbt, rmask, QSC, 6, QW, DT, USE_ASM)
+    q7t, s7 = _q_word_slice(qbt, rmask, QSC, 7, QW, DT, USE_ASM)
     qsum = s0 + s1 + s2 + s3 + s4 + s5 + s6 + s7
-    if USE_ASM:
-        qs_ofs = (WORD_OFS[0] * s0 + WORD_OFS[1] * s1 + WORD_OFS[2] * s2 + WORD_OFS[3] * s3
-                  + WORD_OFS[4] * s4 + WORD_OFS[5] * s5 + WORD_OFS[6] * s6 + WORD_OFS[7] * s7)
-    else:
-        qs_ofs = qsum * 0.0
+    qs_ofs = (_word_ofs(0, USE_ASM) * s0 + _word_ofs(1, USE_ASM) * s1 + _word_ofs(2, USE_ASM) * s2
+              + _word_ofs(3, USE_ASM) * s3 + _word_ofs(4, USE_ASM) * s4 + _word_ofs(5, USE_ASM) * s5
+              + _word_ofs(6, USE_ASM) * s6 + _word_ofs(7, USE_ASM) * s7)
     # the BF16 loops' output quarters -> the 8 extractions' transposed accumulators [Dv/8, rows]
     x0, x4 = _words_of_quarter(a0, QWV, BLOCK_M)
     x1, x5 = _words_of_quarter(a1, QWV, BLOCK_M)
@@ -433,7 +434,7 @@ def _int2_words_part(qbt, rmask, ob, KCh, stride_kcn, KPh, stride_kpn, VCh, stri
     b_sc = tl.zeros([BLOCK_M], dtype=tl.float32)
     i_full = i_lo + (i_hi - i_lo) // BLOCK_N * BLOCK_N
     for i0 in tl.range(i_lo, i_full, BLOCK_N, num_stages=INT2_STAGES):
-        kw, kpw, vwt, vpw = _int2_fetch_words(_int2_slots(i0, i_hi, sink_lo, hole, idx_base, BLOCK_N, OFS32),
+        kw, kpw, vwt, vpw = _int2_fetch(_int2_slots(i0, i_hi, sink_lo, hole, idx_base, BLOCK_N, OFS32),
                                               KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
                                               QW, QWV)
         m_i, l_i, b_mn, b_sc, x0, x1, x2, x3, x4, x5, x6, x7 = _int2_tile_words(
@@ -441,27 +442,25 @@ def _int2_words_part(qbt, rmask, ob, KCh, stride_kcn, KPh, stride_kpn, VCh, stri
             b_mn, b_sc, x0, x1, x2, x3, x4, x5, x6, x7, sm_scale_log2, logit_cap, False, BLOCK_N, LOGIT_CAP,
             DT, USE_ASM)
     if i_full < i_hi:
-        kw, kpw, vwt, vpw = _int2_fetch_words(_int2_slots(i_full, i_hi, sink_lo, hole, idx_base, BLOCK_N, OFS32),
+        kw, kpw, vwt, vpw = _int2_fetch(_int2_slots(i_full, i_hi, sink_lo, hole, idx_base, BLOCK_N, OFS32),
                                               KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
                                               QW, QWV)
         m_i, l_i, b_mn, b_sc, x0, x1, x2, x3, x4, x5, x6, x7 = _int2_tile_words(
             i_full, i_hi, kw, kpw, vwt, vpw, q0t, q1t, q2t, q3t, q4t, q5t, q6t, q7t, qs_ofs, qsum, m_i, l_i,
             b_mn, b_sc, x0, x1, x2, x3, x4, x5, x6, x7, sm_scale_log2, logit_cap, True, BLOCK_N, LOGIT_CAP,
             DT, USE_ASM)
-    # (p*sc) @ (WORD_OFS[p] + c) + p @ mn: add sum(p*mn) - WORD_OFS[p] * sum(p*sc) per row
     has = l_i > 0
     inv_l = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)[None, :]
     b_mn = b_mn[None, :]
-    b_sc = b_sc[None, :] * (1.0 if USE_ASM else 0.0)
-    rm = rmask[None, :]
-    tl.store(ob + _word_dims(0, QWV)[:, None], (x0 + b_mn - WORD_OFS[0] * b_sc) * inv_l, mask=rm)
-    tl.store(ob + _word_dims(1, QWV)[:, None], (x1 + b_mn - WORD_OFS[1] * b_sc) * inv_l, mask=rm)
-    tl.store(ob + _word_dims(2, QWV)[:, None], (x2 + b_mn - WORD_OFS[2] * b_sc) * inv_l, mask=rm)
-    tl.store(ob + _word_dims(3, QWV)[:, None], (x3 + b_mn - WORD_OFS[3] * b_sc) * inv_l, mask=rm)
-    tl.store(ob + _word_dims(4, QWV)[:, None], (x4 + b_mn - WORD_OFS[4] * b_sc) * inv_l, mask=rm)
-    tl.store(ob + _word_dims(5, QWV)[:, None], (x5 + b_mn - WORD_OFS[5] * b_sc) * inv_l, mask=rm)
-    tl.store(ob + _word_dims(6, QWV)[:, None], (x6 + b_mn - WORD_OFS[6] * b_sc) * inv_l, mask=rm)
-    tl.store(ob + _word_dims(7, QWV)[:, None], (x7 + b_mn - WORD_OFS[7] * b_sc) * inv_l, mask=rm)
+    b_sc = b_sc[None, :]
+    _store_word_part(ob, x0, b_mn, b_sc, inv_l, rmask, 0, QWV, USE_ASM)
+    _store_word_part(ob, x1, b_mn, b_sc, inv_l, rmask, 1, QWV, USE_ASM)
+    _store_word_part(ob, x2, b_mn, b_sc, inv_l, rmask, 2, QWV, USE_ASM)
+    _store_word_part(ob, x3, b_mn, b_sc, inv_l, rmask, 3, QWV, USE_ASM)
+    _store_word_part(ob, x4, b_mn, b_sc, inv_l, rmask, 4, QWV, USE_ASM)
+    _store_word_part(ob, x5, b_mn, b_sc, inv_l, rmask, 5, QWV, USE_ASM)
+    _store_word_part(ob, x6, b_mn, b_sc, inv_l, rmask, 6, QWV, USE_ASM)
+    _store_word_part(ob, x7, b_mn, b_sc, inv_l, rmask, 7, QWV, USE_ASM)
     return m_i, l_i
 
 
@@ -535,13 +534,18 @@ def attend_fast_kernel(
         stride_rkp, stride_rvp, q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3,
         sm_scale_log2, logit_cap, True, W, QD, QDV, BLOCK_B, LOGIT_CAP, PV_DT)
 
+    kvh64 = kvh.to(tl.int64)  # the pool is head-major: kvh * stride can pass 2^31
+    KCh = KC + kvh64 * stride_kch
+    KPh = KP + kvh64 * stride_kph
+    VCh = VC + kvh64 * stride_vch
+    VPh = VP + kvh64 * stride_vph
+    idx_base = kv_indices + kv_start
     if WORDS:  # the INT2 body on 16-bit code words (see WORD_SRC), partial output stored
         m_i, l_i = _int2_words_part(
             Q + b.to(tl.int64) * stride_qt + hq[None, :] * stride_qh, rmask,
             Out + b.to(tl.int64) * stride_ot + hq[None, :] * stride_oh + split * stride_os,
-            KC + kvh.to(tl.int64) * stride_kch, stride_kcn, KP + kvh.to(tl.int64) * stride_kph, stride_kpn,
-            VC + kvh.to(tl.int64) * stride_vch, stride_vcn, VP + kvh.to(tl.int64) * stride_vph, stride_vpn,
-            kv_indices + kv_start, i_lo, i_hi, sink_lo, hole, m_i, l_i, a0, a1, a2, a3,
+            KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
+            idx_base, i_lo, i_hi, sink_lo, hole, m_i, l_i, a0, a1, a2, a3,
             sm_scale_log2, logit_cap, D, DV, BLOCK_M, BLOCK_N, LOGIT_CAP, PV_DT, USE_ASM, OFS32, INT2_STAGES)
     else:
         # ---- INT2 body: scores transposed, s^T [BLOCK_N keys, BLOCK_M rows] ----------------------
@@ -573,12 +577,6 @@ def attend_fast_kernel(
         b_mn = tl.zeros([BLOCK_M], dtype=tl.float32)
         b_sc = tl.zeros([BLOCK_M], dtype=tl.float32)
         dv = tl.arange(0, QDV)
-        kvh64 = kvh.to(tl.int64)  # the pool is head-major: kvh * stride can pass 2^31
-        KCh = KC + kvh64 * stride_kch
-        KPh = KP + kvh64 * stride_kph
-        VCh = VC + kvh64 * stride_vch
-        VPh = VP + kvh64 * stride_vph
-        idx_base = kv_indices + kv_start
         # whole tiles without masks, then the partial last tile (if any) with them
         i_full = i_lo + (i_hi - i_lo) // BLOCK_N * BLOCK_N
         for i0 in tl.range(i_lo, i_full, BLOCK_N, num_stages=INT2_STAGES):  # see INT2_STAGES

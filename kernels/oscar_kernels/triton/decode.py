@@ -92,14 +92,16 @@ def plan_decode(q, o, k_codes, v_codes, sink_k, ring_k, kv_indptr, max_kv_splits
     if o.shape != (B, Hq, Dv) or o.stride(-1) != 1:
         raise ValueError(f"o must be [{B}, {Hq}, {Dv}] with a contiguous last dim, got {tuple(o.shape)}")
     S, W = sink_k.shape[1], ring_k.shape[1]
-    nb16_of = (lambda ms: 0) if bf16_spread else (lambda ms: bf16_splits(S, W, ms, bf16_keys_per_split))
     if max_kv_splits is None:
         max_kv_splits = (attn_logits.shape[2] if attn_logits is not None
-                         else default_splits(B, Hkv, q.device, nb16_of(1 << 30)))
-    if max_kv_splits < (1 if bf16_spread else 2):
-        raise ValueError(f"INT2 decode needs max_kv_splits >= {1 if bf16_spread else 2}"
-                         + ("" if bf16_spread else " (one BF16 split + INT2 splits)"))
-    nb16 = nb16_of(max_kv_splits)
+                         else default_splits(B, Hkv, q.device, 0 if bf16_spread else
+                                             bf16_splits(S, W, 1 << 30, bf16_keys_per_split)))
+    if bf16_spread:  # every split reads its share of the BF16 keys too: no BF16-only splits
+        nb16 = 0
+    elif max_kv_splits < 2:
+        raise ValueError("INT2 decode needs max_kv_splits >= 2 (one BF16 split + INT2 splits)")
+    else:
+        nb16 = bf16_splits(S, W, max_kv_splits, bf16_keys_per_split)
     if attn_logits is None:
         attn_logits = torch.empty(B, Hq, max_kv_splits, Dv, dtype=torch.float32, device=q.device)
     if attn_lse is None:
