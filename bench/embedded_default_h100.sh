@@ -28,7 +28,7 @@ wait_up() {  # port, seconds
 }
 echo "== int2: oscar-sglang serve (no model argument)"
 OSCAR_DEBUG_TAP_DIR=${TAP_DIR:-} OSCAR_DEBUG_TAP_LAYER=${TAP_LAYER:--1} \
-  python3 -m oscar_sglang.cli serve --port 30000 $COMMON > "$OUT/serve_int2.log" 2>&1 &
+  python3 -m oscar_sglang.tools.cli serve --port 30000 $COMMON > "$OUT/serve_int2.log" 2>&1 &
 wait_up 30000 300 || { echo "int2 server did not come up"; tail -40 "$OUT/serve_int2.log"; exit 1; }
 grep -E "oscar-sglang|oscar_sglang|max_total_num_tokens|KV" "$OUT/serve_int2.log" | head -20
 curl -s http://127.0.0.1:30000/v1/chat/completions -H 'Content-Type: application/json' -d \
@@ -51,7 +51,7 @@ python3 bench/chat_compare.py --base-url int2=http://127.0.0.1:30000/v1 bf16=htt
 
 if [ "${NIAH:-1}" = 1 ]; then
 echo "== needle in a haystack, both servers"
-python3 -m oscar_sglang.cli eval niah --base-url int2=http://127.0.0.1:30000/v1 bf16=http://127.0.0.1:30001/v1 \
+python3 -m oscar_sglang.tools.cli eval niah --base-url int2=http://127.0.0.1:30000/v1 bf16=http://127.0.0.1:30001/v1 \
   --tokenizer "$HF" --lengths 1024,2048,4096,7680 --depths 0,0.25,0.5,0.75,1 --trials 2 --concurrency 8 \
   --timeout 120 --out "$OUT" --name niah-h100 --quiet 2>&1 | tail -30
 fi

@@ -66,7 +66,7 @@ def heavy_tailed(t, h, d, gen):
 
 
 def head_major(t):
-    """[N, H, ...] view of [H, N, ...] memory: the INT2 pool layout of the plugin (oscar_sglang.pool)."""
+    """[N, H, ...] view of [H, N, ...] memory: the INT2 pool layout of the plugin (oscar_sglang.runtime.pool)."""
     return t.transpose(0, 1).contiguous().transpose(0, 1)
 
 

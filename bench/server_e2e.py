@@ -40,7 +40,7 @@ FLAGS = ["--load-format", "dummy", "--sampling-backend", "pytorch", "--grammar-b
 # Three ways in, one per phase: SGLang's module launcher, our launcher, SGLang's `sglang serve`.
 LAUNCHERS = {
     "launch_server": [sys.executable, "-m", "sglang.launch_server"],
-    "oscar-sglang serve": [sys.executable, "-m", "oscar_sglang.cli", "serve"],
+    "oscar-sglang serve": [sys.executable, "-m", "oscar_sglang.tools.cli", "serve"],
     "sglang serve": [sys.executable, "-c", "import sys; from sglang.cli.main import main; sys.exit(main())", "serve"],
 }
 
@@ -138,7 +138,7 @@ def concurrent_run(url: str, prompts: list[list[int]], out_len: int = 32) -> dic
 def make_rotation_file(path: Path, model: str) -> str:
     import torch
 
-    from oscar_sglang import rotations as R
+    from oscar_sglang.common import rotations as R
 
     cfg = json.loads((MODELS / model / "config.json").read_text())
     L, H = cfg["num_hidden_layers"], cfg["num_key_value_heads"]
@@ -280,7 +280,7 @@ def main() -> int:
 def analyse_tap(meta_path: Path, files: list[Path]) -> dict:
     import torch
 
-    from oscar_sglang.debug_tap import check_request
+    from oscar_sglang.runtime.debug_tap import check_request
 
     meta = torch.load(meta_path, weights_only=False)
     chunks = [torch.load(f, weights_only=False) for f in files]

@@ -6,7 +6,7 @@ selection, bf16 queries, Hq=32, Hkv=8) with their kernels intercepted; each inte
 compiled for sm_90 by bench/kernel_sass.py's helpers and its shared memory, registers and spill
 stack are printed. A kernel needing more than the H100's 227 KB of shared memory per block would
 fail at its first launch on the GPU (the CPU interpreter never sees this); the exit status is 1 if
-any does. tests/test_kernels_schedule.py runs this.
+any does. tests/kernels/test_schedule.py runs this.
 
 Usage:  python bench/sm90_fit.py
 """

@@ -77,7 +77,7 @@ def build(recipe: Path, extra: list[str]) -> tuple[list[str], dict[str, str]]:
         for a in extra)
     if not has_model:
         # reuse `oscar-sglang serve`'s resolution of the embedded default model
-        from oscar_sglang.commands.serve import embedded_model_args
+        from oscar_sglang.tools.commands.serve import embedded_model_args
 
         model_args, model_env = embedded_model_args()
         argv += model_args

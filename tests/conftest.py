@@ -61,7 +61,7 @@ def no_conversion(monkeypatch, tmp_path):
     and records the GGUF paths it was asked to convert."""
     from pathlib import Path
 
-    from oscar_sglang import models
+    from oscar_sglang.tools import models
 
     calls = []
 

@@ -2,7 +2,7 @@
 """Reproduce SGLang's GGUF path on CPU: raw GGUF Q/K weights (llama.cpp-permuted) + neox RoPE."""
 import glob, torch, gguf, numpy as np
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from oscar_sglang.models import embedded_gguf_path
+from oscar_sglang.tools.models import embedded_gguf_path
 hf = glob.glob('/root/.cache/oscar-sglang/hf-from-gguf/SmolLM2*')[0]
 tok = AutoTokenizer.from_pretrained(hf)
 lm = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()

@@ -47,7 +47,7 @@ USE_ASM = os.environ.get("TRITON_INTERPRET") != "1" and os.environ.get("OSCAR_IN
 # iteration, so every tile exposes a full memory latency (0 copy groups in flight at the wait); 4
 # gives the depth-3 schedule. From 5 the indices run two tiles and the codes one tile ahead of the
 # compute (bench/kernel_sass.py and bench/extend_fast_sass.py print the groups in flight,
-# tests/test_kernels_schedule.py checks them). H100: decode 7-14%, extend 6-10% faster than at 2.
+# tests/kernels/test_schedule.py checks them). H100: decode 7-14%, extend 6-10% faster than at 2.
 INT2_STAGES = 5
 
 

@@ -53,7 +53,7 @@ MASKS = tl.constexpr(("0x00030003", "0x000C000C", "0x00300030", "0x00C000C0"))
 # kernel's programs per SM keeps the same number of warps in flight.
 NUM_WARPS = 1
 # Program slots per SM: 12 one-warp programs fit by registers (168) and by shared memory (12.8 KB
-# per program with 16-key BF16 tiles; tests/test_kernels_schedule.py), so a grid of up to
+# per program with 16-key BF16 tiles; tests/kernels/test_schedule.py), so a grid of up to
 # 12 x SMs programs runs in one wave. BF16_LAST and BLOCK_B date from the byte-reading kernel,
 # which was bound by its SMs (bench/decode_probe.py, 2026-11-22 15:28 UTC) and ran one INT2
 # program per slot with BF16-only splits: those programs started last to fill the slots freed at

@@ -1,0 +1,237 @@
+"""Serving configuration of the INT2 KV cache, read from the environment.
+
+Why the environment: SGLang's scheduler processes are spawned fresh and get only the pickled
+ServerArgs, so plugin settings must travel in a way every process sees. Environment variables are
+inherited by every child, and they are also what the OSCAR research fork used, so its launch
+scripts keep working (its names are accepted as aliases, see ENV_VARS).
+
+Everything here is plain Python (no torch / sglang import) so it is cheap and testable.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Mapping
+
+INT2 = "int2"  # the --kv-cache-dtype value this plugin adds
+BACKEND = "oscar_triton"  # the only attention backend that reads the INT2 pool
+
+# name -> (fork alias or None, meaning).  The single source for docs/serving.md and --help.
+ENV_VARS: dict[str, tuple[str | None, str]] = {
+    "OSCAR_ROTATION": (
+        "SGLANG_OSCAR_K_ROTATION_PATH",
+        "rotation file: our .safetensors (K and V) or the fork's K .pt; 'hadamard' (default, "
+        "data-free) or 'identity' (no rotation, debugging)",
+    ),
+    "OSCAR_V_ROTATION": (
+        "SGLANG_OSCAR_V_ROTATION_PATH",
+        "the fork's V rotation .pt (only with a K .pt in OSCAR_ROTATION)",
+    ),
+    "OSCAR_K_CLIP": (
+        "SGLANG_OSCAR_K_CLIP_RATIO",
+        "K clip ratio in (0, 1]; 1 = no clipping (fork: 0 = no clipping). Default: the rotation "
+        "file's per-layer values, else 1",
+    ),
+    "OSCAR_V_CLIP": ("SGLANG_OSCAR_V_CLIP_RATIO", "V clip ratio, as OSCAR_K_CLIP"),
+    "OSCAR_SINK_TOKENS": (
+        "SGLANG_MIXED_KV_PREFIX_TOKENS",
+        "first tokens of each request also kept in BF16 (attention sinks); default 64",
+    ),
+    "OSCAR_RECENT_TOKENS": (
+        "SGLANG_MIXED_KV_RECENT_TOKENS",
+        "most recent tokens of each request also kept in BF16; default 256",
+    ),
+    "OSCAR_GROUP_SIZE": (
+        None,
+        "INT2 quantisation group along head_dim (32, 64 or 128, capped at head_dim); default: the "
+        "group the rotation file was calibrated with, else 128",
+    ),
+    "OSCAR_MAX_RUNNING_REQUESTS": (
+        None,
+        "default --max-running-requests for int2 when none is given (it sizes the BF16 side "
+        "buffers); default 256, lowered so side buffers stay within OSCAR_SIDE_BUFFER_FRACTION",
+    ),
+    "OSCAR_ALLOW_MODEL_MISMATCH": (
+        None,
+        "1 = accept a rotation file calibrated for a differently named model (same shapes)",
+    ),
+    "OSCAR_SIDE_BUFFER_FRACTION": (
+        None,
+        "largest share of the KV memory budget the BF16 sink/recent buffers may take when the "
+        "running-request count is the default; default 0.06",
+    ),
+}
+
+DEFAULT_SINK = 64
+DEFAULT_RECENT = 256
+DEFAULT_GROUP = 128
+DEFAULT_MAX_RUNNING_REQUESTS = 256
+DEFAULT_SIDE_BUFFER_FRACTION = 0.06
+BUILTIN_RECIPES = ("hadamard", "identity")
+
+
+class OscarConfigError(ValueError):
+    """A bad INT2 setting; the message says which variable and what to do."""
+
+
+@dataclass(frozen=True)
+class OscarConfig:
+    rotation: str = "hadamard"           # "hadamard", "identity" or a file path
+    v_rotation: str | None = None        # fork V .pt (with a fork K .pt)
+    k_clip: float | None = None          # None: from the rotation file (or 1.0)
+    v_clip: float | None = None
+    sink_tokens: int = DEFAULT_SINK
+    recent_tokens: int = DEFAULT_RECENT
+    group_size: int = DEFAULT_GROUP
+    default_max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS
+    side_buffer_fraction: float = DEFAULT_SIDE_BUFFER_FRACTION
+    allow_model_mismatch: bool = False
+    sources: dict = field(default_factory=dict, compare=False)  # setting -> env var it came from
+
+    @property
+    def recipe(self) -> str:
+        """'hadamard', 'identity' or 'file'."""
+        return self.rotation if self.rotation in BUILTIN_RECIPES else "file"
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["recipe"] = self.recipe
+        return d
+
+
+def _get(env: Mapping[str, str], name: str) -> tuple[str | None, str | None]:
+    """Value of our variable or its fork alias -> (value, variable used). Both set: must agree."""
+    alias = ENV_VARS[name][0]
+    ours = env.get(name)
+    ours = ours if ours not in (None, "") else None
+    theirs = env.get(alias) if alias else None
+    theirs = theirs if theirs not in (None, "") else None
+    if ours is not None and theirs is not None and ours != theirs:
+        raise OscarConfigError(
+            f"{name}={ours!r} and {alias}={theirs!r} disagree; set only one of them"
+        )
+    if ours is not None:
+        return ours, name
+    if theirs is not None:
+        return theirs, alias
+    return None, None
+
+
+def _int(value: str, var: str, lo: int, hi: int | None = None) -> int:
+    try:
+        x = int(value)
+    except ValueError:
+        raise OscarConfigError(f"{var}={value!r} is not an integer") from None
+    if x < lo or (hi is not None and x > hi):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise OscarConfigError(f"{var}={x} must be {rng}")
+    return x
+
+
+def _clip(value: str, var: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        raise OscarConfigError(f"{var}={value!r} is not a number") from None
+    if var.startswith("SGLANG_") and x == 0.0:
+        return 1.0  # the fork's "0 disables clipping"
+    if not (0.0 < x <= 1.0):
+        raise OscarConfigError(
+            f"{var}={x} must be in (0, 1] (1 disables clipping; e.g. 0.96 for K, 0.92 for V)"
+        )
+    return x
+
+
+def load_config(env: Mapping[str, str] | None = None) -> OscarConfig:
+    """Parse and validate every OSCAR_* (and fork alias) variable. Raises OscarConfigError."""
+    env = os.environ if env is None else env
+    kw: dict = {}
+    sources: dict = {}
+
+    rot, var = _get(env, "OSCAR_ROTATION")
+    if rot is not None:
+        low = rot.strip().lower()
+        if low in BUILTIN_RECIPES:
+            kw["rotation"] = low
+        else:
+            path = os.path.expanduser(rot)
+            if not os.path.isfile(path):
+                raise OscarConfigError(
+                    f"{var}={rot!r}: no such file. Give a rotation file (.safetensors from "
+                    f"`oscar-sglang calibrate`/`zoo pull`, or an OSCAR fork .pt), or "
+                    f"{'/'.join(BUILTIN_RECIPES)}"
+                )
+            kw["rotation"] = path
+        sources["rotation"] = var
+
+    vrot, vvar = _get(env, "OSCAR_V_ROTATION")
+    if vrot is not None:
+        if kw.get("rotation", "hadamard") in BUILTIN_RECIPES:
+            raise OscarConfigError(
+                f"{vvar} is set but OSCAR_ROTATION (or SGLANG_OSCAR_K_ROTATION_PATH) is not a "
+                f"K rotation file; a separate V file only makes sense with the fork's K .pt"
+            )
+        path = os.path.expanduser(vrot)
+        if not os.path.isfile(path):
+            raise OscarConfigError(f"{vvar}={vrot!r}: no such file")
+        kw["v_rotation"] = path
+        sources["v_rotation"] = vvar
+
+    for key, name in (("k_clip", "OSCAR_K_CLIP"), ("v_clip", "OSCAR_V_CLIP")):
+        val, var = _get(env, name)
+        if val is not None:
+            kw[key] = _clip(val, var)
+            sources[key] = var
+
+    for key, name, lo in (
+        ("sink_tokens", "OSCAR_SINK_TOKENS", 0),
+        ("recent_tokens", "OSCAR_RECENT_TOKENS", 1),
+    ):
+        val, var = _get(env, name)
+        if val is not None:
+            kw[key] = _int(val, var, lo, 1 << 16)
+            sources[key] = var
+
+    val, var = _get(env, "OSCAR_GROUP_SIZE")
+    if val is not None:
+        g = _int(val, var, 1)
+        from oscar_kernels.format import SUPPORTED_GROUP_SIZES
+
+        if g not in SUPPORTED_GROUP_SIZES:
+            raise OscarConfigError(f"{var}={g} must be one of {SUPPORTED_GROUP_SIZES}")
+        kw["group_size"] = g
+        sources["group_size"] = var
+
+    val, var = _get(env, "OSCAR_MAX_RUNNING_REQUESTS")
+    if val is not None:
+        kw["default_max_running_requests"] = _int(val, var, 1)
+        sources["default_max_running_requests"] = var
+
+    val, var = _get(env, "OSCAR_SIDE_BUFFER_FRACTION")
+    if val is not None:
+        try:
+            f = float(val)
+        except ValueError:
+            raise OscarConfigError(f"{var}={val!r} is not a number") from None
+        if not (0.0 < f < 1.0):
+            raise OscarConfigError(f"{var}={f} must be in (0, 1)")
+        kw["side_buffer_fraction"] = f
+        sources["side_buffer_fraction"] = var
+
+    val, var = _get(env, "OSCAR_ALLOW_MODEL_MISMATCH")
+    if val is not None:
+        if val.lower() not in ("0", "1", "true", "false", "yes", "no"):
+            raise OscarConfigError(f"{var}={val!r} must be 0 or 1")
+        kw["allow_model_mismatch"] = val.lower() in ("1", "true", "yes")
+        sources["allow_model_mismatch"] = var
+
+    return OscarConfig(sources=sources, **kw)
+
+
+def env_help() -> str:
+    """The variables as text, for --help and the docs."""
+    lines = []
+    for name, (alias, meaning) in ENV_VARS.items():
+        a = f" (alias: {alias})" if alias else ""
+        lines.append(f"  {name}{a}\n      {meaning}")
+    return "\n".join(lines)

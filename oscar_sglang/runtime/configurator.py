@@ -1,0 +1,283 @@
+"""SGLang glue for sizing and building the INT2 pool (runs in each scheduler process).
+
+* Int2PoolConfigurator replaces SGLang's DefaultPoolConfigurator for kv_cache_dtype "int2":
+  INT2 bytes per token, minus the fixed BF16 side buffers (sizing.plan_pool), and it caps
+  max_running_requests to the rows the side buffers were sized for.
+* build_pool() replaces SGLang's MHA pool: loads the rotations for this rank (common/rotations.py),
+  checks the model, builds OscarInt2KVPool and logs what was loaded.
+
+The resulting description (recipe, file, sha256, sizes...) is kept in state.RUNTIME_INFO for the
+server-info and metrics hooks.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from sglang.srt.model_executor.pool_configurator import DefaultPoolConfigurator, MemoryPoolConfig
+
+from ..common import rotations as R
+from . import sizing
+from .config import OscarConfig, load_config
+from .state import RUNTIME_INFO
+
+logger = logging.getLogger("oscar_sglang")
+
+# The plan of the last sizing pass in this process (the configurator is re-created between the
+# sizing and the finalize steps of SGLang's resolution, so the plan cannot live on the instance).
+_LAST_PLAN: dict = {}
+
+
+def serving_config() -> OscarConfig:
+    """load_config() plus one default taken from the rotation file: without OSCAR_GROUP_SIZE, the
+    group size the file was calibrated with (its metadata "group_size"; its clip ratios were
+    searched at that size)."""
+    import dataclasses
+
+    cfg = load_config()
+    if "group_size" in cfg.sources or cfg.recipe != "file":
+        return cfg
+    g = _file_group_size(cfg.rotation)
+    if g is None or g == cfg.group_size:
+        return cfg
+    return dataclasses.replace(cfg, group_size=g, sources={**cfg.sources, "group_size": "rotation file metadata"})
+
+
+_GROUP_CACHE: dict = {}
+
+
+def _file_group_size(path: str) -> int | None:
+    if path not in _GROUP_CACHE:
+        from oscar_kernels.format import SUPPORTED_GROUP_SIZES
+
+        try:
+            g = R.load_rotation_file(path, check=False).metadata.get("group_size")
+        except R.RotationFileError:
+            g = None  # reported with its reason when the pool loads the file
+        _GROUP_CACHE[path] = int(g) if g in SUPPORTED_GROUP_SIZES else None
+    return _GROUP_CACHE[path]
+
+
+def _parallel():
+    from sglang.srt.runtime_context import get_parallel
+
+    return get_parallel()
+
+
+def _requested_max_running_requests() -> int | None:
+    from sglang.srt.runtime_context import get_schedule
+
+    r = get_schedule().max_running_requests
+    if r is None:
+        return None
+    return max(1, int(r) // max(1, int(_parallel().attn_dp_size)))
+
+
+def kv_shape(kvc, num_layers: int | None = None) -> sizing.ModelKVShape:
+    mc = kvc.model_config
+    return sizing.ModelKVShape(
+        num_layers=kvc.layer_info.num_effective_layers if num_layers is None else num_layers,
+        num_kv_heads=mc.get_num_kv_heads(_parallel().attn_tp_size),
+        head_dim=mc.head_dim,
+        v_head_dim=mc.v_head_dim,
+    )
+
+
+class Int2PoolConfigurator(DefaultPoolConfigurator):
+    """coeff = INT2 bytes/token; bias = (max_running_requests + 1) x BF16 side-buffer bytes."""
+
+    def __init__(self, kvc):
+        self._oscar_cfg: OscarConfig = serving_config()
+        self._shape = kv_shape(kvc)
+        super().__init__(kvc)
+
+    def _compute_cell_size(self, kvc, num_layers: int) -> int:
+        return sizing.int2_bytes_per_token(kv_shape(kvc, num_layers), self._oscar_cfg.group_size)
+
+    def calculate_pool_sizes(self, available_bytes: int, page_size: int) -> MemoryPoolConfig:
+        cfg = self._oscar_cfg
+        plan = sizing.plan_pool(
+            available_bytes,
+            self._shape,
+            group_size=cfg.group_size,
+            sink=cfg.sink_tokens,
+            recent=cfg.recent_tokens,
+            page_size=page_size,
+            requested_max_running_requests=_requested_max_running_requests(),
+            default_max_running_requests=cfg.default_max_running_requests,
+            side_buffer_fraction=cfg.side_buffer_fraction,
+        )
+        for note in plan.notes:
+            logger.warning("OSCAR INT2: %s", note)
+        _LAST_PLAN["plan"] = plan
+        return MemoryPoolConfig(max_total_num_tokens=plan.max_total_num_tokens)
+
+    def calculate_pool_sizes_from_max_tokens(self, max_total_num_tokens: int, page_size: int) -> MemoryPoolConfig:
+        # --max-total-tokens (or a PP min): fewer tokens than the budget allows; the side buffers
+        # were already reserved by calculate_pool_sizes.
+        config = super().calculate_pool_sizes_from_max_tokens(max_total_num_tokens, page_size)
+        plan = _LAST_PLAN.get("plan")
+        if plan is not None:
+            plan.max_total_num_tokens = config.max_total_num_tokens
+            plan.int2_bytes_total = config.max_total_num_tokens * plan.bytes_per_token
+        return config
+
+    def finalize_with_max_running_requests(self, config: MemoryPoolConfig) -> MemoryPoolConfig:
+        plan = _LAST_PLAN.get("plan")
+        if plan is not None and config.max_running_requests is not None:
+            config.max_running_requests = min(config.max_running_requests, plan.max_running_requests)
+        elif plan is not None:
+            config.max_running_requests = plan.max_running_requests
+        return config
+
+
+# ---------------------------------------------------------------------------------- rotations
+
+
+def served_model_id(model_path: str) -> str:
+    """The id a rotation file's metadata is compared with (the embedded GGUF -> its HF id)."""
+    try:
+        from ..common.embedded import EMBEDDED_GGUF_NAME, EMBEDDED_MODEL_ID, cache_dir, embedded_gguf_path
+
+        p = Path(model_path).resolve()
+        if p == embedded_gguf_path().resolve():
+            return EMBEDDED_MODEL_ID
+        # `oscar-sglang serve` serves the dequantised HF copy tools.models caches for the GGUF
+        if (p.parent == (cache_dir() / "hf-from-gguf").resolve()
+                and p.name.startswith(Path(EMBEDDED_GGUF_NAME).stem + "-")):
+            return EMBEDDED_MODEL_ID
+    except (FileNotFoundError, OSError):
+        pass
+    p = Path(model_path)
+    return p.stem.split(".")[0] if p.suffix == ".gguf" else model_path
+
+
+def load_rotations(cfg: OscarConfig, *, num_layers, num_kv_heads, head_dim, v_head_dim, model_id=None):
+    """The full-model RotationSet for cfg (file, hadamard or identity), validated for the model,
+    with env clip overrides applied."""
+    import torch
+
+    if cfg.recipe == "file":
+        rs = R.load_rotation_file(cfg.rotation, cfg.v_rotation)
+        rs.validate_for_model(
+            num_layers=num_layers,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            v_head_dim=v_head_dim,
+            model_id=model_id,
+            allow_model_mismatch=cfg.allow_model_mismatch,
+        )
+    elif cfg.recipe == "hadamard":
+        rs = R.hadamard_rotation_set(num_layers, num_kv_heads, head_dim, v_head_dim)
+    else:
+        rs = R.identity_rotation_set(num_layers, num_kv_heads, head_dim, v_head_dim)
+    if cfg.k_clip is not None:
+        rs.k_clip = torch.full((num_layers,), cfg.k_clip)
+    if cfg.v_clip is not None:
+        rs.v_clip = torch.full((num_layers,), cfg.v_clip)
+    return rs
+
+
+# ---------------------------------------------------------------------------------- the pool
+
+
+def build_pool(kvc, sizes, req_to_token_pool):
+    """Build the OscarInt2KVPool for this rank (called from the _build_token_to_kv_pool hook)."""
+    from .pool import OscarInt2KVPool
+    from .refusals import is_hybrid_linear, model_problems, raise_if_any
+
+    mc = kvc.model_config
+    problems = model_problems(mc, hybrid_linear=is_hybrid_linear(mc))
+    if kvc.use_mla_backend:
+        problems.append("MLA models are not supported.")
+    if kvc.is_hybrid_swa:
+        problems.append("hybrid sliding-window models are not supported.")
+    raise_if_any(problems)
+
+    cfg = serving_config()
+    ps = _parallel()
+    total_kv = mc.get_total_num_kv_heads()
+    kv0, local_kv = sizing.kv_head_range(total_kv, ps.attn_tp_size, ps.attn_tp_rank)
+    li = kvc.layer_info
+    model_id = served_model_id(kvc.server_args.model_path)
+    rs_full = load_rotations(
+        cfg,
+        num_layers=mc.num_hidden_layers,
+        num_kv_heads=total_kv,
+        head_dim=mc.head_dim,
+        v_head_dim=mc.v_head_dim,
+        model_id=model_id,
+    )
+    rs = rs_full.for_rank(li.start_layer, li.end_layer, kv0, local_kv)
+    identity = cfg.recipe == "identity"
+
+    shape = kv_shape(kvc)
+    plan = _LAST_PLAN.get("plan")
+    reqs = int(sizes.max_running_requests)
+    if plan is None:  # draft/unusual paths: describe what we build
+        plan = sizing.plan_from_max_tokens(
+            sizes.max_total_num_tokens, shape, group_size=cfg.group_size, sink=cfg.sink_tokens,
+            recent=cfg.recent_tokens, max_running_requests=reqs,
+        )
+    plan.max_running_requests = reqs
+    plan.side_bytes_total = (reqs + 1) * plan.side_bytes_per_request
+
+    info = {
+        "kv_cache_dtype": "int2",
+        "recipe": rs_full.recipe if cfg.recipe == "file" else cfg.recipe,
+        "rotation_file": rs_full.source,
+        "rotation_sha256": rs_full.sha256,
+        "v_rotation_file": cfg.v_rotation,
+        "rotation_model_id": rs_full.model_id,
+        "served_model_id": model_id,
+        "group_size": min(cfg.group_size, mc.head_dim),
+        "group_size_from": cfg.sources.get("group_size", "default"),
+        "sink_tokens": cfg.sink_tokens,
+        "recent_tokens": cfg.recent_tokens,
+        "k_clip": sorted({round(float(c), 4) for c in rs.k_clip}),
+        "v_clip": sorted({round(float(c), 4) for c in rs.v_clip}),
+        "layers": [li.start_layer, li.end_layer],
+        "kv_heads": [kv0, kv0 + local_kv],
+        "attn_tp": [ps.attn_tp_rank, ps.attn_tp_size],
+        "env": dict(cfg.sources),
+        **plan.as_dict(),
+    }
+    info.pop("notes", None)
+    pool = OscarInt2KVPool(
+        sizes.max_total_num_tokens,
+        page_size=kvc.pool_page_size,
+        head_num=local_kv,
+        head_dim=mc.head_dim,
+        v_head_dim=mc.v_head_dim,
+        layer_num=li.num_effective_layers,
+        device=kvc.device,
+        req_rows=req_to_token_pool.size + 1,
+        sink=cfg.sink_tokens,
+        recent=cfg.recent_tokens,
+        group_size=cfg.group_size,
+        k_clip=rs.k_clip.tolist(),
+        v_clip=rs.v_clip.tolist(),
+        k_rotation=None if identity else rs.k_rotation,
+        v_rotation=None if identity else rs.v_rotation,
+        start_layer=li.start_layer,
+        end_layer=li.end_layer,
+        enable_memory_saver=False,
+        info=info,
+    )
+    RUNTIME_INFO.clear()
+    RUNTIME_INFO.update(info)
+    RUNTIME_INFO["pool"] = pool
+    rot = (
+        f"rotation file {rs_full.source} (sha256 {rs_full.sha256[:16]}..., recipe {info['recipe']}, "
+        f"made for {rs_full.model_id or 'unknown model'})"
+        if cfg.recipe == "file"
+        else f"data-free {cfg.recipe} rotation (no file)"
+    )
+    logger.info(
+        "OSCAR INT2 KV cache: %s; group %d, sink %d + recent %d BF16 tokens, clip K %s V %s; "
+        "layers [%d, %d), KV heads [%d, %d) of %d",
+        rot, info["group_size"], cfg.sink_tokens, cfg.recent_tokens, info["k_clip"],
+        info["v_clip"], li.start_layer, li.end_layer, kv0, kv0 + local_kv, total_kv,
+    )
+    logger.info(plan.log_line())
+    return pool

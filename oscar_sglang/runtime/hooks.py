@@ -1,0 +1,225 @@
+"""Every hook that teaches stock SGLang 0.5.17 `--kv-cache-dtype int2`, in one table (HOOKS),
+and install(), which registers them with SGLang's HookRegistry, applies and verifies them.
+
+Each hook does nothing unless the KV cache dtype is "int2", so a server started without it is
+unchanged. SGLang only logs hook failures, so install() checks each target itself: a hook that
+did not apply keeps an error that every int2 code path raises (state.require_hooks), and if
+"int2" is on the command line the process stops at once.
+
+  cli        ServerArgs.add_cli_args            AFTER   "int2" becomes a valid --kv-cache-dtype
+  defaults   ServerArgs.__post_init__           BEFORE  attention backend defaults to oscar_triton
+  refusals   ServerArgs.__post_init__           AFTER   unsupported options / models refused
+  dtype      configure_kv_cache_dtype           AROUND  "int2" -> ("int2", torch.uint8)
+  sizing     create_memory_pool_configurator    AROUND  Int2PoolConfigurator
+  pool       KVCacheConfigurator._build_token_to_kv_pool  AROUND  OscarInt2KVPool
+  rows       ReqToTokenPool.alloc               AROUND  new request rows -> own_start reset
+  info       Scheduler.get_internal_state       AFTER   /server_info shows what was loaded
+  metrics    SchedulerMetricsCollector.log_stats AFTER  int2 pool gauges (--enable-metrics)
+"""
+from __future__ import annotations
+
+import logging
+import sys
+
+from .config import BACKEND, INT2
+from .state import RUNTIME_INFO, mark_installed, require_hooks
+
+logger = logging.getLogger("oscar_sglang")
+
+SGLANG_DEFAULT_KV_SPLITS = 8
+INT2_DEFAULT_KV_SPLITS = 64
+
+
+# ------------------------------------------------------------------------------------ CLI
+
+
+def after_add_cli_args(result, parser, *args, **kwargs):
+    action = parser._option_string_actions.get("--kv-cache-dtype")
+    if action is not None and action.choices is not None and INT2 not in action.choices:
+        action.choices = [*action.choices, INT2]
+        action.help = (action.help or "") + (
+            ' "int2": OSCAR INT2 KV cache (oscar-sglang plugin; configured by OSCAR_* '
+            "environment variables, see `oscar-sglang serve --help`)."
+        )
+    return result
+
+
+# ------------------------------------------------------------------------------------ ServerArgs
+
+
+def before_post_init(self, *args, **kwargs):
+    if getattr(self, "kv_cache_dtype", None) != INT2:
+        return None
+    require_hooks()
+    if self.attention_backend is None:
+        # both prefill and decode must read the INT2 pool: one backend for both
+        self.attention_backend = BACKEND
+    if self.triton_attention_num_kv_splits == SGLANG_DEFAULT_KV_SPLITS:
+        # SGLang's default of 8 splits leaves most of the H100 idle at small batch and long
+        # context (1 request x 8 KV heads x 8 splits = 64 programs on 132 SMs): the INT2 decode
+        # then reads at ~140 GB/s in the server instead of ~1 TB/s. Raise the cap; SGLang's
+        # split heuristic still picks fewer splits when the batch fills the GPU.
+        self.triton_attention_num_kv_splits = INT2_DEFAULT_KV_SPLITS
+        logger.info(
+            "oscar-sglang: --triton-attention-num-kv-splits %d for int2 (SGLang default %d; "
+            "pass another value to override)", INT2_DEFAULT_KV_SPLITS, SGLANG_DEFAULT_KV_SPLITS,
+        )
+    return None
+
+
+def after_post_init(result, self, *args, **kwargs):
+    if getattr(self, "kv_cache_dtype", None) != INT2:
+        return result
+    if str(getattr(self, "model_path", "")).lower() in ("none", "dummy"):
+        return result
+    from .config import load_config
+    from .refusals import is_hybrid_linear, model_problems, raise_if_any, server_args_problems
+
+    load_config()  # bad OSCAR_* variables fail here, in the launching process
+    problems = server_args_problems(self)
+    try:
+        mc = self.get_model_config()
+    except Exception as e:  # SGLang reports unloadable configs itself, later
+        logger.debug("oscar: model config not available for the early check: %s", e)
+        mc = None
+    if mc is not None:
+        problems += model_problems(mc, hybrid_linear=is_hybrid_linear(mc))
+    raise_if_any(problems)
+    return result
+
+
+# ------------------------------------------------------------------------------------ scheduler
+
+
+def around_configure_kv_cache_dtype(orig, *args, **kwargs):
+    if kwargs.get("server_args_kv_cache_dtype") == INT2:
+        import torch
+
+        if kwargs.get("is_draft_worker"):
+            raise RuntimeError("--kv-cache-dtype int2 does not support speculative decoding")
+        # uint8 (not bf16) also keeps models' fused RoPE+KV-store path off
+        return INT2, torch.uint8
+    return orig(*args, **kwargs)
+
+
+def around_create_memory_pool_configurator(orig, kvc, *args, **kwargs):
+    if getattr(kvc, "kv_cache_dtype_str", None) == INT2:
+        from .configurator import Int2PoolConfigurator
+
+        return Int2PoolConfigurator(kvc)
+    return orig(kvc, *args, **kwargs)
+
+
+def around_build_token_to_kv_pool(orig, self, *args, **kwargs):
+    if getattr(self, "kv_cache_dtype_str", None) != INT2:
+        return orig(self, *args, **kwargs)
+    from .configurator import build_pool
+
+    if kwargs.get("is_dsa_model") or kwargs.get("is_dsv4_model"):
+        from .refusals import raise_if_any
+
+        raise_if_any(["DeepSeek DSA / V4 models are not supported."])
+    return build_pool(self, kwargs["sizes"], kwargs["req_to_token_pool"])
+
+
+def around_req_to_token_alloc(orig, self, reqs, *args, **kwargs):
+    fresh = [r for r in reqs if getattr(r, "req_pool_idx", None) is None]
+    out = orig(self, reqs, *args, **kwargs)
+    if out is not None and fresh:
+        from .pool import note_new_rows
+
+        # radix-hit length of each new request (prefix_indices is set before the alloc): its
+        # side copies are carried over at the next forward
+        note_new_rows([r.req_pool_idx for r in fresh],
+                      [len(p) if (p := getattr(r, "prefix_indices", None)) is not None else 0 for r in fresh])
+    return out
+
+
+def after_get_internal_state(result, self, *args, **kwargs):
+    # 0.5.17 returns GetInternalStateReqOutput(internal_state=dict); accept a bare dict too
+    state = result if isinstance(result, dict) else getattr(result, "internal_state", None)
+    if RUNTIME_INFO and isinstance(state, dict):
+        from .server_info import describe
+
+        state["oscar_int2"] = describe(RUNTIME_INFO, self)
+    return result
+
+
+def after_log_stats(result, self, stats, *args, **kwargs):
+    if RUNTIME_INFO:
+        from .metrics import export
+
+        export(self, stats, RUNTIME_INFO)
+    return result
+
+
+# (target, HookType name, function)
+HOOKS = [
+    ("sglang.srt.server_args.ServerArgs.add_cli_args", "AFTER", after_add_cli_args),
+    ("sglang.srt.server_args.ServerArgs.__post_init__", "BEFORE", before_post_init),
+    ("sglang.srt.server_args.ServerArgs.__post_init__", "AFTER", after_post_init),
+    ("sglang.srt.mem_cache.kv_cache_dtype.configure_kv_cache_dtype", "AROUND", around_configure_kv_cache_dtype),
+    ("sglang.srt.model_executor.pool_configurator.create_memory_pool_configurator", "AROUND",
+     around_create_memory_pool_configurator),
+    ("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_token_to_kv_pool", "AROUND",
+     around_build_token_to_kv_pool),
+    ("sglang.srt.mem_cache.memory_pool.ReqToTokenPool.alloc", "AROUND", around_req_to_token_alloc),
+    ("sglang.srt.managers.scheduler.Scheduler.get_internal_state", "AFTER", after_get_internal_state),
+    ("sglang.srt.observability.metrics_collector.SchedulerMetricsCollector.log_stats", "AFTER", after_log_stats),
+]
+
+
+def _contains(fn, hook, depth: int = 8) -> bool:
+    """Is `hook` somewhere in the __wrapped__ chain HookRegistry built around `fn`?"""
+    seen = 0
+    while fn is not None and seen < depth:
+        closure = getattr(fn, "__closure__", None) or ()
+        if any(getattr(c, "cell_contents", None) is hook for c in closure):
+            return True
+        fn = getattr(fn, "__wrapped__", None)
+        seen += 1
+    return False
+
+
+def verify_hooks() -> list[str]:
+    """Targets whose hook is not in place (empty list: all applied)."""
+    import pkgutil
+
+    missing = []
+    for target, _, hook in HOOKS:
+        owner, attr = target.rsplit(".", 1)
+        try:
+            obj = pkgutil.resolve_name(owner)
+            raw = obj.__dict__.get(attr) if isinstance(obj, type) else getattr(obj, attr)
+            fn = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+            if not _contains(fn, hook):
+                missing.append(target)
+        except Exception as e:  # unresolvable target: SGLang moved it
+            missing.append(f"{target} ({type(e).__name__}: {e})")
+    return missing
+
+
+def install() -> None:
+    """Register every hook of HOOKS, apply them now and verify each one."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for target, kind, fn in HOOKS:
+        HookRegistry.register(target, fn, HookType[kind])
+    # Apply now (idempotent: load_plugins' own apply_hooks skips patched targets) so we can
+    # check the result here instead of trusting a log line.
+    HookRegistry.apply_hooks()
+    missing = verify_hooks()
+    if not missing:
+        mark_installed(None)
+        logger.info("oscar-sglang: %d hooks applied, oscar_triton backend registered", len(HOOKS))
+        return
+    msg = (
+        "oscar-sglang: these SGLang hooks did not apply, so --kv-cache-dtype int2 cannot "
+        "work (is this sglang==0.5.17?):\n  " + "\n  ".join(missing)
+    )
+    mark_installed(msg)
+    logger.error(msg)
+    if INT2 in sys.argv:
+        # SGLang would only log an exception: stop the start here, loudly.
+        print(msg, file=sys.stderr)
+        raise SystemExit(2)

