@@ -60,6 +60,17 @@ CONFIGS: Dict[str, ServingConfig] = {
     "flashinfer": ServingConfig(
         "flashinfer", "BF16 KV, flashinfer", ["--attention-backend", "flashinfer"]
     ),
+    # SGLang's own FP8 KV cache, the peer int2 is compared with (same kernel family as int2)
+    "fp8-splits64": ServingConfig(
+        "fp8-splits64", "FP8 e4m3 KV, triton, 64 KV splits",
+        ["--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "triton",
+         "--triton-attention-num-kv-splits", "64"],
+    ),
+    # int2 with the V rotation applied by the backend every step instead of folded into W_v / W_o
+    "int2-vruntime": ServingConfig(
+        "int2-vruntime", "INT2 KV, oscar_triton, V rotation at run time",
+        ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton"], {"OSCAR_V_ABSORB": "0"},
+    ),
     "int2": ServingConfig(
         "int2",
         "INT2 KV, oscar_triton",

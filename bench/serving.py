@@ -396,7 +396,7 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="launch servers and measure (GPU machine)")
     r.add_argument("--configs", default="bf16",
-                   help="comma list of: bf16, bf16-splits64, int2, int2-splits64, flashinfer")
+                   help="comma list of: bf16, bf16-splits64, fp8-splits64, int2, int2-splits64, int2-vruntime, flashinfer")
     r.add_argument("--models", default="qwen3-8b,llama31-8b",
                    help="devkit model folders under .devkit/models (dummy weights)")
     r.add_argument("--tokenizer", default="smollm2-135m")

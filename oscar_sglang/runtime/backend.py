@@ -13,7 +13,9 @@ cached keys change:
            after attention keeps the ring holding [P - W, P) for the prefix reader.
 
 Rotations are applied after RoPE (the backend sees post-RoPE q/k), and q.k is unchanged because
-R_k is orthogonal. Each TP rank holds only its KV heads' matrices (pool.k_rot / v_rot).
+R_k is orthogonal. Each TP rank holds only its KV heads' matrices (pool.k_rot / v_rot). Where the
+model's weights absorbed R_v at load (runtime/absorb.py), the pool has no V rotation and the
+backend neither rotates V nor un-rotates the output.
 """
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             raise RuntimeError("oscar_triton: MLA and decode context parallelism are not supported")
         # prefix length 0 for every request: the stock extend kernel then sees only new tokens
         self._zero_kv_indptr = torch.zeros_like(self.kv_indptr)
+        self._prepare_rotations(getattr(model_runner, "dtype", torch.bfloat16))
         self._token_rows = None
         self._token_seq_lens = None
         self._has_prefix = True
@@ -84,34 +87,53 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         self._has_prefix = True if cpu is None else any(int(x) > 0 for x in cpu)
 
     # ------------------------------------------------------------------ rotations
+    def _prepare_rotations(self, dtype: torch.dtype) -> None:
+        """Per local layer, the rotations in the form the hot path uses: K and V in the model's
+        dtype (one GEMM with fp32 accumulation, no fp32 copies of q / k / v), as a single [D, D]
+        matrix where every KV head shares it (the pool's broadcast view has stride 0 over heads);
+        V^T in float32 for the float32 attention output. V is None where the weights absorbed it."""
+
+        def lowp(R):
+            if R is None:
+                return None
+            return (R[0] if R.stride(0) == 0 else R).to(dtype).contiguous()
+
+        def transposed(R):
+            if R is None:
+                return None
+            return (R[0] if R.stride(0) == 0 else R).transpose(-1, -2).float().contiguous()
+
+        self._k_rot = [lowp(R) for R in self.pool.k_rot]
+        self._v_rot = [lowp(R) for R in self.pool.v_rot]
+        self._v_unrot = [transposed(R) for R in self.pool.v_rot]
+
+    @staticmethod
+    def _apply(x3: torch.Tensor, R: torch.Tensor | None) -> torch.Tensor:
+        """x [T, Hx, D] -> x @ R[kv head of each of the Hx heads] (R [D, D] shared or [H, D, D])."""
+        if R is None:
+            return x3
+        T, Hx, D = x3.shape
+        if R.dim() == 2:
+            return (x3.reshape(T * Hx, D) @ R).view(T, Hx, R.shape[-1])
+        H = R.shape[0]
+        return torch.einsum("thgd,hde->thge", x3.reshape(T, H, Hx // H, D), R).reshape(T, Hx, R.shape[-1])
+
     def _rot_q(self, q3: torch.Tensor, layer_id: int) -> torch.Tensor:
         """q [T, Hq, D] -> q @ R_k[kv head of each q head] (same dtype)."""
-        R = self.pool.k_rot[self.pool.local(layer_id)]
-        if R is None:
-            return q3
-        T, Hq, D = q3.shape
-        H = R.shape[0]
-        out = torch.einsum("thgd,hde->thge", q3.reshape(T, H, Hq // H, D).float(), R)
-        return out.reshape(T, Hq, D).to(q3.dtype)
+        R = self._k_rot[self.pool.local(layer_id)]
+        return self._apply(q3, None if R is None else R.to(q3.dtype))
 
     def _rot_kv(self, k3: torch.Tensor, v3: torch.Tensor, layer_id: int):
         i = self.pool.local(layer_id)
-        Rk, Rv = self.pool.k_rot[i], self.pool.v_rot[i]
-        if Rk is not None:
-            k3 = torch.einsum("thd,hde->the", k3.float(), Rk).to(k3.dtype)
-        if Rv is not None:
-            v3 = torch.einsum("thd,hde->the", v3.float(), Rv).to(v3.dtype)
+        Rk, Rv = self._k_rot[i], self._v_rot[i]
+        k3 = self._apply(k3, None if Rk is None else Rk.to(k3.dtype))
+        v3 = self._apply(v3, None if Rv is None else Rv.to(v3.dtype))
         return k3, v3
 
     def _unrot_o(self, o3: torch.Tensor, layer_id: int) -> torch.Tensor:
-        """o [T, Hq, Dv] in the rotated V space -> o @ R_v^T, float32."""
-        R = self.pool.v_rot[self.pool.local(layer_id)]
-        if R is None:
-            return o3.float()
-        T, Hq, Dv = o3.shape
-        H = R.shape[0]
-        out = torch.einsum("thgd,hed->thge", o3.reshape(T, H, Hq // H, Dv).float(), R)
-        return out.reshape(T, Hq, Dv)
+        """o [T, Hq, Dv] float32 in the rotated V space -> o @ R_v^T, float32 (unchanged where
+        the model's o_proj absorbed R_v)."""
+        return self._apply(o3.float(), self._v_unrot[self.pool.local(layer_id)])
 
     # ------------------------------------------------------------------ checks
     @staticmethod

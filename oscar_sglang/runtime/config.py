@@ -55,6 +55,12 @@ ENV_VARS: dict[str, tuple[str | None, str]] = {
         None,
         "1 = accept a rotation file calibrated for a differently named model (same shapes)",
     ),
+    "OSCAR_V_ABSORB": (
+        None,
+        "1 (default) = fold each layer's V rotation into the model's V and output projections "
+        "at load, so no V rotation runs per step (unquantised weights only; otherwise the "
+        "backend rotates at run time and the startup log says why); 0 = always rotate at run time",
+    ),
     "OSCAR_SIDE_BUFFER_FRACTION": (
         None,
         "largest share of the KV memory budget the BF16 sink/recent buffers may take when the "
@@ -86,6 +92,7 @@ class OscarConfig:
     default_max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS
     side_buffer_fraction: float = DEFAULT_SIDE_BUFFER_FRACTION
     allow_model_mismatch: bool = False
+    v_absorb: bool = True
     sources: dict = field(default_factory=dict, compare=False)  # setting -> env var it came from
 
     @property
@@ -218,12 +225,13 @@ def load_config(env: Mapping[str, str] | None = None) -> OscarConfig:
         kw["side_buffer_fraction"] = f
         sources["side_buffer_fraction"] = var
 
-    val, var = _get(env, "OSCAR_ALLOW_MODEL_MISMATCH")
-    if val is not None:
-        if val.lower() not in ("0", "1", "true", "false", "yes", "no"):
-            raise OscarConfigError(f"{var}={val!r} must be 0 or 1")
-        kw["allow_model_mismatch"] = val.lower() in ("1", "true", "yes")
-        sources["allow_model_mismatch"] = var
+    for key, name in (("allow_model_mismatch", "OSCAR_ALLOW_MODEL_MISMATCH"), ("v_absorb", "OSCAR_V_ABSORB")):
+        val, var = _get(env, name)
+        if val is not None:
+            if val.lower() not in ("0", "1", "true", "false", "yes", "no"):
+                raise OscarConfigError(f"{var}={val!r} must be 0 or 1")
+            kw[key] = val.lower() in ("1", "true", "yes")
+            sources[key] = var
 
     return OscarConfig(sources=sources, **kw)
 

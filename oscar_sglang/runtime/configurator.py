@@ -178,6 +178,63 @@ def load_rotations(cfg: OscarConfig, *, num_layers, num_kv_heads, head_dim, v_he
     return rs
 
 
+_RANK_ROTATIONS: dict = {}
+# (start_layer, end_layer) -> {"layers": absorbed layer ids, "reason": why not (or None)}
+V_ABSORB: dict = {}
+
+
+def rank_rotations(cfg: OscarConfig, mc, start_layer: int, end_layer: int, model_id: str | None):
+    """(full RotationSet, this rank's RotationSet, first local KV head, local KV heads), loaded
+    and checked once per process: the weight-absorption hook and build_pool both need them."""
+    ps = _parallel()
+    total_kv = mc.get_total_num_kv_heads()
+    kv0, local_kv = sizing.kv_head_range(total_kv, ps.attn_tp_size, ps.attn_tp_rank)
+    key = (cfg, start_layer, end_layer, kv0, local_kv, model_id)
+    if key not in _RANK_ROTATIONS:
+        rs_full = load_rotations(
+            cfg,
+            num_layers=mc.num_hidden_layers,
+            num_kv_heads=total_kv,
+            head_dim=mc.head_dim,
+            v_head_dim=mc.v_head_dim,
+            model_id=model_id,
+        )
+        _RANK_ROTATIONS.clear()
+        _RANK_ROTATIONS[key] = (rs_full, rs_full.for_rank(start_layer, end_layer, kv0, local_kv), kv0, local_kv)
+    return _RANK_ROTATIONS[key]
+
+
+def prepare_model(runner) -> None:
+    """After the weights load (ModelRunner.configure_kv_cache_dtype hook): fold R_v into the
+    model's V and output projections (runtime/absorb.py) unless OSCAR_V_ABSORB=0 or the model
+    cannot take it; build_pool then gives the pool no V rotation. Logs which one happened."""
+    from .absorb import absorb_v_rotations
+
+    cfg = serving_config()
+    li = runner.layer_info
+    key = (li.start_layer, li.end_layer)
+    V_ABSORB.pop(key, None)
+    if cfg.recipe == "identity":
+        return
+    if not cfg.v_absorb:
+        V_ABSORB[key] = {"layers": [], "reason": "OSCAR_V_ABSORB=0"}
+        logger.info("OSCAR INT2: V rotation applied by the backend at run time (OSCAR_V_ABSORB=0)")
+        return
+    model_id = served_model_id(runner.server_args.model_path)
+    _, rs, _, _ = rank_rotations(cfg, runner.model_config, li.start_layer, li.end_layer, model_id)
+    layers, why = absorb_v_rotations(runner.model, rs.v_rotation, li.start_layer)
+    V_ABSORB[key] = {"layers": layers, "reason": why}
+    if why is None:
+        logger.info("OSCAR INT2: V rotation folded into the V and output projections of layers "
+                    "[%d, %d): no V rotation per step", li.start_layer, li.end_layer)
+    else:
+        logger.warning("OSCAR INT2: V rotation stays in the backend (applied every step): %s", why)
+
+
+def weights_hold_v_rotation() -> bool:
+    return any(v.get("layers") for v in V_ABSORB.values())
+
+
 # ---------------------------------------------------------------------------------- the pool
 
 
@@ -196,20 +253,13 @@ def build_pool(kvc, sizes, req_to_token_pool):
 
     cfg = serving_config()
     ps = _parallel()
-    total_kv = mc.get_total_num_kv_heads()
-    kv0, local_kv = sizing.kv_head_range(total_kv, ps.attn_tp_size, ps.attn_tp_rank)
     li = kvc.layer_info
     model_id = served_model_id(kvc.server_args.model_path)
-    rs_full = load_rotations(
-        cfg,
-        num_layers=mc.num_hidden_layers,
-        num_kv_heads=total_kv,
-        head_dim=mc.head_dim,
-        v_head_dim=mc.v_head_dim,
-        model_id=model_id,
-    )
-    rs = rs_full.for_rank(li.start_layer, li.end_layer, kv0, local_kv)
+    rs_full, rs, kv0, local_kv = rank_rotations(cfg, mc, li.start_layer, li.end_layer, model_id)
+    total_kv = mc.get_total_num_kv_heads()
     identity = cfg.recipe == "identity"
+    absorbed = V_ABSORB.get((li.start_layer, li.end_layer), {})
+    v_in_weights = bool(absorbed.get("layers")) and not identity
 
     shape = kv_shape(kvc)
     plan = _LAST_PLAN.get("plan")
@@ -240,6 +290,8 @@ def build_pool(kvc, sizes, req_to_token_pool):
         "kv_heads": [kv0, kv0 + local_kv],
         "attn_tp": [ps.attn_tp_rank, ps.attn_tp_size],
         "env": dict(cfg.sources),
+        "v_rotation_in": "none" if identity else ("weights" if v_in_weights else "backend"),
+        "v_absorb_note": absorbed.get("reason"),
         **plan.as_dict(),
     }
     info.pop("notes", None)
@@ -258,7 +310,8 @@ def build_pool(kvc, sizes, req_to_token_pool):
         k_clip=rs.k_clip.tolist(),
         v_clip=rs.v_clip.tolist(),
         k_rotation=None if identity else rs.k_rotation,
-        v_rotation=None if identity else rs.v_rotation,
+        # absorbed: the model's V / o projections already apply R_v (prepare_model)
+        v_rotation=None if identity or v_in_weights else rs.v_rotation,
         start_layer=li.start_layer,
         end_layer=li.end_layer,
         enable_memory_saver=False,
@@ -275,9 +328,10 @@ def build_pool(kvc, sizes, req_to_token_pool):
     )
     logger.info(
         "OSCAR INT2 KV cache: %s; group %d, sink %d + recent %d BF16 tokens, clip K %s V %s; "
-        "layers [%d, %d), KV heads [%d, %d) of %d",
+        "layers [%d, %d), KV heads [%d, %d) of %d; V rotation applied in the %s",
         rot, info["group_size"], cfg.sink_tokens, cfg.recent_tokens, info["k_clip"],
         info["v_clip"], li.start_layer, li.end_layer, kv0, kv0 + local_kv, total_kv,
+        info["v_rotation_in"],
     )
     logger.info(plan.log_line())
     return pool

@@ -10,6 +10,8 @@ did not apply keeps an error that every int2 code path raises (state.require_hoo
   defaults   ServerArgs.__post_init__           BEFORE  attention backend defaults to oscar_triton
   refusals   ServerArgs.__post_init__           AFTER   unsupported options / models refused
   dtype      configure_kv_cache_dtype           AROUND  "int2" -> ("int2", torch.uint8)
+  weights    ModelRunner.configure_kv_cache_dtype AFTER  fold R_v into the V / output projections
+  reload     WeightUpdater.update_weights_from_*  AROUND refused while the weights hold R_v
   sizing     create_memory_pool_configurator    AROUND  Int2PoolConfigurator
   pool       KVCacheConfigurator._build_token_to_kv_pool  AROUND  OscarInt2KVPool
   rows       ReqToTokenPool.alloc               AROUND  new request rows -> own_start reset
@@ -102,6 +104,26 @@ def around_configure_kv_cache_dtype(orig, *args, **kwargs):
     return orig(*args, **kwargs)
 
 
+def after_runner_kv_dtype(result, self, *args, **kwargs):
+    # runs after the weights loaded and the layer range is known, before pools, backends and
+    # CUDA graphs: the only point where the weights can still take R_v
+    if getattr(self, "kv_cache_dtype_str", None) == INT2 and not getattr(self, "is_draft_worker", False):
+        from .configurator import prepare_model
+
+        prepare_model(self)
+    return result
+
+
+def around_weight_update(orig, self, *args, **kwargs):
+    from .configurator import weights_hold_v_rotation
+
+    if weights_hold_v_rotation():
+        # new weights would arrive without R_v while the cache holds rotated values
+        return False, ("oscar-sglang: weight updates are refused while the V rotation is folded "
+                       "into the weights; restart the server with OSCAR_V_ABSORB=0 to update weights")
+    return orig(self, *args, **kwargs)
+
+
 def around_create_memory_pool_configurator(orig, kvc, *args, **kwargs):
     if getattr(kvc, "kv_cache_dtype_str", None) == INT2:
         from .configurator import Int2PoolConfigurator
@@ -159,6 +181,11 @@ HOOKS = [
     ("sglang.srt.server_args.ServerArgs.__post_init__", "BEFORE", before_post_init),
     ("sglang.srt.server_args.ServerArgs.__post_init__", "AFTER", after_post_init),
     ("sglang.srt.mem_cache.kv_cache_dtype.configure_kv_cache_dtype", "AROUND", around_configure_kv_cache_dtype),
+    ("sglang.srt.model_executor.model_runner.ModelRunner.configure_kv_cache_dtype", "AFTER", after_runner_kv_dtype),
+    *[(f"sglang.srt.model_executor.model_runner_components.weight_updater.WeightUpdater.{m}", "AROUND",
+       around_weight_update)
+      for m in ("update_weights_from_disk", "update_weights_from_tensor", "update_weights_from_distributed",
+                "update_weights_from_ipc")],
     ("sglang.srt.model_executor.pool_configurator.create_memory_pool_configurator", "AROUND",
      around_create_memory_pool_configurator),
     ("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_token_to_kv_pool", "AROUND",

@@ -11,7 +11,7 @@ from .state import hooks_ok
 _STATIC_KEYS = (
     "kv_cache_dtype", "recipe", "rotation_file", "rotation_sha256", "v_rotation_file",
     "rotation_model_id", "served_model_id", "group_size", "group_size_from", "sink_tokens", "recent_tokens",
-    "k_clip", "v_clip", "layers", "kv_heads", "attn_tp", "env", "bytes_per_token",
+    "k_clip", "v_clip", "v_rotation_in", "v_absorb_note", "layers", "kv_heads", "attn_tp", "env", "bytes_per_token",
     "bf16_bytes_per_token", "compression_vs_bf16", "side_bytes_per_request",
     "max_running_requests", "side_bytes_total", "max_total_num_tokens", "int2_bytes_total",
     "available_bytes",

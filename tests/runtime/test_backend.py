@@ -73,6 +73,7 @@ def _make(backend_cls, rows=4, slots=64, exact=False):
                            k_clip=[K_CLIP], v_clip=[V_CLIP], k_rotation=rk, v_rotation=rv)
     b = backend_cls.__new__(backend_cls)  # the metadata half (ModelRunner) is SGLang's, tested on GPU
     b.pool, b.v_head_dim, b.max_kv_splits = pool, D, 4
+    b._prepare_rotations(torch.bfloat16)
     b.extend_attention_fwd = extend_attention_fwd
     b._zero_kv_indptr = torch.zeros(rows + 1, dtype=torch.int32)
     layer = SimpleNamespace(layer_id=0, tp_q_head_num=Hq, tp_k_head_num=H, qk_head_dim=D, v_head_dim=D,
@@ -256,6 +257,37 @@ def test_rotations_preserve_attention_scores(backend_cls, seed):
     o = torch.randn(5, Hq, D)
     back = b._unrot_o(torch.einsum("thd,de->the", o, Rv), 0)
     torch.testing.assert_close(back, o, atol=1e-4, rtol=1e-4)
+
+
+def test_rotations_run_in_the_model_dtype(backend_cls, seed):
+    """The hot path rotates q / k / v with one GEMM in the model's dtype (fp32 accumulation): the
+    per-head path (K here) and the shared-matrix path (V, one [D, D] for both heads) agree with a
+    float64 rotation within bf16 rounding, and return the model's dtype."""
+    b, pool, layer, Rk, Rv = _make(backend_cls)
+    assert b._v_rot[0].dim() == 2 and b._k_rot[0].dim() == 3  # V shared by both heads, K per head
+    assert b._k_rot[0].dtype == torch.bfloat16 and b._v_unrot[0].dtype == torch.float32
+    x = (torch.randn(6, Hq, D) * (1 + 9 * (torch.rand(D) > 0.9))).bfloat16()
+    qr = b._rot_q(x, 0)
+    kr, vr = b._rot_kv(x[:, :H], x[:, :H], 0)
+    assert qr.dtype == kr.dtype == vr.dtype == torch.bfloat16
+    g = Hq // H
+    want_q = torch.einsum("thgd,hde->thge", x.double().view(6, H, g, D), Rk.double()).reshape(6, Hq, D)
+    want_v = torch.einsum("thd,de->the", x[:, :H].double(), Rv.double())
+    for got, want in ((qr, want_q), (vr, want_v)):
+        assert ((got.double() - want).norm() / want.norm()) < 1e-2
+
+
+def test_no_v_rotation_when_the_weights_hold_it(backend_cls, seed):
+    """Absorbed R_v (pool without V rotation): V is stored as the projection made it and the
+    output is not un-rotated; K and q are still rotated."""
+    b, pool, layer, Rk, Rv = _make(backend_cls)
+    pool.v_rot = [None]
+    b._prepare_rotations(torch.bfloat16)
+    k = torch.randn(3, H, D).bfloat16()
+    kr, vr = b._rot_kv(k, k, 0)
+    assert vr is k and not torch.equal(kr, k)
+    o = torch.randn(3, Hq, D)
+    assert torch.equal(b._unrot_o(o, 0), o)
 
 
 def test_pool_codes_are_head_major(backend_cls):

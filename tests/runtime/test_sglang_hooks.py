@@ -57,7 +57,7 @@ def test_entry_point_applies_every_hook(sgl):
     assert verify_hooks() == []
     assert hooks_ok()
     require_hooks()
-    assert len(HOOKS) == 9
+    assert len(HOOKS) == 14
 
 
 def test_verify_hooks_detects_a_missing_hook(sgl, monkeypatch):
@@ -256,6 +256,56 @@ def test_pool_slices_rotation_file_for_tp_rank(kvc, tmp_path, monkeypatch, seed)
     assert pool.info["rotation_sha256"] == sha and pool.info["rotation_file"] == str(path)
     assert pool.info["kv_heads"] == [1, 2]
     assert pool.info["group_size_from"] == "default"
+
+
+def _runner(kvc):
+    """A stand-in ModelRunner after load_model: the tiny Qwen3's attention modules (SGLang's
+    attribute layout: attn, fused qkv_proj, o_proj) with random bf16 weights."""
+    from tests.runtime.test_absorb import Attn
+
+    mc = kvc.model_config
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList([
+        Attn(i, hidden=mc.hidden_size, Hq=mc.num_attention_heads, Hkv=2, D=mc.head_dim, bias=False,
+             dtype=torch.bfloat16) for i in range(3)])
+    return SimpleNamespace(model=model, model_config=mc, layer_info=kvc.layer_info,
+                           server_args=kvc.server_args, kv_cache_dtype_str="int2", is_draft_worker=False)
+
+
+def test_v_rotation_folded_into_the_weights_leaves_the_pool_without_one(kvc, monkeypatch, caplog, seed):
+    import oscar_sglang.runtime.configurator as cf
+    from oscar_sglang.runtime.hooks import after_runner_kv_dtype, around_weight_update
+
+    monkeypatch.setattr(cf, "V_ABSORB", {})  # per-process state: none left for the other tests
+    runner = _runner(kvc)
+    before = [m.o_proj.weight.detach().clone() for m in runner.model.layers]
+    with caplog.at_level(logging.INFO, logger="oscar_sglang"):
+        after_runner_kv_dtype(None, runner)
+        _, pool = _build(kvc, 32 << 20)
+    assert "V rotation folded into the V and output projections of layers [0, 3)" in caplog.text
+    assert "V rotation applied in the weights" in caplog.text
+    assert all(not torch.equal(b, m.o_proj.weight) for b, m in zip(before, runner.model.layers))
+    assert pool.v_rot == [None] * 3 and all(r is not None for r in pool.k_rot)
+    assert pool.info["v_rotation_in"] == "weights"
+    called = []
+    ok, msg = around_weight_update(lambda *a, **k: called.append(1) or (True, ""), object(), "ckpt")
+    assert not ok and "OSCAR_V_ABSORB=0" in msg and called == []
+
+
+def test_v_absorb_off_keeps_the_runtime_rotation(kvc, monkeypatch, seed):
+    import oscar_sglang.runtime.configurator as cf
+    from oscar_sglang.runtime.hooks import after_runner_kv_dtype, around_weight_update
+
+    monkeypatch.setattr(cf, "V_ABSORB", {})
+    monkeypatch.setenv("OSCAR_V_ABSORB", "0")
+    runner = _runner(kvc)
+    before = [p.detach().clone() for p in runner.model.parameters()]
+    after_runner_kv_dtype(None, runner)
+    assert all(torch.equal(a, b) for a, b in zip(before, runner.model.parameters()))
+    _, pool = _build(kvc, 32 << 20)
+    assert all(r is not None for r in pool.v_rot)
+    assert pool.info["v_rotation_in"] == "backend" and pool.info["v_absorb_note"] == "OSCAR_V_ABSORB=0"
+    assert around_weight_update(lambda self, path: (True, path), object(), "ckpt") == (True, "ckpt")
 
 
 def test_group_size_from_rotation_file_metadata(kvc, tmp_path, monkeypatch, seed):
