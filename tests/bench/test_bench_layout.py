@@ -34,6 +34,20 @@ def test_every_benchmark_is_named_in_the_docs():
     assert not nested, nested
 
 
+def test_every_bench_path_the_docs_name_exists():
+    """A removed script is named only as history ("was `bench/...`", docs/benchmarks.md
+    "Findings"); every other `bench/...` path in docs/ or the README must exist."""
+    stale = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        text = doc.read_text()
+        for m in re.finditer(r"(?<![\w/.-])(bench/[\w./-]*[\w/])", text):
+            if re.match(r"\.?[{*]", text[m.end():]) or re.search(r"was\s+`$", text[max(0, m.start() - 20):m.start()]):
+                continue  # a pattern (bench/results/serving/*.json), or a removed script's old name
+            if not (ROOT / m.group(1)).exists():
+                stale.append(f"{doc.relative_to(ROOT)}: {m.group(1)}")
+    assert not stale, stale
+
+
 def test_every_result_json_parses():
     files = sorted((BENCH / "results").rglob("*.json"))
     assert len(files) >= 20  # the kept runs (serving, kernels, extend, server_e2e, accuracy)
