@@ -41,8 +41,10 @@ def test_every_bench_path_the_docs_name_exists():
     for doc in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
         text = doc.read_text()
         for m in re.finditer(r"(?<![\w/.-])(bench/[\w./-]*[\w/])", text):
-            if re.match(r"\.?[{*]", text[m.end():]) or re.search(r"was\s+`$", text[max(0, m.start() - 20):m.start()]):
-                continue  # a pattern (bench/results/serving/*.json), or a removed script's old name
+            pattern = re.match(r"\.?[{*]", text[m.end():])  # bench/results/serving/*.json
+            history = re.search(r"was\s+`$", text[max(0, m.start() - 20):m.start()])  # a removed script
+            if pattern or history:
+                continue
             if not (ROOT / m.group(1)).exists():
                 stale.append(f"{doc.relative_to(ROOT)}: {m.group(1)}")
     assert not stale, stale

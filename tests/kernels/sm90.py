@@ -117,7 +117,8 @@ def _report(k) -> dict:
 def _pool(N, D, G, rows):
     import torch
 
-    hm = lambda *s, dt: torch.zeros(HKV, N, *s, dtype=dt).transpose(0, 1)  # noqa: E731 (head-major, like the plugin's pool)
+    # head-major, like the plugin's pool ([H, N, ...] memory viewed as [N, H, ...])
+    hm = lambda *s, dt: torch.zeros(HKV, N, *s, dtype=dt).transpose(0, 1)  # noqa: E731
     bf = lambda n: torch.zeros(rows, n, HKV, D, dtype=torch.bfloat16)  # noqa: E731
     return dict(k_codes=hm(D // 4, dt=torch.uint8), k_params=hm(D // G, 2, dt=torch.float16),
                 v_codes=hm(D // 4, dt=torch.uint8), v_params=hm(D // G, 2, dt=torch.float16),
