@@ -60,7 +60,9 @@ def _load(paths: List[Path]) -> dict:
         date = d["meta"]["date_utc"]
         merged["metas"].append(d["meta"])
         tls = _timelines(Path(p))
-        for key, run in d["runs"].items():
+        # files before 2026-11-25 keep {"model/config": run} under "runs"; later ones list "rows"
+        runs = d["runs"] if "runs" in d else {f"{r['model']}/{r['config']}": r for r in d["rows"]}
+        for key, run in runs.items():
             model, config = run["model"], run["config"]
             label = _config_label(config, run, date)
             dst = merged["runs"].setdefault(f"{model}/{label}", {"model": model, "config": label,

@@ -9,7 +9,9 @@ For each (B, L) it times, in one CUDA-graph run like bench/kernels.py:
 Bytes and GB/s use bench/kernels.py's count (codes + params + BF16 sink/ring + int32 indices).
 
 Usage (H100, from the project root):
-    source .devkit/device-env.sh && python bench/decode_breakdown.py --out $OUT/breakdown.md
+    source .devkit/device-env.sh && python bench/decode_breakdown.py --out $OUT/breakdown.md --json $OUT/breakdown.json
+The JSON (bench/_results.py: date, device, model, command, one row per (B, L) with its sweep) goes
+to bench/results/decode_breakdown/<UTC date_time>.json when --json is not given.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import pathlib
 
 import torch
 
+import _results
 from oscar_kernels.triton import attend_fast as fast
 from oscar_kernels.triton import decode as dec
 
@@ -76,7 +79,7 @@ def merge_only(case):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="markdown summary here")
-    ap.add_argument("--json", help="raw numbers here")
+    ap.add_argument("--json", help="the result JSON here (default: bench/results/decode_breakdown/<UTC date_time>.json)")
     ap.add_argument("--shapes", default="8x32768,32x8192,64x32768")
     ap.add_argument("--configs", default=json.dumps(CONFIGS),
                     help="JSON list of decode_attention_fast keyword dicts to sweep (default: %(default)s)")
@@ -84,7 +87,7 @@ def main():
     dev = torch.cuda.get_device_name()
     copy_gbs = kb.copy_bandwidth()
     kb.log(f"device {dev}; copy bandwidth {copy_gbs:.0f} GB/s")
-    raw = {"device": dev, "copy_gbs": copy_gbs, "shapes": []}
+    rows = []  # one per (B, L)
     md = []
     for s in args.shapes.split(","):
         B, L = (int(v) for v in s.split("x"))
@@ -126,7 +129,7 @@ def main():
         del case
         torch.cuda.empty_cache()
         best = min(row["sweep"], key=lambda r: r["us"]) if row["sweep"] else None
-        raw["shapes"].append(row)
+        rows.append(row)
         md.append(f"| {B} | {L // 1024}K | {t_full * 1e3:.1f} | {t_s1 * 1e3:.1f} | {t_mg * 1e3:.1f} | "
                   f"{t_fixed * 1e3:.1f} (L={L1}) | "
                   + (f"{best['us']:.1f} ({best['cfg'] or 'defaults'}, {best['int2_splits']} splits, "
@@ -139,8 +142,10 @@ def main():
     kb.log("\n" + text)
     if args.out:
         open(args.out, "w").write(text + "\n")
-    if args.json:
-        json.dump(raw, open(args.json, "w"), indent=1)
+    doc = _results.document(f"synthetic: Hq={kb.HQ}, Hkv={kb.HKV}, D={kb.D}, INT2 group {kb.GROUP}, "
+                            f"sink {kb.SINK} + ring {kb.WINDOW} BF16 keys", rows, device=dev,
+                            copy_gbs=copy_gbs, configs=json.loads(args.configs))
+    kb.log(f"wrote {_results.write(args.json or _results.default_path('decode_breakdown'), doc)}")
     return 0
 
 

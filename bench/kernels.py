@@ -14,7 +14,9 @@ slots, indices, q) until the set of copies is >= 256 MB, so nothing is served fr
 Extend-prefix (milliseconds long) uses triton.testing.do_bench (median, L2 flushed).
 
 Usage (H100, from the project root):
-    source .devkit/device-env.sh && python bench/kernels.py --out $OUT/kernels.md
+    source .devkit/device-env.sh && python bench/kernels.py --out $OUT/kernels.md --json $OUT/kernels.json
+The JSON (bench/_results.py: date, device, model, command, one row per decode shape / store size /
+extend shape) goes to bench/results/kernels/<UTC date_time>.json when --json is not given.
 Options: --tune (also sweep BLOCK_N / num_stages / split count), --quick (two shapes), --no-fast
 (skip the fast INT2 decode variant, attend_fast.py, timed by default next to the base kernel),
 --skip-store-extend (decode only), --flashinfer (FlashInfer's BF16 paged decode as a second
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import platform
 import sys
@@ -33,6 +34,8 @@ import time
 import torch
 import triton
 from triton.testing import do_bench
+
+import _results
 
 from oscar_kernels import Int2Format, ops
 from oscar_kernels import reference as ref
@@ -577,7 +580,7 @@ def bench_extend(prefix, E, tune=False, skip=()):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="write the markdown table here")
-    ap.add_argument("--json", help="write raw numbers here")
+    ap.add_argument("--json", help="write the result JSON here (default: bench/results/kernels/<UTC date_time>.json)")
     ap.add_argument("--tune", action="store_true", help="also sweep INT2 decode tile/split settings")
     ap.add_argument("--quick", action="store_true", help="two shapes only")
     ap.add_argument("--shapes", help="comma list of BxL, e.g. 8x32768,64x32768 (default: all)")
@@ -788,8 +791,13 @@ def main():
     log("\n" + text)
     if args.out:
         open(args.out, "w").write(text + "\n")
-    if args.json:
-        json.dump(raw, open(args.json, "w"), indent=1, default=str)
+    doc = _results.document(
+        f"synthetic: Hq={HQ}, Hkv={HKV}, D={D}, INT2 group {GROUP}, sink {SINK} + ring {WINDOW} BF16 keys",
+        [{"part": "decode", **r} for r in raw["decode"]] + [{"part": "store", **s} for s in st]
+        + [{"part": "extend", **e} for e in ex], device=dev_name, copy_gbs=copy_gbs, tune=raw["tune"],
+        acceptance=acc, versions={"torch": torch.__version__, "triton": triton.__version__,
+                                  "python": platform.python_version()})
+    log(f"wrote {_results.write(args.json or _results.default_path('kernels'), doc)}")
     log(f"total {time.time() - t_start:.0f} s")
     return 0
 

@@ -13,13 +13,14 @@ Phases (all on dummy-weight Qwen3-8B from the devkit, same --mem-fraction-static
 
     source .devkit/device-env.sh && python bench/server_e2e.py --out $OUT/e2e
 
-Writes OUT/results.json after every phase (a cut-off run keeps what it measured) and the logs.
+Writes OUT/results.json (bench/_results.py: date, device, model, command, one row per phase) after
+every phase (a cut-off run keeps what it measured) and the logs; kept runs go to
+bench/results/server_e2e/<date>_<time>.json.
 """
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import datetime
 import json
 import random
 import re
@@ -29,6 +30,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _results  # noqa: E402
 from _serving_server import ServerProcess, post_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,17 +167,15 @@ def main() -> int:
     global NO_TOKENIZER
     NO_TOKENIZER = a.skip_tokenizer
     a.out.mkdir(parents=True, exist_ok=True)
-    res: dict = {"date": datetime.datetime.utcnow().isoformat(timespec="seconds") + "Z",
-                 "model": a.model, "mem_fraction_static": a.mem, "command": " ".join(sys.argv)}
-    try:
-        import torch
-
-        res["device"] = torch.cuda.get_device_name(0)
-    except Exception as e:  # noqa: BLE001
-        res["device"] = f"? ({e})"
+    res: dict = _results.document(a.model, [], mem_fraction_static=a.mem)
 
     def save():
-        (a.out / "results.json").write_text(json.dumps(res, indent=2, default=str))
+        _results.write(a.out / "results.json", res)
+
+    def phase(name: str) -> dict:
+        """This phase's row (one per phase, in run order)."""
+        res["rows"].append({"phase": name})
+        return res["rows"][-1]
 
     rot = a.out / "rot_random_orthogonal.safetensors"
     res["rotation_sha256"] = make_rotation_file(rot, a.model)
@@ -184,22 +184,22 @@ def main() -> int:
 
     def phase_bf16():
         t0 = time.time()
+        r = phase("bf16")
         try:
             cmd = server_cmd(a.model, a.port, a.mem, "--attention-backend", "triton", "--disable-cuda-graph",
                              "--skip-tokenizer-init")
             with ServerProcess(cmd, {}, a.out / "bf16.log", a.port) as srv:
                 m = wait_log(srv, r"max_total_num_tokens=(\d+)")
-                res["bf16"] = {"max_total_num_tokens": int(m.group(1))}
+                r["max_total_num_tokens"] = int(m.group(1))
         except Exception as e:  # noqa: BLE001
-            res["bf16"] = {"error": str(e)[-3000:]}
-        res["bf16"]["phase_s"] = round(time.time() - t0)
-        print("bf16:", res["bf16"], flush=True)
+            r["error"] = str(e)[-3000:]
+        r["phase_s"] = round(time.time() - t0)
+        print("bf16:", r, flush=True)
         save()
 
     def phase_int2():
         t0 = time.time()
-        r: dict = {}
-        res["int2"] = r
+        r = phase("int2")
         try:
             # our launcher: --kv-cache-dtype int2 is its default
             cmd = server_cmd(a.model, a.port, a.mem, "--enable-metrics", launcher="oscar-sglang serve")
@@ -232,8 +232,7 @@ def main() -> int:
 
     def phase_noradix():
         t0 = time.time()
-        r = {}
-        res["noradix"] = r
+        r = phase("noradix")
         tap = a.out / "tap"
         try:
             env = {**int2_env, "OSCAR_DEBUG_TAP_DIR": str(tap), "OSCAR_DEBUG_TAP_LAYER": str(a.tap_layer)}
@@ -267,8 +266,9 @@ def main() -> int:
     for name in phases:
         runners[name]()
 
-    bf = res.get("bf16", {}).get("max_total_num_tokens")
-    info = res.get("int2", {}).get("info") or {}
+    rows = {r["phase"]: r for r in res["rows"]}
+    bf = rows.get("bf16", {}).get("max_total_num_tokens")
+    info = rows.get("int2", {}).get("info") or {}
     cap = info.get("max_total_num_tokens") or (info.get("oscar_int2") or {}).get("max_total_num_tokens")
     if bf and cap:
         res["capacity_ratio_int2_vs_bf16"] = round(cap / bf, 3)

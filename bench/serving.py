@@ -10,10 +10,11 @@ starts `python -m sglang.launch_server` with dummy weights and measures, over HT
   throughput   N requests at once (e.g. 64 x 32K prompt + 256 output): output tok/s, TTFT, TPOT;
   one_batch    `sglang.bench_one_batch` in-process batch-1 decode step (no scheduler, no HTTP).
 
-Results go to OUT/results.json (rewritten after every measurement, so a cut-off run keeps what it
+Results go to OUT/results.json (bench/_results.py: date, device, model, command, one row per
+(model, config) with its parts; rewritten after every measurement, so a cut-off run keeps what it
 measured) plus server logs and, for throughput loads, OUT/<model>_<config>_timelines.json (every
 request's token timestamps). `report` renders the markdown section and PNG plots from those files.
-To keep a run, copy results.json to bench/_serving_results/<date>_<time>_<configs>_<model>.json and
+To keep a run, copy results.json to bench/results/serving/<date>_<time>_<configs>_<model>.json and
 the timelines, gzipped as {"model/config": {...}}, to the same name with .timelines.json.gz.
 
 The working tree plus the devkit carry must stay under 64 MiB: carry the SmolLM2 tokenizer as
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVKIT_MODELS = ROOT / ".devkit" / "models"
@@ -69,20 +71,23 @@ def _model_config(model: str) -> dict:
 
 
 class Results:
-    """results.json, rewritten after every measurement."""
+    """results.json, rewritten after every measurement: bench/_results.py's document (one row per
+    (model, config)) plus `meta`, the run-wide settings the report prints."""
 
-    def __init__(self, path: Path, meta: dict):
+    def __init__(self, path: Path, meta: dict, models: List[str]):
         self.path = path
-        self.data = {"meta": meta, "runs": {}}
+        self.data = _results.document(",".join(models), [], device=meta["gpu"], meta=meta)
         self.save()
 
     def run(self, model: str, config: str) -> dict:
-        return self.data["runs"].setdefault(f"{model}/{config}", {"model": model, "config": config})
+        for row in self.data["rows"]:
+            if (row["model"], row["config"]) == (model, config):
+                return row
+        self.data["rows"].append({"model": model, "config": config})
+        return self.data["rows"][-1]
 
     def save(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=1))
-        tmp.replace(self.path)
+        _results.write(self.path, self.data)
 
 
 def _gpu_name() -> str:
@@ -309,7 +314,7 @@ def cmd_run(args) -> int:
         "gpu": _gpu_name(), "argv": sys.argv, "mem_fraction_static": args.mem_fraction_static,
         "configs": configs, "quick": args.quick,
     }
-    res = Results(out_dir / "results.json", meta)
+    res = Results(out_dir / "results.json", meta, args.models.split(","))
     t_begin = time.time()
     port = args.port
     for model in args.models.split(","):

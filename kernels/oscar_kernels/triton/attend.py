@@ -46,8 +46,8 @@ USE_ASM = os.environ.get("TRITON_INTERPRET") != "1" and os.environ.get("OSCAR_IN
 # tile's code copies after the previous tile's compute and waits for them at the top of the next
 # iteration, so every tile exposes a full memory latency (0 copy groups in flight at the wait); 4
 # gives the depth-3 schedule. From 5 the indices run two tiles and the codes one tile ahead of the
-# compute (bench/kernel_sass.py and bench/extend_fast_sass.py print the groups in flight,
-# tests/kernels/test_schedule.py checks them). H100: decode 7-14%, extend 6-10% faster than at 2.
+# compute (tests/kernels/test_schedule.py checks the groups in flight offline). H100: decode
+# 7-14%, extend 6-10% faster than at 2.
 INT2_STAGES = 5
 
 
@@ -468,7 +468,7 @@ def launch_attend(
         MIN_CHUNK=min_chunk, LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE, NB16=nb16,
         USE_ASM=(USE_ASM if use_asm is None else use_asm) and q.dtype == torch.bfloat16,
         # decode only: the base extend-prefix kernel (D = 256's prefill) keeps depth 2, its
-        # shared memory at depth 2 is already 164-180 KB (bench/sm90_fit.py)
+        # shared memory at depth 2 is already 164-180 KB (tests/kernels/test_schedule.py)
         INT2_STAGES=int2_stages or (INT2_STAGES if split else 2),
         num_warps=num_warps, num_stages=num_stages, **extra,
     )

@@ -10,7 +10,7 @@ ops.decode_attention uses it by default when K and V use one (scale, min) group 
 (G = head_dim); OSCAR_INT2_DECODE_KERNEL=base selects the original kernel (docs/benchmarks.md
 "Kernels", 17:44 UTC run: 1.06-1.96x faster than it at every benchmarked shape).
 
-What changes (SASS counts: bench/kernel_sass.py, sm_90, Hq=32, Hkv=8, D=128, G=128):
+What changes (SASS counts: docs/benchmarks.md "Findings", sm_90, Hq=32, Hkv=8, D=128, G=128):
 * Both products run transposed so that the long side fills the MMA's 16-row side and the GQA
   query rows its 8-column side (padded to 8, not to 16): scores s^T = codes_K @ q^T (keys x rows)
   and o^T += codes_V^T @ (p*sc) (Dv x rows). Half the MMAs and half the accumulator registers of
@@ -55,7 +55,7 @@ NUM_WARPS = 1
 # Program slots per SM: 12 one-warp programs fit by registers (168) and by shared memory (12.8 KB
 # per program with 16-key BF16 tiles; tests/kernels/test_schedule.py), so a grid of up to
 # 12 x SMs programs runs in one wave. BF16_LAST and BLOCK_B date from the byte-reading kernel,
-# which was bound by its SMs (bench/decode_probe.py, 2026-11-22 15:28 UTC) and ran one INT2
+# which was bound by its SMs (docs/benchmarks.md "Findings", 2026-11-22 15:28 UTC) and ran one INT2
 # program per slot with BF16-only splits: those programs started last to fill the slots freed at
 # the end (16:02 UTC: B=8 L=32K 80.1 vs 86.9 us); with bf16_spread (the default) there are no
 # BF16-only programs and BF16_LAST changes nothing. 16-key BF16 tiles (BLOCK_B) keep shared

@@ -18,7 +18,7 @@ from .attend import check_pool, launch_attend, num_splits_of, source_ranges
 # best or within 2% of the best tried setting at every benchmarked (B, L); see docs/benchmarks.md.
 BLOCK_N = 128  # INT2 keys per tile
 # head_dim 256: a 128-key tile at G=32 needs 290 KB of shared memory (the H100 has 227 KB per
-# block; bench/sm90_fit.py, checked by tests/kernels/test_schedule.py), 32 keys need 149 KB
+# block; checked offline by tests/kernels/test_schedule.py), 32 keys need 149 KB
 BLOCK_N_D256 = 32
 BLOCK_B = 32  # BF16 keys per tile
 MIN_CHUNK = 256  # fewest INT2 keys per split when splits are derived in-kernel

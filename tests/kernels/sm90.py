@@ -1,0 +1,215 @@
+"""Compile the INT2 kernels for sm_90 without a GPU (Triton ships ptxas) and report what the
+schedule tests check: async copy groups in flight at the INT2 loop's wait, registers, shared memory.
+
+Run in a subprocess (`run`): the test process has TRITON_INTERPRET=1, and triton.jit decides at
+import time whether a kernel is compiled or interpreted. Each launch is captured as the op would
+make it, its arguments turned into an ASTSource signature (pointers and multiples of 16 get the
+runtime's divisibility specialisation, ints equal to 1 become constants), then compiled.
+
+    python -m tests.kernels.sm90 decode [--int2-stages N] [--fused-merge]   # fast decode, B=8, L=4096
+    python -m tests.kernels.sm90 extend                                    # extend_fast, 32K + 4096
+    python -m tests.kernels.sm90 fit                                       # every (head_dim, group)
+
+Each prints one JSON object.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HQ, HKV, SINK, WINDOW = 32, 8, 64, 256
+H100_SMEM_PER_BLOCK = 232448  # bytes (227 KB opt-in maximum)
+
+
+def run(*args: str, timeout: int = 900) -> dict:
+    """This module's output for `args`, from a subprocess without the Triton interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), str(ROOT / "kernels"), env.get("PYTHONPATH")]))
+    out = subprocess.run([sys.executable, "-m", "tests.kernels.sm90", *args], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+class _Capture:
+    """Stands in for a @triton.jit kernel: `k[grid](*args, **kw)` records the call."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, []
+
+    def __getitem__(self, grid):
+        return lambda *a, **kw: self.calls.append((a, kw))
+
+
+def _capture(call, targets):
+    """Run call() with the kernels `targets` [(module, name)] replaced by recorders; returns
+    [(fn, args, kwargs)] of every recorded launch."""
+    saved = {(m, n): getattr(m, n) for m, n in targets}
+    caps = {key: _Capture(f) for key, f in saved.items()}
+    for (m, n), c in caps.items():
+        setattr(m, n, c)
+    try:
+        call()
+    finally:
+        for (m, n), f in saved.items():
+            setattr(m, n, f)
+    return [(c.fn, a, dict(kw)) for c in caps.values() for a, kw in c.calls]
+
+
+def _compile(fn, args, kwargs):
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    dt = {torch.uint8: "u8", torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64",
+          torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+    opts = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "maxnreg") if k in kwargs}
+    vals = dict(zip(fn.arg_names, args))
+    vals.update(kwargs)
+    sig, constexprs, attrs = {}, {}, {}
+    for i, (name, p) in enumerate(zip(fn.arg_names, fn.params)):
+        v = vals[name]
+        if p.is_constexpr:
+            sig[name], constexprs[name] = "constexpr", v
+        elif isinstance(v, torch.Tensor):
+            sig[name] = "*" + dt[v.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(v, bool):
+            sig[name] = "i1"
+        elif isinstance(v, int):
+            if v == 1:  # the runtime specialises 1 into a constant
+                sig[name], constexprs[name] = "constexpr", 1
+            else:
+                sig[name] = "i32" if -2**31 <= v < 2**31 else "i64"
+                if v % 16 == 0:
+                    attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(v, float):
+            sig[name] = "fp32"
+        else:
+            raise TypeError(f"{name}: {type(v)}")
+    return triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+def _report(k) -> dict:
+    """In-flight copy groups (the most any loop leaves at its wait; 0: every tile's loads are
+    waited for right after they are issued), registers and shared memory of a compiled kernel."""
+    import tempfile
+
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        res = subprocess.run([str(tool), "-res-usage", f.name], check=True, capture_output=True, text=True).stdout
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", res)
+    waits = [int(n) for n in re.findall(r"ttg\.async_wait[^{]*\{num = (\d+)", k.asm["ttgir"])]
+    return {"in_flight": max(waits, default=0), "regs": int(m.group(1)), "static_smem": int(m.group(3)),
+            "dynamic_smem": int(k.metadata.shared)}
+
+
+def _pool(N, D, G, rows):
+    import torch
+
+    # head-major, like the plugin's pool ([H, N, ...] memory viewed as [N, H, ...])
+    hm = lambda *s, dt: torch.zeros(HKV, N, *s, dtype=dt).transpose(0, 1)  # noqa: E731
+    bf = lambda n: torch.zeros(rows, n, HKV, D, dtype=torch.bfloat16)  # noqa: E731
+    return dict(k_codes=hm(D // 4, dt=torch.uint8), k_params=hm(D // G, 2, dt=torch.float16),
+                v_codes=hm(D // 4, dt=torch.uint8), v_params=hm(D // G, 2, dt=torch.float16),
+                sink_k=bf(SINK), sink_v=bf(SINK), ring_k=bf(WINDOW), ring_v=bf(WINDOW))
+
+
+def decode(int2_stages=None, fused_merge=False) -> dict:
+    """The fast decode's stage-1 kernel at the benchmark shape (D=128, G=128, B=8, L=4096)."""
+    import torch
+
+    from oscar_kernels.triton import attend_fast, decode as dec
+
+    D, G, B, L, ms = 128, 128, 8, 4096, 34
+    meta = dict(kv_indptr=torch.arange(0, B * L + 1, L, dtype=torch.int32),
+                kv_indices=torch.arange(1, B * L + 1, dtype=torch.int32),
+                req_rows=torch.arange(B, dtype=torch.int32) + 1, own_start=torch.zeros(B + 1, dtype=torch.int32))
+    kw = {"int2_stages": int2_stages} if int2_stages else {}
+    if fused_merge:
+        kw["fused_merge"] = True
+    q = torch.zeros(B, HQ, D, dtype=torch.bfloat16)
+    calls = _capture(lambda: attend_fast.decode_attention_fast(
+        q, torch.zeros_like(q), *_pool(B * L + 1, D, G, B + 1).values(), *meta.values(), k_group=G, v_group=G,
+        sm_scale=D ** -0.5, max_kv_splits=ms, attn_logits=torch.zeros(B, HQ, ms, D),
+        attn_lse=torch.zeros(B, HQ, ms), **kw), [(attend_fast, "attend_fast_kernel"), (dec, "_merge_splits_kernel")])
+    (fn, a, k), = [c for c in calls if c[0] is not dec._merge_splits_kernel]
+    return _report(_compile(fn, a, k))
+
+
+def extend() -> dict:
+    """extend_fast_kernel as ops.extend_prefix_attention launches it (D=128, G=128, 32K + 4096)."""
+    import torch
+
+    from oscar_kernels.triton import extend_fast as ef
+
+    D, G, L, E = 128, 128, 32768, 4096
+    meta = [torch.tensor([0, L], dtype=torch.int32), torch.arange(1, L + 1, dtype=torch.int32),
+            torch.tensor([1], dtype=torch.int32), torch.zeros(2, dtype=torch.int32)]
+    q = torch.zeros(E, HQ, D, dtype=torch.bfloat16)
+    (fn, a, k), = _capture(lambda: ef.extend_prefix_attention_fast(
+        q, torch.tensor([0, E], dtype=torch.int32), *_pool(L + 1, D, G, 2).values(), *meta, k_group=G, v_group=G,
+        sm_scale=D ** -0.5, max_len_extend=E, o=torch.zeros(E, HQ, D), lse=torch.zeros(E, HQ)),
+        [(ef, "extend_fast_kernel")])
+    return _report(_compile(fn, a, k))
+
+
+def fit() -> dict:
+    """Decode and extend-prefix through oscar_kernels.ops (default kernel selection, bf16 queries)
+    at every head_dim D in {64, 128, 256} and group size G of the format (G divides D, G >= 32)."""
+    import torch
+
+    from oscar_kernels import ops
+    from oscar_kernels.triton import attend, attend_fast, decode as dec, extend_fast
+
+    targets = [(attend, "attend_kernel"), (attend_fast, "attend_fast_kernel"),
+               (extend_fast, "extend_fast_kernel"), (dec, "_merge_splits_kernel")]
+    L, E, out = 4096, 64, []
+    for D in (64, 128, 256):
+        for G in (g for g in (32, 64, 128) if g <= D and D % g == 0):
+            p = _pool(L + 1, D, G, 2)
+            meta = dict(kv_indptr=torch.tensor([0, L], dtype=torch.int32),
+                        kv_indices=torch.arange(1, L + 1, dtype=torch.int32),
+                        req_rows=torch.tensor([1], dtype=torch.int32), own_start=torch.zeros(2, dtype=torch.int32))
+            kw = dict(k_group=G, v_group=G, sm_scale=D ** -0.5)
+            q1, qe = torch.zeros(1, HQ, D, dtype=torch.bfloat16), torch.zeros(E, HQ, D, dtype=torch.bfloat16)
+            for op, call in (("decode", lambda: ops.decode_attention(q1, torch.zeros_like(q1), **p, **meta,
+                                                                     max_kv_splits=34, **kw)),
+                             ("extend-prefix", lambda: ops.extend_prefix_attention(
+                                 qe, torch.tensor([0, E], dtype=torch.int32), **p, **meta, max_len_extend=E, **kw))):
+                for fn, a, k in _capture(call, targets):
+                    if fn is dec._merge_splits_kernel:
+                        continue
+                    c = _compile(fn, a, k)
+                    out.append({"D": D, "G": G, "op": op, "kernel": fn.fn.__name__, "smem": int(c.metadata.shared)})
+    return {"limit": H100_SMEM_PER_BLOCK, "kernels": out}
+
+
+def main(argv: list[str]) -> int:
+    os.environ.pop("TRITON_INTERPRET", None)  # compile for real (before anything imports triton)
+    what, rest = argv[0], argv[1:]
+    if what == "decode":
+        stages = int(rest[rest.index("--int2-stages") + 1]) if "--int2-stages" in rest else None
+        res = decode(stages, "--fused-merge" in rest)
+    elif what == "extend":
+        res = extend()
+    elif what == "fit":
+        res = fit()
+    else:
+        raise SystemExit(f"unknown: {what}")
+    print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
