@@ -71,8 +71,12 @@ def niah_markdown(run: dict) -> str:
     lines = []
     for name, grid in run["grids"].items():
         depths = run["depths"]
-        lines.append(f"**{name}**: accuracy {grid['accuracy']:.2f} over {grid['n']} prompts "
-                     f"({grid.get('errors', 0)} request errors)")
+        extra = ""
+        if "accuracy_contains" in grid:  # exact match is the score; 'contains' for comparison
+            extra = f", contains {grid['accuracy_contains']:.2f}"
+        where = f" ({grid['model']} at {grid['url']})" if grid.get("url") else ""
+        lines.append(f"**{name}**{where}: accuracy {grid['accuracy']:.2f}{extra} over "
+                     f"{grid['n']} prompts ({grid.get('errors', 0)} request errors)")
         lines.append("")
         lines.append("| context \\ depth | " + " | ".join(f"{d:.0%}" for d in depths) + " |")
         lines.append("|---" * (len(depths) + 1) + "|")
