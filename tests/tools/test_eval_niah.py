@@ -11,6 +11,7 @@ import importlib.util
 import json
 import logging
 import re
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -310,5 +311,149 @@ def test_context_unknown_and_no_server_info(stub, tmp_path):
 def load_bench():
     spec = importlib.util.spec_from_file_location("niah_server", ROOT / "bench" / "niah_server.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules["niah_server"] = mod  # dataclasses look their module up while the class is built
     spec.loader.exec_module(mod)
     return mod
+
+
+def test_bench_configs_and_server_commands():
+    b = load_bench()
+    cfgs = b.parse_configs("bf16,fp8_e4m3,int2,kvh:OSCAR_ROTATION=hadamard,OSCAR_GROUP_SIZE=64,"
+                           "g32:OSCAR_GROUP_SIZE=32")
+    assert [(c.name, c.kv, c.format, c.default) for c in cfgs] == [
+        ("bf16", "bf16", None, False), ("fp8_e4m3", "fp8_e4m3", None, False),
+        ("int2", "int2", "default", True), ("kvh", "int2", "kvh", False),
+        ("g32", "int2", "g32", False)]
+    assert cfgs[3].env == {"OSCAR_ROTATION": "hadamard", "OSCAR_GROUP_SIZE": "64"}
+    assert cfgs[4].env == {"OSCAR_GROUP_SIZE": "32"} and cfgs[2].env == {}
+    for bad in ("bf16,OSCAR_X=1", "fp16", "int2:OSCAR_X=1", "v:1X=2", "bf16,bf16", "",
+                "v:A=1,int2,B=2"):
+        with pytest.raises(ValueError):
+            b.parse_configs(bad)
+    args = ["--mem-fraction-static", "0.3"]
+    bf16 = b.server_command(cfgs[0], "/m", "Smol", 31000, args)
+    fp8 = b.server_command(cfgs[1], "/m", "Smol", 31001, args)
+    int2 = b.server_command(cfgs[3], "/m", "Smol", 31003, args)
+    assert bf16[1:3] == ["-m", "sglang.launch_server"] and "--kv-cache-dtype" not in bf16
+    assert " ".join(bf16).count("--attention-backend triton") == 1 and "/m" in bf16
+    assert fp8[fp8.index("--kv-cache-dtype") + 1] == "fp8_e4m3"
+    assert int2[1:4] == ["-m", "oscar_sglang.tools.cli", "serve"] and "--model-path" not in int2
+    for cmd, port in ((bf16, "31000"), (fp8, "31001"), (int2, "31003")):
+        assert cmd[cmd.index("--port") + 1] == port and cmd[cmd.index("--host") + 1] == "127.0.0.1"
+        assert cmd[-2:] == args
+    assert b.body_bits("bf16", None) == (16.0, None) and b.body_bits("fp8_e4m3", None)[0] == 8.0
+    assert b.body_bits("int2", {"bytes_per_token": 3604, "bf16_bytes_per_token": 23040})[0] == \
+        pytest.approx(2.5028, abs=1e-4)
+    assert b.body_bits("int2", {})[0] is None
+
+
+def test_bench_writes_the_acceptance_json(stub, tmp_path):
+    """run_all with a runner that starts no server: each configuration runs the real harness
+    (niah_argv + the CLI) against the stub; the JSON has the issue's keys for every row."""
+    b = load_bench()
+    cfgs = b.parse_configs("bf16,fp8_e4m3,int2,hd:OSCAR_ROTATION=hadamard")
+    ns = SimpleNamespace(seed=3, concurrency=4, min_trials=100, max_tokens=16, lengths="400,800",
+                         depths=None, trials=None, progress=False)
+    oscar = {"bytes_per_token": 3604, "bf16_bytes_per_token": 23040, "group_size": 64}
+
+    def runner(cfg, i):
+        if cfg.name == "hd":
+            raise RuntimeError("server exited with 1")  # a broken server costs only its row
+        argv = b.niah_argv(cfg, stub["url"], ns, "chars", tmp_path / "niah")
+        assert cli.main(argv) == 0
+        run = json.loads((tmp_path / "niah" / f"niah_{cfg.name}.json").read_text())
+        if cfg.kv == "int2":
+            run["grids"][cfg.name]["oscar_int2"] = oscar
+        return {"niah": run, "server_cmd": ["python", "-m", "x", "--port", str(31000 + i)],
+                "startup_s": 1.0, "niah_s": 2.0, "log": f"logs/server_{cfg.name}.log"}
+
+    extra = tmp_path / "extra.json"
+    extra.write_text(json.dumps({"default": {"kld": 0.05}, "bf16": {"kld": 0.0},
+                                 "nonesuch": {"kld": 9}}))
+    out = tmp_path / "niah_server_h100.json"
+    meta = {"date": "2026-11-25T06:00:00+00:00", "device": "stub", "model": "fake-model",
+            "command": "python bench/niah_server.py"}
+    rows = b.run_all(cfgs, runner, out, meta, [json.loads(extra.read_text())])
+    data = json.loads(out.read_text())
+    assert {"date", "device", "model", "command", "rows"} <= set(data)
+    assert data["extra_unmatched"] == ["nonesuch"] and data["rows"] == rows
+    keys = {"kv", "format", "default", "body_bits_per_element", "kv_tokens", "niah", "trials",
+            "kld", "backend", "niah_contains", "server_args"}
+    for r in data["rows"]:
+        assert keys <= set(r), keys - set(r)
+    by = {r["name"]: r for r in data["rows"]}
+    assert [r["kv"] for r in data["rows"]] == ["bf16", "fp8_e4m3", "int2", "int2"]
+    assert by["int2"]["default"] and by["int2"]["format"] == "default"
+    assert by["bf16"]["format"] is None and not by["bf16"]["default"]
+    for name in ("bf16", "fp8_e4m3", "int2"):
+        r = by[name]
+        assert r["trials"] == 100 and r["errors"] == 0  # 2 lengths x 10 depths x 5 trials
+        assert 0.0 <= r["niah"] <= r["niah_contains"] <= 1.0
+        assert r["kv_tokens"] == 123456 and r["backend"] == "oscar_triton"
+        assert r["server_args"].startswith("python -m x --port 3100")
+        assert r["niah_command"].startswith("oscar-sglang eval niah --url")
+    assert len({by[n]["prompts_sha256"] for n in ("bf16", "fp8_e4m3", "int2")}) == 1  # paired
+    assert by["bf16"]["body_bits_per_element"] == 16.0
+    assert by["int2"]["body_bits_per_element"] == pytest.approx(2.5028, abs=1e-4)
+    assert by["int2"]["kld"] == 0.05 and "kld_note" not in by["int2"]
+    assert by["bf16"]["kld"] == 0.0 and by["fp8_e4m3"]["kld"] is None and by["fp8_e4m3"]["kld_note"]
+    assert by["hd"]["niah"] is None and "server exited" in by["hd"]["error"]
+    assert by["hd"]["server_env"] == {"OSCAR_ROTATION": "hadamard"}
+    # assembling the final table later, without servers
+    extra2 = tmp_path / "extra2.json"
+    extra2.write_text(json.dumps({"fp8_e4m3": {"kld": 0.001}}))
+    final = tmp_path / "final.json"
+    assert b.main(["--from-json", str(out), "--extra-json", str(extra2), "--json", str(final)]) == 0
+    f = json.loads(final.read_text())
+    fb = {r["name"]: r for r in f["rows"]}
+    assert fb["fp8_e4m3"]["kld"] == 0.001 and fb["int2"]["kld"] == 0.05
+    assert f["date"] == meta["date"] and "--from-json" in f["merged_with"][0]
+
+
+def test_bench_deadline_skips_what_would_not_finish(tmp_path):
+    b = load_bench()
+    now = [0.0]
+
+    def runner(cfg, i):
+        now[0] += 100.0  # every configuration takes 100 s
+        return {"error": "no harness in this test"}
+
+    rows = b.run_all(b.parse_configs("bf16,fp8_e4m3,int2"), runner, tmp_path / "r.json", {},
+                     deadline_s=250, clock=lambda: now[0])
+    assert [r.get("error", "").startswith("skipped") for r in rows] == [False, False, True]
+    assert json.loads((tmp_path / "r.json").read_text())["rows"][2]["kv"] == "int2"
+
+
+HEALTH_SERVER = """
+import subprocess, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # a 'scheduler' child
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404); self.end_headers()
+print("up", flush=True)
+HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_bench_server_process_starts_waits_and_stops_its_group(tmp_path):
+    import os
+    import socket
+
+    b = load_bench()
+    with socket.socket() as s:  # a free loopback port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "logs" / "server.log"
+    with b.Server([sys.executable, "-c", HEALTH_SERVER, str(port)], {"OSCAR_X": "1"}, log,
+                  port) as srv:
+        assert srv.wait_ready(60) < 60
+        pgid = srv.proc.pid
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)  # the server and its child are gone
+    text = log.read_text()
+    assert text.startswith("$ OSCAR_X=1 ") and "up" in text
+    with pytest.raises(RuntimeError, match="server exited with 3"):
+        with b.Server([sys.executable, "-c", "import sys; sys.exit(3)"], {}, log, port) as srv:
+            srv.wait_ready(60)
