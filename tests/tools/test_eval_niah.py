@@ -283,6 +283,28 @@ def test_clear_errors(stub, tmp_path, caplog):
     assert time.monotonic() - t0 < 30
 
 
+DEVKIT_TOKENIZER = ROOT.parent / "shared" / "devkit" / "models" / "smollm2-135m"
+
+
+@pytest.mark.skipif(not (DEVKIT_TOKENIZER / "tokenizer.json").is_file(),
+                    reason="needs the devkit's SmolLM2 tokenizer files")
+def test_chat_formatted_prompt_must_fit_the_context(stub, tmp_path, caplog):
+    """With a real tokenizer and chat template the prompt is measured as the server sees it:
+    1024 + 16 fits a 1045-token context on paper, the templated prompt does not."""
+    caplog.set_level(logging.INFO, logger="oscar_sglang.eval")
+    stub["context"] = 1045
+    a = args_for(stub["url"], tmp_path, tokenizer=str(DEVKIT_TOKENIZER), lengths=[512, 1024],
+                 depths=[0.5], trials=1)
+    assert niah.main_niah(a) == 2
+    assert re.search(r"the 10\d\d-token prompt \(length 1024\) \+ 16 answer tokens exceeds "
+                     r"the context of 1045", caplog.text)
+    stub["context"] = 1100
+    assert niah.main_niah(a) == 0
+    meta = json.loads((tmp_path / "niah.json").read_text())["meta"]
+    n512, n1024 = meta["prompt_tokens"]["512"], meta["prompt_tokens"]["1024"]
+    assert 1024 - 64 < n1024 <= 1100 - 16 and n1024 - n512 == pytest.approx(512, abs=8)
+
+
 def test_dead_server_mid_run_stops_early(stub, tmp_path, caplog):
     caplog.set_level(logging.ERROR, logger="oscar_sglang.eval")
     stub["always_fail"] = True

@@ -557,18 +557,20 @@ def main_niah(args, progress=None) -> int:
     except ValueError as e:
         log.error("error: %s", e)
         return 2
-    if context:  # the real chat-formatted size of the longest prompt, when the template is known
-        longest = max(cases, key=lambda c: c.length)
-        n_tok = counter.prompt_tokens(longest.prompt)
-        if n_tok and n_tok + args.max_tokens > context:
-            log.error("error: the %d-token prompt (length %d) + %d answer tokens exceeds the "
-                      "context of %d; use a smaller length", n_tok, longest.length,
-                      args.max_tokens, context)
-            return 2
+    # the real chat-formatted size of one prompt per length, when the template is known
+    prompt_tokens = {L: counter.prompt_tokens(next(c.prompt for c in cases if c.length == L))
+                     for L in lengths}
+    longest = max(lengths)
+    if context and prompt_tokens[longest] and prompt_tokens[longest] + args.max_tokens > context:
+        log.error("error: the %d-token prompt (length %d) + %d answer tokens exceeds the "
+                  "context of %d; use a smaller length", prompt_tokens[longest], longest,
+                  args.max_tokens, context)
+        return 2
     grids = {}
     meta = {"command": _command_line(args), "max_tokens": args.max_tokens, "temperature": 0.0,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "seed": args.seed, "tokenizer": tok_name, "context_length": context,
+            "prompt_tokens": {str(L): n for L, n in prompt_tokens.items()},  # chat-formatted
             "scoring": "exact: the first integer of the answer equals the needle "
                        "(contains: the answer contains it, for comparison)",
             "prompts_sha256": prompts_sha256(cases)}
