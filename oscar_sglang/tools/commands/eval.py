@@ -22,6 +22,13 @@ def _floats(s: str) -> list[float]:
     return [float(x) for x in s.split(",") if x.strip()]
 
 
+def _wrap(text: str, width: int = 92) -> str:
+    """Fill each paragraph (the raw formatter keeps line breaks, so long lines stay long)."""
+    import textwrap
+
+    return "\n\n".join(textwrap.fill(p, width) for p in text.split("\n\n"))
+
+
 def add_parser(subparsers) -> None:
     import argparse
 
@@ -71,7 +78,7 @@ def add_parser(subparsers) -> None:
     n = sub.add_parser(
         "niah", help="needle-in-a-haystack over the essays (OpenAI server or local)",
         formatter_class=raw,
-        description="Needle-in-a-haystack: a random 7-digit 'magic number' is hidden at a "
+        description=_wrap("Needle-in-a-haystack: a random 7-digit 'magic number' is hidden at a "
         "given depth of a Paul Graham essay haystack and the model is asked for it (greedy). "
         "Scored by exact match: the first integer of the answer must equal the number (the "
         "looser 'contains' score is reported next to it).\n\n"
@@ -81,7 +88,7 @@ def add_parser(subparsers) -> None:
         "the server reports, and enough trials per cell for >= 100 prompts per server. Every "
         "trial has its own needle and haystack, fixed by --seed, so two servers get the same "
         "prompts. --local MODEL: transformers, BF16 vs the emulated INT2 cache (old small "
-        "defaults: 3 lengths x 5 depths x 1 trial). Writes <name>.json, .md and .png.",
+        "defaults: 3 lengths x 5 depths x 1 trial). Writes <name>.json, .md and .png."),
         epilog="Examples:\n  oscar-sglang eval niah --url http://127.0.0.1:30000\n"
         "  oscar-sglang eval niah --base-url int2=http://127.0.0.1:30000/v1 "
         "bf16=http://127.0.0.1:30001/v1 --kv-tokens-from-server\n"

@@ -95,7 +95,8 @@ def niah_heatmaps(run: dict, path) -> None:
     import numpy as np
 
     names = list(run["grids"])
-    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
+    w = max(4.2, 0.55 * len(run["depths"]) + 1.6)  # 10 depths need room for their labels
+    fig, axes = plt.subplots(1, len(names), figsize=(w * len(names), 3.4), squeeze=False)
     for ax, name in zip(axes[0], names):
         cells = run["grids"][name]["cells"]
         a = np.array([[np.nan if v is None else v for v in row] for row in cells], dtype=float)
@@ -106,7 +107,8 @@ def niah_heatmaps(run: dict, path) -> None:
         ax.set_yticklabels([str(x) for x in run["lengths"]], fontsize=8)
         ax.set_xlabel("needle depth")
         ax.set_ylabel("context tokens")
-        ax.set_title(f"{name} (acc {run['grids'][name]['accuracy']:.2f})", fontsize=9)
+        score = "exact" if "accuracy_contains" in run["grids"][name] else "acc"
+        ax.set_title(f"{name} ({score} {run['grids'][name]['accuracy']:.2f})", fontsize=9)
         for i in range(a.shape[0]):
             for j in range(a.shape[1]):
                 if not np.isnan(a[i, j]):
