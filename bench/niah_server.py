@@ -336,6 +336,16 @@ def device_name() -> str:
     return "unknown (no nvidia-smi)"
 
 
+def git_commit() -> str | None:
+    """The checkout's commit, when it is a git checkout (a device copy may not be)."""
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+        return out.stdout.strip() if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
 def niah_argv(cfg: Config, url: str, args, tokenizer: str, out_dir: Path) -> list[str]:
     argv = ["eval", "niah", "--url", f"{cfg.name}={url}", "--tokenizer", tokenizer,
             "--seed", str(args.seed), "--concurrency", str(args.concurrency),
@@ -453,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": device_name(), "model": served, "model_path": model_path,
-            "command": command, "server_args_common": args.server_args,
+            "command": command, "commit": git_commit(), "server_args_common": args.server_args,
             "notes": {"niah": "exact-match accuracy over all prompts of the configuration "
                               "(first integer of the greedy answer == the needle); "
                               "niah_contains: the answer contains the needle",

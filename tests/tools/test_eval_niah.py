@@ -49,6 +49,7 @@ def make_handler(state: dict):
                 return self._send(200, {
                     "context_length": state["context"], "max_total_num_tokens": 123456,
                     "kv_cache_dtype": "int2", "attention_backend": "oscar_triton",
+                    "tokenizer_path": state.get("tokenizer_path"),
                     "internal_states": [{"oscar_int2": {"group_size": 64,
                                                         "max_total_num_tokens": 123456}}]})
             self._send(404, {"error": "not found"})
@@ -303,6 +304,20 @@ def test_chat_formatted_prompt_must_fit_the_context(stub, tmp_path, caplog):
     meta = json.loads((tmp_path / "niah.json").read_text())["meta"]
     n512, n1024 = meta["prompt_tokens"]["512"], meta["prompt_tokens"]["1024"]
     assert 1024 - 64 < n1024 <= 1100 - 16 and n1024 - n512 == pytest.approx(512, abs=8)
+
+
+@pytest.mark.skipif(not (DEVKIT_TOKENIZER / "tokenizer.json").is_file(),
+                    reason="needs the devkit's SmolLM2 tokenizer files")
+def test_auto_tokenizer_comes_from_the_server(stub, tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="oscar_sglang.eval")
+    a = args_for(stub["url"], tmp_path, tokenizer="auto", lengths=[512], depths=[0.5], trials=1)
+    assert niah.main_niah(a) == 0  # 'fake-model' is no tokenizer here: 4 characters per token
+    assert json.loads((tmp_path / "niah.json").read_text())["meta"]["tokenizer"] == "chars"
+    assert "lengths are approximate" in caplog.text
+    stub["tokenizer_path"] = str(DEVKIT_TOKENIZER)  # the server's own tokenizer, on this machine
+    assert niah.main_niah(a) == 0
+    meta = json.loads((tmp_path / "niah.json").read_text())["meta"]
+    assert meta["tokenizer"] == str(DEVKIT_TOKENIZER) and meta["prompt_tokens"]["512"] > 480
 
 
 def test_dead_server_mid_run_stops_early(stub, tmp_path, caplog):

@@ -428,7 +428,8 @@ def run_grid(name: str, chat, cases: list[NiahCase], lengths, depths, concurrenc
             "answers": results}
 
 
-def _tokenizer(spec: str, chat: OpenAIChat | None, info: dict | None) -> tuple[TokenCounter, str]:
+def _tokenizer(spec: str, chat: OpenAIChat | None, info: dict | None,
+               local_only: bool = False) -> tuple[TokenCounter, str]:
     """--tokenizer -> (counter, what was used). 'auto': the server's tokenizer_path if it is a
     directory here, the embedded SmolLM2 when that is the served model, the served model id if
     transformers has it locally, else ~4 characters per token (with a warning)."""
@@ -452,7 +453,8 @@ def _tokenizer(spec: str, chat: OpenAIChat | None, info: dict | None) -> tuple[T
             cands.append(model)
         for c in cands:
             try:
-                return _tokenizer(c, chat, info)[0], c
+                # guessed from the server: only what is here, no download mid-evaluation
+                return _tokenizer(c, chat, info, local_only=True)[0], c
             except Exception as e:  # not available here: try the next one
                 log.debug("tokenizer %s: %s", c, e)
         log.warning("warning: no tokenizer found for %s; lengths are approximate (4 characters "
@@ -461,9 +463,8 @@ def _tokenizer(spec: str, chat: OpenAIChat | None, info: dict | None) -> tuple[T
     path, gguf = resolve_model(spec)
     if spec in EMBEDDED_ALIASES or gguf:
         path = str(_dequantised_copy(path, gguf))
-    local = Path(path).is_dir()
-    # a Hub id: only what is cached here (no download in the middle of an evaluation)
-    return TokenCounter(AutoTokenizer.from_pretrained(path, local_files_only=not local)), spec
+    local_only = local_only and not Path(path).is_dir()
+    return TokenCounter(AutoTokenizer.from_pretrained(path, local_files_only=local_only)), spec
 
 
 def _grid_params(args, context: int | None, local: bool) -> tuple[list, list, int]:
