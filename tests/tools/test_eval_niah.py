@@ -494,3 +494,63 @@ def test_bench_server_process_starts_waits_and_stops_its_group(tmp_path):
     with pytest.raises(RuntimeError, match="server exited with 3"):
         with b.Server([sys.executable, "-c", "import sys; sys.exit(3)"], {}, log, port) as srv:
             srv.wait_ready(60)
+
+
+OPENAI_SERVER = """
+import json, re, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def send(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code); self.send_header("Content-Length", str(len(data)))
+        self.end_headers(); self.wfile.write(data)
+    def do_GET(self):
+        if self.path == "/health": return self.send(200, {})
+        if self.path == "/v1/models":
+            return self.send(200, {"data": [{"id": "fake-model", "max_model_len": 1100}]})
+        if self.path == "/server_info":
+            return self.send(200, {"max_total_num_tokens": 4242, "attention_backend": "triton"})
+        self.send(404, {})
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        n = re.search(r"magic number is (\\d+)", body["messages"][0]["content"]).group(1)
+        self.send(200, {"choices": [{"message": {"content": n + "."}}]})
+print("serving", sys.argv[1], flush=True)
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_bench_main_end_to_end_with_stand_in_servers(tmp_path, monkeypatch):
+    """main() with the server command swapped for a stdlib stand-in (no GPU here): servers are
+    started, waited for, asked, stopped; the JSON and logs land where the device run puts them."""
+    import socket
+
+    b = load_bench()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = []
+
+    def fake_command(cfg, model_path, served, p, server_args):
+        started.append((cfg.name, p, server_args))
+        return [sys.executable, "-c", OPENAI_SERVER, str(p)]
+
+    monkeypatch.setattr(b, "server_command", fake_command)
+    monkeypatch.setattr(b, "embedded_model", lambda: ("chars", "fake-model"))
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    rc = b.main(["--configs", "bf16,int2", "--port", str(port), "--min-trials", "100",
+                 "--concurrency", "8", "--startup-timeout", "60"])
+    assert rc == 0
+    data = json.loads((tmp_path / "out" / "niah_server_h100.json").read_text())
+    assert [s[:2] for s in started] == [("bf16", port), ("int2", port + 1)]
+    assert "--disable-radix-cache" in started[0][2]
+    assert data["model"] == "fake-model" and data["command"].startswith("python bench/niah_server.py")
+    for r in data["rows"]:
+        assert r["niah"] == 1.0 and r["niah_contains"] == 1.0 and r["trials"] == 100
+        assert r["kv_tokens"] == 4242 and r["backend"] == "triton" and "error" not in r
+        assert (tmp_path / "out" / r["log"]).read_text().startswith("$ ")
+        assert (tmp_path / "out" / "niah" / f"niah_{r['name']}.png").is_file()
+    assert data["rows"][1]["body_bits_per_element"] is None and data["rows"][1]["body_bits_note"]
+    niah_run = json.loads((tmp_path / "out" / "niah" / "niah_int2.json").read_text())
+    assert niah_run["lengths"] == [1024] and len(niah_run["depths"]) == 10  # context 1100
