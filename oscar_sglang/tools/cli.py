@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     if rest and not getattr(args, "accepts_passthrough", False):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     args.passthrough = rest
+    args.argv = list(argv)  # what was typed, for results that record their command
     return int(args.func(args) or 0)
 
 

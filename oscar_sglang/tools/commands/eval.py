@@ -2,7 +2,7 @@
 
   eval fidelity  KLD / top-1 / perplexity vs the unquantised model, KV cache emulated in
                  transformers (teacher forcing, exact sink/recent windows), recipes side by side
-  eval niah      needle-in-a-haystack against any OpenAI-compatible server (--base-url), or
+  eval niah      needle-in-a-haystack against any OpenAI-compatible server (--url), or
                  locally in transformers, BF16 vs the emulated INT2 cache (--local MODEL)
 """
 from __future__ import annotations
@@ -20,6 +20,13 @@ def _ints(s: str) -> list[int]:
 
 def _floats(s: str) -> list[float]:
     return [float(x) for x in s.split(",") if x.strip()]
+
+
+def _wrap(text: str, width: int = 92) -> str:
+    """Fill each paragraph (the raw formatter keeps line breaks, so long lines stay long)."""
+    import textwrap
+
+    return "\n\n".join(textwrap.fill(p, width) for p in text.split("\n\n"))
 
 
 def add_parser(subparsers) -> None:
@@ -71,37 +78,66 @@ def add_parser(subparsers) -> None:
     n = sub.add_parser(
         "niah", help="needle-in-a-haystack over the essays (OpenAI server or local)",
         formatter_class=raw,
-        description="Needle-in-a-haystack: a random 7-digit 'magic number' is hidden at a "
-        "given depth of a Paul Graham essay haystack; the answer is correct when it contains "
-        "the number. Against --base-url (any OpenAI-compatible server, e.g. ours with "
-        "--kv-cache-dtype int2, or BF16), or --local MODEL: transformers, BF16 vs the emulated "
-        "INT2 cache (greedy). Writes a JSON, a markdown table and an accuracy heatmap PNG.",
-        epilog="Examples:\n  oscar-sglang eval niah --base-url http://127.0.0.1:30000/v1 "
-        "--label int2\n  oscar-sglang eval niah --local smollm2 --rotation "
+        description=_wrap("Needle-in-a-haystack: a random 7-digit 'magic number' is hidden at a "
+        "given depth of a Paul Graham essay haystack and the model is asked for it (greedy). "
+        "Scored by exact match: the first integer of the answer must equal the number (the "
+        "looser 'contains' score is reported next to it).\n\n"
+        "Against a server (--url; any OpenAI-compatible one, e.g. ours with --kv-cache-dtype "
+        "int2, or BF16), the defaults need no tuning: 10 depths (0.05, 0.15 .. 0.95, the "
+        "centres of the ten deciles), lengths 1K/2K/4K plus the longest that fits the context "
+        "the server reports, and enough trials per cell for >= 100 prompts per server. Every "
+        "trial has its own needle and haystack, fixed by --seed, so two servers get the same "
+        "prompts. --local MODEL: transformers, BF16 vs the emulated INT2 cache (old small "
+        "defaults: 3 lengths x 5 depths x 1 trial). Writes <name>.json, .md and .png."),
+        epilog="Examples:\n  oscar-sglang eval niah --url http://127.0.0.1:30000\n"
+        "  oscar-sglang eval niah --base-url int2=http://127.0.0.1:30000/v1 "
+        "bf16=http://127.0.0.1:30001/v1 --kv-tokens-from-server\n"
+        "  oscar-sglang eval niah --local smollm2 --rotation "
         "rotation_zoo/SmolLM2-135M-Instruct.oscar.g64.safetensors --lengths 1024,2048",
     )
     src = n.add_mutually_exclusive_group(required=True)
+    src.add_argument("--url", action="append", metavar="[LABEL=]URL",
+                     help="an OpenAI-compatible server: http://HOST:PORT or .../v1 (repeat "
+                     "for several)")
     src.add_argument("--base-url", nargs="+", metavar="[LABEL=]URL",
-                     help="OpenAI-compatible base URL(s) ending in /v1 (several: side by side)")
+                     help="several servers at once, side by side in the report")
     src.add_argument("--local", metavar="MODEL", help="run in transformers (e.g. smollm2)")
-    n.add_argument("--label", default=None, help="name of the --base-url grid (default: url)")
+    n.add_argument("--label", default=None, help="name of a single unlabelled server (default: its url)")
     n.add_argument("--model-name", default=None,
                    help="'model' field of requests (default: first of GET /v1/models)")
-    n.add_argument("--tokenizer", default="smollm2",
-                   help="tokenizer to size contexts ('smollm2', HF id/dir, or 'chars' for "
-                   "4 characters per token)")
-    n.add_argument("--lengths", type=_ints, default=[1024, 2048, 4096],
-                   help="context lengths in tokens (default 1024,2048,4096)")
-    n.add_argument("--depths", type=_floats, default=[0.0, 0.25, 0.5, 0.75, 1.0],
-                   help="needle depths in [0, 1] (default 0,0.25,0.5,0.75,1)")
-    n.add_argument("--trials", type=int, default=1, help="needles per cell (default 1)")
-    n.add_argument("--max-requests", type=int, default=200,
-                   help="refuse grids larger than this many requests (default 200)")
-    n.add_argument("--concurrency", type=int, default=4, help="parallel requests (default 4)")
-    n.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
-    n.add_argument("--retries", type=int, default=3, help="retries per request (default 3)")
-    n.add_argument("--max-tokens", type=int, default=24, help="answer tokens (default 24)")
-    n.add_argument("--seed", type=int, default=0, help="needle numbers / placement seed")
+    n.add_argument("--tokenizer", default="auto",
+                   help="tokenizer to size contexts: 'auto' (the server's tokenizer when it is "
+                   "on this machine, else the served model id from the local Hugging Face "
+                   "cache, else 'chars'), 'smollm2', an HF id/dir, or 'chars' (4 characters "
+                   "per token)")
+    n.add_argument("--context-length", type=int, default=None,
+                   help="the model's context in tokens (default: what the server reports in "
+                   "/v1/models max_model_len or /server_info context_length)")
+    n.add_argument("--lengths", type=_ints, default=None,
+                   help="context lengths in tokens (default for servers: 1024,2048,4096 and the "
+                   "longest multiple of 256 that fits the context with the answer; "
+                   "1024,2048,4096 with --local or when the context is unknown)")
+    n.add_argument("--depths", type=_floats, default=None,
+                   help="needle depths in [0, 1] (default for servers: 0.05,0.15,...,0.95; "
+                   "--local: 0,0.25,0.5,0.75,1)")
+    n.add_argument("--trials", type=int, default=None,
+                   help="needles per cell (default for servers: enough for --min-trials per "
+                   "server; --local: 1)")
+    n.add_argument("--min-trials", type=int, default=100,
+                   help="prompts per server when --trials is not given (default 100)")
+    n.add_argument("--max-requests", type=int, default=20000,
+                   help="refuse grids larger than this many requests in all (default 20000)")
+    n.add_argument("--concurrency", type=int, default=16, help="parallel requests (default 16)")
+    n.add_argument("--timeout", type=float, default=120.0, help="seconds per request (default 120)")
+    n.add_argument("--retries", type=int, default=3,
+                   help="retries per request, with backoff 1, 2, 4.. s (default 3)")
+    n.add_argument("--max-errors", type=int, default=20,
+                   help="stop sending to a server after this many failed requests (default 20)")
+    n.add_argument("--max-tokens", type=int, default=16, help="answer tokens (default 16)")
+    n.add_argument("--seed", type=int, default=0, help="needle numbers / haystack seed (default 0)")
+    n.add_argument("--kv-tokens-from-server", action="store_true",
+                   help="read /server_info and store the KV tokens that fit "
+                   "(max_total_num_tokens) and the plugin's oscar_int2 report per server")
     n.add_argument("--rotation", default=None,
                    help="--local: rotation file of the 'oscar' recipe")
     n.add_argument("--recipe", default=None,
@@ -178,7 +214,12 @@ def run_fidelity_command(args) -> int:
 
 
 def run_niah_command(args) -> int:
+    import shlex
+    import sys
+
     from ..evaluation.niah import main_niah
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if not getattr(args, "command_line", None):  # what was typed, for the JSON
+        args.command_line = "oscar-sglang " + shlex.join(getattr(args, "argv", None) or sys.argv[1:])
     return main_niah(args, progress=_progress(args.quiet))

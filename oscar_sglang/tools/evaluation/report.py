@@ -71,8 +71,12 @@ def niah_markdown(run: dict) -> str:
     lines = []
     for name, grid in run["grids"].items():
         depths = run["depths"]
-        lines.append(f"**{name}**: accuracy {grid['accuracy']:.2f} over {grid['n']} prompts "
-                     f"({grid.get('errors', 0)} request errors)")
+        extra = ""
+        if "accuracy_contains" in grid:  # exact match is the score; 'contains' for comparison
+            extra = f", contains {grid['accuracy_contains']:.2f}"
+        where = f" ({grid['model']} at {grid['url']})" if grid.get("url") else ""
+        lines.append(f"**{name}**{where}: accuracy {grid['accuracy']:.2f}{extra} over "
+                     f"{grid['n']} prompts ({grid.get('errors', 0)} request errors)")
         lines.append("")
         lines.append("| context \\ depth | " + " | ".join(f"{d:.0%}" for d in depths) + " |")
         lines.append("|---" * (len(depths) + 1) + "|")
@@ -91,7 +95,8 @@ def niah_heatmaps(run: dict, path) -> None:
     import numpy as np
 
     names = list(run["grids"])
-    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
+    w = max(4.2, 0.55 * len(run["depths"]) + 1.6)  # 10 depths need room for their labels
+    fig, axes = plt.subplots(1, len(names), figsize=(w * len(names), 3.4), squeeze=False)
     for ax, name in zip(axes[0], names):
         cells = run["grids"][name]["cells"]
         a = np.array([[np.nan if v is None else v for v in row] for row in cells], dtype=float)
@@ -102,7 +107,8 @@ def niah_heatmaps(run: dict, path) -> None:
         ax.set_yticklabels([str(x) for x in run["lengths"]], fontsize=8)
         ax.set_xlabel("needle depth")
         ax.set_ylabel("context tokens")
-        ax.set_title(f"{name} (acc {run['grids'][name]['accuracy']:.2f})", fontsize=9)
+        score = "exact" if "accuracy_contains" in run["grids"][name] else "acc"
+        ax.set_title(f"{name} ({score} {run['grids'][name]['accuracy']:.2f})", fontsize=9)
         for i in range(a.shape[0]):
             for j in range(a.shape[1]):
                 if not np.isnan(a[i, j]):

