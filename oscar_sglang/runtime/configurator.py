@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import torch
+
 from sglang.srt.model_executor.pool_configurator import DefaultPoolConfigurator, MemoryPoolConfig
 
 from ..common import rotations as R
@@ -224,6 +226,10 @@ def prepare_model(runner) -> None:
     _, rs, _, _ = rank_rotations(cfg, runner.model_config, li.start_layer, li.end_layer, model_id)
     layers, why = absorb_v_rotations(runner.model, rs.v_rotation, li.start_layer)
     V_ABSORB[key] = {"layers": layers, "reason": why}
+    if torch.cuda.is_available():
+        # the fold's float32 temporaries must not stay reserved: SGLang sizes the KV pool from the
+        # free memory after this (they cost 7.5K tokens on the dummy Llama-8B otherwise)
+        torch.cuda.empty_cache()
     if why is None:
         logger.info("OSCAR INT2: V rotation folded into the V and output projections of layers "
                     "[%d, %d): no V rotation per step", li.start_layer, li.end_layer)
