@@ -417,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=None, help="needles per cell (default: from --min-trials)")
     p.add_argument("--lengths", default=None, help="default: 1K, 2K, 4K and the longest that fits")
     p.add_argument("--depths", default=None, help="default: 0.05, 0.15 .. 0.95")
-    p.add_argument("--max-tokens", type=int, default=16, help="answer tokens (default 16)")
+    p.add_argument("--max-tokens", type=int, default=32,
+                   help="answer tokens (default 32: SmolLM2 spends ~10 on 'The special magic number ... is' and one per digit)")
     p.add_argument("--concurrency", type=int, default=32, help="parallel requests (default 32)")
     p.add_argument("--startup-timeout", type=float, default=300.0, help="seconds per server start")
     p.add_argument("--deadline-s", type=float, default=540.0,

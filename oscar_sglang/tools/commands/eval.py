@@ -133,7 +133,8 @@ def add_parser(subparsers) -> None:
                    help="retries per request, with backoff 1, 2, 4.. s (default 3)")
     n.add_argument("--max-errors", type=int, default=20,
                    help="stop sending to a server after this many failed requests (default 20)")
-    n.add_argument("--max-tokens", type=int, default=16, help="answer tokens (default 16)")
+    n.add_argument("--max-tokens", type=int, default=32,
+                   help="answer tokens (default 32: SmolLM2 spends ~10 on 'The special magic number ... is' and one per digit)")
     n.add_argument("--seed", type=int, default=0, help="needle numbers / haystack seed (default 0)")
     n.add_argument("--kv-tokens-from-server", action="store_true",
                    help="read /server_info and store the KV tokens that fit "
