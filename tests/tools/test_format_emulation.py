@@ -99,9 +99,32 @@ def test_format_config_errors():
 def test_study_help_and_format_list():
     out = subprocess.run([sys.executable, "-m", "oscar_sglang.tools.evaluation.format_study", "--help"],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert out.returncode == 0 and "--variants-of-best" in out.stdout
+    assert out.returncode == 0 and "--merge" in out.stdout and "--max-minutes" in out.stdout
     fmts = format_study._formats(format_study.DEFAULT_FORMATS, 64)
     names = [format_study._label(f) for f in fmts]
     assert names == list(format_study.DEFAULT_FORMATS)  # every default name parses back to itself
     with pytest.raises(ValueError, match="unknown segment"):
         format_study._formats(["k2c64-v2t64-zz"], 64)
+
+
+def test_study_cases_run_in_whole_rounds_of_depths():
+    from oscar_sglang.tools.evaluation.niah import NiahCase
+
+    depths = [0.1, 0.4, 0.7]
+    cases = [NiahCase(1024, d, t, str(t), "") for d in depths for t in range(4)]  # depth-major
+    order = format_study._case_order(cases, depths)
+    for r in range(4):  # every prefix of whole rounds has each depth equally often
+        rnd = order[3 * r: 3 * r + 3]
+        assert [c.depth for c in rnd] == depths and {c.trial for c in rnd} == {r}
+
+
+def test_study_merge_adds_rows_and_refuses_other_windows():
+    base = {"model": "m", "device": "cpu", "fidelity": {"windows": 2}, "rows": [{"format": "bf16"}],
+            "answers": {"bf16": ["a"]}, "command": "c1", "date": "d1", "seconds": 1.0}
+    new = {"model": "m", "device": "cpu", "fidelity": {"windows": 2}, "rows": [{"format": "x"}],
+           "answers": {"x": ["b"]}, "command": "c2", "date": "d2", "seconds": 2.0}
+    out = format_study._merged(base, new)
+    assert [r["format"] for r in out["rows"]] == ["bf16", "x"]
+    assert out["command"] == ["c1", "c2"] and out["seconds"] == 3.0 and set(out["answers"]) == {"bf16", "x"}
+    with pytest.raises(SystemExit, match="fidelity"):
+        format_study._merged(base, dict(new, fidelity={"windows": 3}))
