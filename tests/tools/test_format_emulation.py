@@ -128,3 +128,13 @@ def test_study_merge_adds_rows_and_refuses_other_windows():
     assert out["command"] == ["c1", "c2"] and out["seconds"] == 3.0 and set(out["answers"]) == {"bf16", "x"}
     with pytest.raises(SystemExit, match="fidelity"):
         format_study._merged(base, dict(new, fidelity={"windows": 3}))
+
+
+def test_study_markdown_table_from_rows():
+    rows = [{"format": "k2c64-v2t64", "body_bits_per_element": 2.5, "niah": 0.5, "trials": 40,
+             "kld": 0.02, "top1": 0.95, "sink": 64, "recent": 256},
+            {"format": "bf16", "body_bits_per_element": 16.0, "niah": 0.8, "trials": 40,
+             "kld": 0.0001, "top1": 0.999, "sink": None, "recent": None}]
+    lines = format_study.markdown_table({"rows": rows}).splitlines()
+    assert len(lines) == 4 and lines[2].startswith("| `k2c64-v2t64` | 2.500 | 0.500 (20/40) | 0.62 |")
+    assert lines[3].startswith("| `bf16` | 16.000 | 0.800 (32/40) | 1.00 |")

@@ -66,6 +66,7 @@ def parse_args(argv=None):
     p.add_argument("--fid-length", type=int, default=1024, help="tokens per KLD window")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     p.add_argument("--out", default="bench/results/niah_cpu_formats.json")
+    p.epilog = "--table JSON (alone) prints the markdown Pareto table of an earlier run."
     return p.parse_args(argv)
 
 
@@ -359,7 +360,25 @@ def _merged(base: dict, new: dict) -> dict:
     return out
 
 
+def markdown_table(result: dict) -> str:
+    """The Pareto table of a study JSON (docs/accuracy.md), rows by body bits per element."""
+    bf = next((r for r in result["rows"] if r["format"] == BF16), None)
+    lines = ["| format | body bits/elem | NIAH (correct/trials) | NIAH / BF16 | KLD | top-1 | sink | ring |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(result["rows"], key=lambda r: (r["body_bits_per_element"], r["format"])):
+        n, t = r["niah"], r["trials"]
+        rel = "" if not bf or not bf["niah"] or n is None else f"{n / bf['niah']:.2f}"
+        niah = "n/a" if n is None else f"{n:.3f} ({round(n * t)}/{t})"
+        lines.append(f"| `{r['format']}` | {r['body_bits_per_element']:.3f} | {niah} | {rel} | "
+                     f"{r['kld']:.4f} | {r['top1']:.3f} | {r['sink'] if r['sink'] is not None else '-'} | "
+                     f"{r['recent'] if r['recent'] is not None else '-'} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
+    if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--table":
+        print(markdown_table(json.loads(Path(sys.argv[2]).read_text())))
+        return 0
     args = parse_args(argv)
     out = Path(args.out)
 
