@@ -128,6 +128,13 @@ class LayerBits:
     k_bits: int | None = None
     v_bits: int | None = None
 
+    def __post_init__(self) -> None:
+        # a list would make the frozen format unhashable and its name order-dependent on input
+        layers = (self.layers,) if isinstance(self.layers, int) else tuple(self.layers)
+        if not all(isinstance(i, int) for i in layers):
+            raise ValueError(f"layer override: layers must be integers, got {self.layers!r}")
+        object.__setattr__(self, "layers", layers)
+
 
 @dataclass(frozen=True)
 class KVFormat:

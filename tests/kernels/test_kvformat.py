@@ -73,6 +73,15 @@ def test_bad_formats_are_rejected_clearly(name, msg):
         KVFormat.parse(name, 128)
 
 
+def test_layer_overrides_are_normalised():
+    a = KVFormat(64, v_group=64, overrides=(LayerBits([0, -1], k_bits=4),))
+    b = KVFormat(64, v_group=64, overrides=(LayerBits((0, -1), k_bits=4),))
+    assert a == b and hash(a) == hash(b) and a.name == "k2c64-v2t64@0,-1=k4"
+    assert LayerBits(3, v_bits=4).layers == (3,)
+    with pytest.raises(ValueError, match="must be integers"):
+        LayerBits(["0"], k_bits=4)
+
+
 def test_head_dim_and_layer_resolution_errors():
     with pytest.raises(ValueError, match="head_dim=96"):
         KVFormat(96, v_group=32)
@@ -130,7 +139,8 @@ def test_key_blocks_match_float64_math(seed, bits, block):
     q, sc, mn = minmax_float64(g, bits)
     got = ref.unpack_bits(codes, bits).reshape(n, block, H, D).permute(0, 2, 3, 1)
     assert torch.equal(got.double(), q)
-    assert torch.equal(params[..., 0].double(), sc[..., 0]) and torch.equal(params[..., 1].double(), mn[..., 0])
+    assert torch.equal(params[..., 0].double(), sc[..., 0])
+    assert torch.equal(params[..., 1].double(), mn[..., 0])
     xh = ref.dequantize_key_blocks(codes, params, None, bits, torch.float64)
     xh_g = xh.reshape(n, block, H, D).permute(0, 2, 3, 1)
     # every value is on its channel's grid mn + i*sc, i in 0..2^bits-1 ...

@@ -73,7 +73,8 @@ def test_decode_memo_gives_the_same_body(seed, name):
     k, v = torch.randn(1, 3, 300, 64), torch.randn(1, 3, 300, 64)
     k[..., 3] *= 20
     for L in (200, 201, 256, 257, 300):
-        a, b = _format_kv(k[:, :, :L], v[:, :, :L], with_memo, 0), _format_kv(k[:, :, :L], v[:, :, :L], without, 0)
+        a = _format_kv(k[:, :, :L], v[:, :, :L], with_memo, 0)
+        b = _format_kv(k[:, :, :L], v[:, :, :L], without, 0)
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert with_memo.memo[0]["n"] in (256, 288, 300)  # a prefix was kept
     # keys that do not extend the memo's prefix are quantised afresh
