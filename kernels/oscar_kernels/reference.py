@@ -207,3 +207,191 @@ def pool_request_kv(
     out[is_sink] = sink[row, p[is_sink]].float()
     out[is_ring] = ring[row, p[is_ring] % W].float()
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# KVFormat references (docs/format.md, "KVFormat"): 2/3/4-bit codes, per-channel keys over page
+# blocks, token-norm, per-token values, and the reader's view of one request.
+# Arithmetic is float32 for float32/bf16/fp16 inputs (what a kernel does, bit-exact target) and
+# float64 for float64 inputs; scales and minimums are always rounded to fp16.
+# --------------------------------------------------------------------------------------------
+
+
+def pack_bits(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """Codes [..., D] (0 .. 2^bits - 1) -> packed uint8 [..., bits*D/8].
+
+    2 bits: the quarter split of pack_codes. 4 bits, "half split": byte j = c[j] | c[j+D/2] << 4.
+    3 bits: a 2-bit plane (quarter split of the low 2 bits, D/4 bytes) followed by a 1-bit plane,
+    "eighth split": byte j of it holds the high bit of dims j + k*D/8 at bit k (k = 0..7).
+    """
+    D = q.shape[-1]
+    q = q.to(torch.uint8)
+    if bits == 2:
+        return pack_codes(q)
+    if bits == 4:
+        h = q.reshape(*q.shape[:-1], 2, D // 2)
+        return h[..., 0, :] | (h[..., 1, :] << 4)
+    if bits == 3:
+        hi = (q >> 2).reshape(*q.shape[:-1], 8, D // 8)
+        plane1 = torch.zeros_like(hi[..., 0, :])
+        for k in range(8):
+            plane1 |= hi[..., k, :] << k
+        return torch.cat([pack_codes(q & 3), plane1], dim=-1)
+    raise ValueError(f"no packing for {bits}-bit codes (2, 3 or 4)")
+
+
+def unpack_bits(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """Inverse of pack_bits: packed [..., bits*D/8] -> codes uint8 [..., D]."""
+    if bits == 2:
+        return unpack_codes(packed)
+    if bits == 4:
+        return torch.cat([packed & 15, packed >> 4], dim=-1)
+    if bits == 3:
+        D = packed.shape[-1] * 8 // 3
+        lo = unpack_codes(packed[..., : D // 4])
+        plane1 = packed[..., D // 4:]
+        hi = torch.cat([(plane1 >> k) & 1 for k in range(8)], dim=-1)
+        return lo | (hi << 2)
+    raise ValueError(f"no packing for {bits}-bit codes (2, 3 or 4)")
+
+
+def _work(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype == torch.float64 else x.float()
+
+
+def minmax_quantize(xg: torch.Tensor, bits: int, clip_ratio: float | None = 1.0):
+    """One asymmetric min-max group per row of the last dim -> (codes uint8 [..., G] unpacked,
+    params fp16 [..., 2] = (scale, min)). Same operations as ``quantize`` with 2^bits levels."""
+    xg = clip_groups(_work(xg), normalize_clip_ratio(clip_ratio))
+    top = (1 << bits) - 1
+    mn = xg.amin(-1).clamp(-FP16_MAX, FP16_MAX).to(torch.float16)
+    sc = ((xg.amax(-1) - mn.to(xg.dtype)) / top).clamp(MIN_SCALE, FP16_MAX).to(torch.float16)
+    inv = 1.0 / sc.to(xg.dtype)
+    q = torch.floor((xg - mn.to(xg.dtype).unsqueeze(-1)) * inv.unsqueeze(-1) + 0.5).clamp(0, top)
+    return q.to(torch.uint8), torch.stack([sc, mn], dim=-1)
+
+
+def minmax_dequantize(q: torch.Tensor, params: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """codes [..., G] and params [..., 2] -> code * scale + min."""
+    return q.to(dtype) * params[..., 0:1].to(dtype) + params[..., 1:2].to(dtype)
+
+
+def quantize_rows(x: torch.Tensor, bits: int, group: int, clip_ratio: float | None = 1.0):
+    """Per-token groups along head_dim (V always; K with k_layout='token'), 2/3/4 bits.
+
+    x [..., D] -> (codes uint8 [..., bits*D/8] packed, params fp16 [..., D/group, 2]).
+    With bits=2 the result is bit-identical to ``quantize`` (the served Int2Format).
+    """
+    D = x.shape[-1]
+    if D % group:
+        raise ValueError(f"group size {group} does not divide head_dim {D}")
+    q, params = minmax_quantize(x.reshape(*x.shape[:-1], D // group, group), bits, clip_ratio)
+    return pack_bits(q.reshape(x.shape), bits), params
+
+
+def dequantize_rows(codes: torch.Tensor, params: torch.Tensor, bits: int, dtype=torch.float32):
+    """Inverse of quantize_rows (dtype float32, or float64 for exact checks)."""
+    q = unpack_bits(codes, bits)
+    D, n_groups = q.shape[-1], params.shape[-2]
+    qg = q.reshape(*q.shape[:-1], n_groups, D // n_groups)
+    return minmax_dequantize(qg, params, dtype).reshape(q.shape)
+
+
+def token_norms(k: torch.Tensor) -> torch.Tensor:
+    """fp16 L2 norm of every (token, KV head) row of K [..., D]; 0 is stored as 1 (a zero row
+    stays zero). Rotation-invariant (R is orthogonal), so it may be taken before or after R_k."""
+    n = _work(k).pow(2).sum(-1).sqrt().clamp(max=FP16_MAX).to(torch.float16)
+    return torch.where(n > 0, n, torch.ones_like(n))
+
+
+def quantize_key_blocks(k: torch.Tensor, bits: int, block: int, token_norm: bool = False,
+                        clip_ratio: float | None = 1.0):
+    """Per-channel keys over page blocks, for one request whose positions start at 0.
+
+    k [L, H, D] (positions 0..L-1). Only the L // block complete blocks are quantised; block b
+    covers positions b*block .. (b+1)*block - 1 and gets one fp16 (scale, min) per (head,
+    channel). With token_norm each row is first divided by its fp16 norm (token_norms), which is
+    stored. Returns (codes uint8 [n*block, H, bits*D/8], params fp16 [n, H, D, 2],
+    norms fp16 [n*block, H] or None), n = number of complete blocks.
+    """
+    L, H, D = k.shape
+    n = L // block
+    x = _work(k[: n * block])
+    norms = None
+    if token_norm:
+        norms = token_norms(x)
+        x = x / norms.to(x.dtype).unsqueeze(-1)
+    g = x.reshape(n, block, H, D).permute(0, 2, 3, 1)  # [n, H, D, block]: groups along tokens
+    q, params = minmax_quantize(g, bits, clip_ratio)
+    q = q.permute(0, 3, 1, 2).reshape(n * block, H, D)
+    return pack_bits(q, bits), params, norms
+
+
+def dequantize_key_blocks(codes, params, norms, bits: int, dtype=torch.float32) -> torch.Tensor:
+    """(codes [n*B, H, bits*D/8], params [n, H, D, 2], norms [n*B, H] or None) -> K [n*B, H, D]."""
+    q = unpack_bits(codes, bits)  # [n*B, H, D]
+    n = params.shape[0]
+    B = q.shape[0] // n if n else 0
+    qg = q.reshape(n, B, *q.shape[1:]).to(dtype)
+    sc = params[..., 0].to(dtype).unsqueeze(1)  # [n, 1, H, D]
+    mn = params[..., 1].to(dtype).unsqueeze(1)
+    x = (qg * sc + mn).reshape(q.shape)
+    if norms is not None:
+        x = x * norms.to(dtype).unsqueeze(-1)
+    return x
+
+
+def format_fake_quant(x: torch.Tensor, fmt, which: str, layer: int = 0,
+                      num_layers: int | None = None, clip_ratio: float | None = 1.0) -> torch.Tensor:
+    """What the quantised body of one request reads back as, K or V [L, H, D] (positions from 0).
+
+    which: "k" or "v". For channel-layout keys, positions of the trailing incomplete block are
+    returned unchanged (the body holds no value for them yet; readers take them from BF16).
+    Float32 result (float64 for float64 input).
+    """
+    kb, vb = fmt.layer_bits(layer, num_layers)
+    out_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    if which == "v":
+        return dequantize_rows(*quantize_rows(x, vb, fmt.v_group, clip_ratio), vb, out_dtype)
+    if which != "k":
+        raise ValueError(f"which must be 'k' or 'v', got {which!r}")
+    if fmt.k_layout == "token":
+        return dequantize_rows(*quantize_rows(x, kb, fmt.k_group, clip_ratio), kb, out_dtype)
+    codes, params, norms = quantize_key_blocks(x, kb, fmt.k_group, fmt.token_norm, clip_ratio)
+    out = x.to(out_dtype).clone()
+    out[: codes.shape[0]] = dequantize_key_blocks(codes, params, norms, kb, out_dtype)
+    return out
+
+
+def format_source_masks(kv_len: int, fmt, own_start: int = 0, sink_start: int | None = None,
+                        device=None):
+    """(is_sink, is_ring, is_body) over positions 0..kv_len-1 for a reader of kv_len keys.
+
+    Same rule as source_masks with S = fmt.sink and W = fmt.window; with per-channel keys a body
+    position must lie in a complete block (block end <= kv_len). A position that is neither in
+    the BF16 buffers nor in a complete block cannot be served: ValueError.
+    """
+    is_sink, is_ring, is_body = source_masks(kv_len, fmt.sink, fmt.window, own_start, device,
+                                             sink_start)
+    if fmt.k_layout == "channel":
+        p = torch.arange(kv_len, device=device)
+        complete = (p // fmt.k_group + 1) * fmt.k_group <= kv_len
+        if (is_body & ~complete).any():
+            raise ValueError(f"{fmt.name}: position(s) {p[is_body & ~complete].tolist()[:4]} of an "
+                             f"incomplete block are in neither the sink nor the ring")
+    return is_sink, is_ring, is_body
+
+
+def format_request_kv(x: torch.Tensor, fmt, which: str, kv_len: int | None = None,
+                      layer: int = 0, num_layers: int | None = None, own_start: int = 0,
+                      clip_ratio: float | None = 1.0, hp_dtype: torch.dtype = torch.bfloat16,
+                      sink_start: int | None = None) -> torch.Tensor:
+    """Effective K or V [kv_len, H, D] of one request as a reader of kv_len keys sees it:
+    sink / ring positions read ``x.to(hp_dtype)``, the others the quantised body (blocks of
+    per-channel keys are the complete blocks of the first kv_len positions)."""
+    kv_len = x.shape[0] if kv_len is None else kv_len
+    x = x[:kv_len]
+    is_sink, is_ring, _ = format_source_masks(kv_len, fmt, own_start, sink_start, x.device)
+    body = format_fake_quant(x, fmt, which, layer, num_layers, clip_ratio)
+    hp = (is_sink | is_ring).view(-1, 1, 1)
+    return torch.where(hp, x.to(hp_dtype).to(body.dtype), body)

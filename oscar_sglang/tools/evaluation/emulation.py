@@ -12,6 +12,11 @@ emulates a whole generation. Rotations are applied per layer and KV head (q and 
 R_v, the output un-rotated by R_v^T); everything is computed in float32, queries in chunks so
 an 8K window stays within memory.
 
+With ``EmulationConfig.kv_format`` (an oscar_kernels.format.KVFormat) the INT2 copies are the
+format's body (oscar_kernels.reference.format_fake_quant: per-channel key blocks aligned to
+position 0, K / V bits per layer, token-norm) and sink / recent are the format's; the recipe
+then only supplies the rotations.
+
 Only unpadded sequences are supported (we build the causal mask ourselves; positions of the
 queries are the last Tq of the Lk keys, which also covers generation with a KV cache).
 """
@@ -21,6 +26,8 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
+
+from oscar_kernels.reference import format_fake_quant
 
 from .quantizers import channel_groups, token_groups
 from .recipes import Recipe
@@ -33,13 +40,28 @@ class EmulationConfig:
     recipe: Recipe
     rotations: object  # oscar_sglang.common.rotations.RotationSet, [L, Hk, D, D] (recipes.build_rotations)
     group_size: int = 64
-    sink: int = 64
-    recent: int = 256
+    sink: int | None = None  # default 64 (the format's sink with kv_format)
+    recent: int | None = None  # default 256 (the format's window with kv_format)
     hp_dtype: torch.dtype = torch.bfloat16  # dtype of the BF16 side buffers (float32: exact)
     # True: a multi-token forward without cache (a prefill) reads BF16 only, as the server does;
     # False: teacher forcing, every query reads its decode-time mix (the fidelity protocol).
     prefill_bf16: bool = False
     query_chunk: int = 512
+    kv_format: object | None = None  # oscar_kernels.format.KVFormat: emulate it exactly
+    # Decode-loop memo (kv_format only): layer -> quantised prefix of the previous call, reused
+    # when the keys extend it (one request at a time; a fresh dict per request).
+    memo: dict | None = None
+
+    def __post_init__(self):
+        f = self.kv_format
+        if f is None:
+            self.sink = 64 if self.sink is None else self.sink
+            self.recent = 256 if self.recent is None else self.recent
+            return
+        for name, mine, theirs in (("sink", self.sink, f.sink), ("recent", self.recent, f.window)):
+            if mine is not None and mine != theirs:
+                raise ValueError(f"{name}={mine} contradicts the format {f.name} ({theirs})")
+        self.sink, self.recent = f.sink, f.window
 
 
 def int2_mask(q_pos: torch.Tensor, kv_len: int, sink: int, recent: int) -> torch.Tensor:
@@ -52,6 +74,8 @@ def int2_mask(q_pos: torch.Tensor, kv_len: int, sink: int, recent: int) -> torch
 def quantized_kv(kr: torch.Tensor, vr: torch.Tensor, cfg: EmulationConfig, layer: int):
     """Rotated K, V [B, Hk, L, D] -> what their INT2 (or INT4) copies read back as."""
     r, G = cfg.recipe, cfg.group_size
+    if cfg.kv_format is not None:
+        return _format_kv(kr, vr, cfg, layer)
     if r.k_layout == "channel":
         if cfg.recent < G:  # a token group must be complete before its first INT2 read
             raise ValueError(f"per-channel K needs recent >= group size ({cfg.recent} < {G})")
@@ -62,6 +86,47 @@ def quantized_kv(kr: torch.Tensor, vr: torch.Tensor, cfg: EmulationConfig, layer
     if not r.quantize_k:  # ablations: the other tensor reads its BF16 copy everywhere
         kq = kr.to(cfg.hp_dtype).float()
     if not r.quantize_v:
+        vq = vr.to(cfg.hp_dtype).float()
+    return kq, vq
+
+
+def _format_kv(kr: torch.Tensor, vr: torch.Tensor, cfg: EmulationConfig, layer: int):
+    """kv_format body of K, V [B, Hk, L, D]: the reference applied per request (positions from 0).
+
+    Both the per-token rows and the complete per-channel blocks never change once written, so
+    with a memo only positions past the memo's (block-aligned) prefix are quantised again.
+    """
+    f, rs = cfg.kv_format, cfg.rotations
+    n_layers = rs.k_rotation.shape[0]
+    kclip = float(rs.k_clip[layer]) if f.k_clip else 1.0
+    vclip = float(rs.v_clip[layer]) if f.v_clip else 1.0
+    B, L = kr.shape[0], kr.shape[2]
+    start, prev = 0, None
+    if cfg.memo is not None and B == 1 and layer in cfg.memo:
+        prev = cfg.memo[layer]
+        n = prev["n"]
+        if n <= L and torch.equal(kr[:, :, :n], prev["k"]) and torch.equal(vr[:, :, :n], prev["v"]):
+            start = n
+        else:
+            prev = None
+    kq = torch.empty_like(kr)
+    vq = torch.empty_like(vr)
+    if start:
+        kq[:, :, :start], vq[:, :, :start] = prev["kq"], prev["vq"]
+    for b in range(B):  # one request at a time: blocks start at its position 0
+        k = kr[b, :, start:].transpose(0, 1)
+        v = vr[b, :, start:].transpose(0, 1)
+        kq[b, :, start:] = format_fake_quant(k, f, "k", layer, n_layers, kclip).transpose(0, 1)
+        vq[b, :, start:] = format_fake_quant(v, f, "v", layer, n_layers, vclip).transpose(0, 1)
+    if cfg.memo is not None and B == 1:
+        # keep only what is final: complete blocks (channel keys) / every row (token layout)
+        n = L // f.k_group * f.k_group if f.k_layout == "channel" else L
+        if prev is None or prev["n"] != n:
+            cfg.memo[layer] = {"n": n, "k": kr[:, :, :n].clone(), "v": vr[:, :, :n].clone(),
+                               "kq": kq[:, :, :n].clone(), "vq": vq[:, :, :n].clone()}
+    if not cfg.recipe.quantize_k:
+        kq = kr.to(cfg.hp_dtype).float()
+    if not cfg.recipe.quantize_v:
         vq = vr.to(cfg.hp_dtype).float()
     return kq, vq
 

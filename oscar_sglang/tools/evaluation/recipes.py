@@ -138,3 +138,18 @@ def load_rotation_file_for_eval(path: str, num_layers: int, num_kv_heads: int, h
                 "(layers, kv heads or 1, head_dim, head_dim): was it calibrated for another model?"
             )
     return rs
+
+
+def format_recipe(fmt, rotation_file: str | None = None) -> Recipe:
+    """The Recipe that supplies a KVFormat's rotations (the format itself goes into
+    EmulationConfig.kv_format). ``rotation_file``: the calibrated file for rotation='calibrated'."""
+    if fmt.rotation == "calibrated":
+        if not rotation_file:
+            raise ValueError(f"format {fmt.name} uses a calibrated rotation: give its file")
+        rotation = rotation_file
+    else:
+        if rotation_file:
+            raise ValueError(f"format {fmt.name} uses the {fmt.rotation} rotation, not a file "
+                             "(add '-cal' to the name to use one)")
+        rotation = fmt.rotation
+    return Recipe(fmt.name, rotation=rotation)

@@ -1,0 +1,404 @@
+"""CPU Pareto study of KV formats (oscar_kernels.format.KVFormat) on a small model.
+
+For every format: needle-in-a-haystack accuracy with the needle inside the quantised body, and
+KLD / top-1 agreement vs the unquantised model on held-out essays (teacher forcing), next to the
+format's body_bits_per_element. Writes one JSON (default bench/results/niah_cpu_formats.json).
+
+NIAH protocol (the server's): the prompt is prefilled once in BF16 (the same for every format,
+so it is computed once per case), then each format decodes greedily through the emulated cache
+(evaluation.emulation with EmulationConfig.kv_format: sink and ring from the format, per-channel
+key blocks aligned to position 0). Every case's needle tokens are checked to lie in the body of
+every format (after the sink, before the ring) or the run stops. A case is correct when the
+answer contains the number (niah.is_correct); decoding stops at EOS, at max_tokens, or as soon as
+the number has appeared (which cannot change the verdict).
+
+Cases run in rounds (one case per depth); ``--max-minutes`` stops after a whole round and the
+JSON is rewritten after every round, so every row always has the same trials at every depth.
+``--merge`` adds rows for more formats (e.g. sink / window variants of the best format of a
+first run) on the same cases and windows, reusing the first run's BF16 answers as guesses.
+
+    python -m oscar_sglang.tools.evaluation.format_study --help
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+BF16 = "bf16"
+DEFAULT_FORMATS = (
+    "bf16",
+    "k2t64-v2t64",  # the served per-token layout (g128 does not divide SmolLM2's head_dim 64)
+    "k2c32-v2t64-id", "k2c32-v2t64", "k2c32-v2t64-tn",
+    "k2c64-v2t64-id", "k2c64-v2t64", "k2c64-v2t64-tn",
+    "k3c64-v2t64", "k3c64-v2t64-tn",
+    "k4c64-v2t64", "k2c64-v4t64", "k2c64-v2t64-tn@0,-1=k4",
+)
+FID_FIRST = 64 + 256  # KLD scored from here: past the largest sink + window of the table
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        prog="python -m oscar_sglang.tools.evaluation.format_study",
+        description="CPU Pareto study of KV formats: NIAH (needle in the quantised body) and "
+                    "KLD/top-1 vs the unquantised model, per format (see the module docstring).")
+    p.add_argument("--model", default="smollm2", help="model for load_causal_lm (default: smollm2)")
+    p.add_argument("--formats", nargs="+", default=list(DEFAULT_FORMATS), metavar="NAME",
+                   help="KVFormat names, space-separated ('bf16': no quantisation; names may "
+                        "hold commas: k2c64-v2t64@0,-1=k4)")
+    p.add_argument("--merge", action="store_true",
+                   help="add the formats' rows to the existing --out JSON (same cases and "
+                        "windows; e.g. sink/window variants of the best format of a first run)")
+    p.add_argument("--max-minutes", type=float, default=0,
+                   help="stop starting new rounds of NIAH cases (one per depth) after this long")
+    p.add_argument("--rotation", default=None, help="calibrated rotation file for '-cal' formats")
+    p.add_argument("--length", type=int, default=1024, help="NIAH context length in tokens")
+    p.add_argument("--depths", default="0.1,0.25,0.4,0.55,0.7",
+                   help="needle depths (fractions of the haystack)")
+    p.add_argument("--trials", type=int, default=8, help="trials per depth")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-tokens", type=int, default=20)
+    p.add_argument("--fid-windows", type=int, default=2, help="held-out windows for KLD/top-1")
+    p.add_argument("--fid-length", type=int, default=1024, help="tokens per KLD window")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    p.add_argument("--out", default="bench/results/niah_cpu_formats.json")
+    p.epilog = "--table JSON (alone) prints the markdown Pareto table of an earlier run."
+    return p.parse_args(argv)
+
+
+def _formats(names, head_dim):
+    from oscar_kernels.format import KVFormat
+
+    out = []
+    for n in names:
+        n = n.strip()
+        if n:
+            out.append(None if n == BF16 else KVFormat.parse(n, head_dim))
+    return out
+
+
+def _label(fmt):
+    return BF16 if fmt is None else fmt.name
+
+
+class Study:
+    def __init__(self, model, tok, args):
+        from .recipes import Recipe, build_rotations
+
+        self.model, self.tok, self.args = model, tok, args
+        c = model.config
+        self.L, self.Hk = c.num_hidden_layers, c.num_key_value_heads
+        self.D = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        self._build_rotations = build_rotations
+        self._rot_cache = {}
+        self.bf16_recipe = Recipe(BF16, quantize=False)
+
+    def config(self, fmt, prefill_bf16: bool, memo=None):
+        """EmulationConfig of a format (None: BF16 everywhere, sink/recent irrelevant)."""
+        from .emulation import EmulationConfig
+        from .recipes import format_recipe
+
+        if fmt is None:
+            rs = self._rotations(self.bf16_recipe)
+            return EmulationConfig(self.bf16_recipe, rs, prefill_bf16=prefill_bf16)
+        recipe = format_recipe(fmt, self.args.rotation if fmt.rotation == "calibrated" else None)
+        return EmulationConfig(recipe, self._rotations(recipe), prefill_bf16=prefill_bf16,
+                               kv_format=fmt, memo=memo)
+
+    def _rotations(self, recipe):
+        if recipe.rotation not in self._rot_cache:
+            self._rot_cache[recipe.rotation] = self._build_rotations(recipe, self.L, self.Hk, self.D)
+        return self._rot_cache[recipe.rotation]
+
+    # ------------------------------------------------------------------ NIAH
+
+    def cases(self):
+        from ..data import essay_paths, read_texts
+        from .niah import TokenCounter, build_cases
+
+        depths = [float(d) for d in self.args.depths.split(",")]
+        texts = read_texts(essay_paths())
+        cases = build_cases(texts, TokenCounter(self.tok), [self.args.length], depths,
+                            self.args.trials, self.args.seed)
+        return cases, depths
+
+    def encode(self, case):
+        """Prompt ids [1, P] and the needle's token span [a, b) (found by the number's tokens)."""
+        from .niah import NEEDLE
+
+        enc = self.tok.apply_chat_template([{"role": "user", "content": case.prompt}],
+                                           add_generation_prompt=True, return_tensors="pt",
+                                           return_dict=True)
+        ids = enc["input_ids"]
+        seq = ids[0].tolist()
+        num = self.tok(case.number, add_special_tokens=False).input_ids
+        hits = [i for i in range(len(seq) - len(num) + 1) if seq[i:i + len(num)] == num]
+        if len(hits) != 1:
+            raise SystemExit(f"needle number {case.number}: found {len(hits)} times in the prompt tokens")
+        prefix = NEEDLE.split("{number}")[0]
+        n_prefix = len(self.tok(" " + prefix.strip(), add_special_tokens=False).input_ids)
+        return ids, (hits[0] - n_prefix, hits[0] + len(num) + 1)
+
+    def prefill(self, ids):
+        """BF16 prefill (as the server) -> (cache, first generated token id)."""
+        import torch
+
+        from .emulation import emulate_kv_cache
+
+        with emulate_kv_cache(self.model, self.config(None, True)), torch.no_grad():
+            out = self.model(ids, use_cache=True)
+        return out.past_key_values, int(out.logits[0, -1].argmax())
+
+    def decode(self, cache, prompt_len, first, fmt, number, guess=None):
+        """Greedy answer through the format's emulated cache; the cache is cropped back after.
+
+        guess: a likely answer (token ids starting with ``first``, e.g. the BF16 answer). It is
+        teacher-forced in one forward pass; the answer keeps its tokens up to the first position
+        where the format's argmax differs, takes that argmax, and decodes on from there. This is
+        the same greedy answer as decoding token by token (the emulation reads, for every query,
+        its decode-time mix), only with fewer sequential steps.
+        """
+        import torch
+
+        from .emulation import emulate_kv_cache
+        from .niah import is_correct
+
+        cfg = self.config(fmt, True, memo={})
+        toks = [first]
+        eos = self.stop_ids()
+        try:
+            with emulate_kv_cache(self.model, cfg), torch.no_grad():
+                if guess is not None and len(guess) > 1 and guess[0] == first:
+                    out = self.model(torch.tensor([guess[:-1]]), past_key_values=cache, use_cache=True)
+                    pred = out.logits[0].argmax(-1).tolist()  # pred[i] follows guess[: i + 1]
+                    i = 0
+                    while i < len(pred) and pred[i] == guess[i + 1]:
+                        i += 1
+                    toks = list(guess) if i == len(pred) else list(guess[: i + 1]) + [pred[i]]
+                    cache.crop(prompt_len + len(toks) - 1)  # the cache holds toks[:-1]
+                while len(toks) < self.args.max_tokens and toks[-1] not in eos:
+                    if is_correct(self.tok.decode(toks, skip_special_tokens=True), number):
+                        break
+                    out = self.model(torch.tensor([[toks[-1]]]), past_key_values=cache,
+                                     use_cache=True)
+                    toks.append(int(out.logits[0, -1].argmax()))
+        finally:
+            cache.crop(prompt_len)
+        return toks
+
+    def stop_ids(self) -> set:
+        """Tokens that end an answer: the tokenizer's EOS and the generation config's (the chat
+        end-of-turn token), as model.generate would stop."""
+        ids = {self.tok.eos_token_id}
+        gen = getattr(self.model, "generation_config", None)
+        e = getattr(gen, "eos_token_id", None)
+        ids |= set(e) if isinstance(e, (list, tuple)) else {e}
+        return {i for i in ids if i is not None}
+
+    # ------------------------------------------------------------------ fidelity
+
+    def fidelity(self, fmts, first, bar):
+        """KLD / top-1 per format over the held-out windows, positions first..end-1 scored."""
+        import torch
+
+        from ..data import heldout_essays, read_texts
+        from .emulation import emulate_kv_cache
+        from .fidelity import Scores, _logits, make_windows
+
+        windows = make_windows(self.tok, read_texts(heldout_essays()), self.args.fid_windows,
+                               self.args.fid_length)
+        end = windows.shape[1] - 1
+        sums = {_label(f): Scores() for f in fmts}
+        for ids in windows:
+            targets = ids[first + 1: end + 1]
+            with torch.no_grad():
+                ref = torch.log_softmax(_logits(self.model, ids, first, end), dim=-1)
+            bar.update(1)
+            for f in fmts:
+                with emulate_kv_cache(self.model, self.config(f, False)), torch.no_grad():
+                    logits = _logits(self.model, ids, first, end)
+                sums[_label(f)].add(ref, logits, targets)
+                bar.set_postfix_str(f"kld {_label(f)}")
+                bar.update(1)
+        return {k: v.summary() for k, v in sums.items()}, windows.shape
+
+
+def _case_order(cases, depths):
+    """Trial-major order: every complete round covers each depth once, so a run stopped by
+    --max-minutes after whole rounds has the same trials at every depth."""
+    return sorted(cases, key=lambda c: (c.trial, depths.index(c.depth)))
+
+
+def run(args, write) -> dict:
+    """The study; ``write(result)`` is called after every round of cases (partial results)."""
+    import torch
+    from tqdm import tqdm
+
+    from ..models import load_causal_lm, model_identity
+    from .niah import is_correct
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t_start = time.time()
+    model, tok = load_causal_lm(args.model)
+    st = Study(model, tok, args)
+    fmts = _formats(args.formats, st.D)
+    base = None
+    if args.merge:
+        base = json.loads(Path(args.out).read_text())
+        have = {r["format"] for r in base["rows"]}
+        fmts = [f for f in fmts if _label(f) not in have]
+    elif BF16 not in [_label(f) for f in fmts]:
+        fmts.insert(0, None)  # the reference row
+    cases, depths = st.cases()
+    cases = _case_order(cases, depths)
+    if base is not None:  # the same cases as the run merged into
+        if base["niah"]["seed"] != args.seed or base["niah"]["length"] != args.length \
+                or base["niah"]["depths"] != depths:
+            raise SystemExit(f"--merge: {args.out} used other NIAH settings: {base['niah']}")
+        cases = cases[: base["rows"][0]["trials"]]
+    first = FID_FIRST
+    bar = tqdm(total=args.fid_windows * (1 + len(fmts)) + len(cases) * (1 + len(fmts)),
+               desc="format study", unit="step")
+    fid, wshape = st.fidelity(fmts, first, bar)
+
+    answers = {_label(f): [] for f in fmts}
+    done, positions = [], []
+    result = None
+
+    def make_result():
+        rows = []
+        for f in fmts:
+            label = _label(f)
+            ok = [is_correct(tok.decode(a, skip_special_tokens=True), c.number)
+                  for a, c in zip(answers[label], done)]
+            by_depth = {str(d): (sum(o for o, c in zip(ok, done) if c.depth == d)
+                                 / max(1, sum(1 for c in done if c.depth == d))) for d in depths}
+            row = {"format": label,
+                   "body_bits_per_element": 16.0 if f is None else round(f.body_bits_per_element(st.L), 4),
+                   "niah": sum(ok) / len(ok) if ok else None, "trials": len(ok),
+                   "niah_by_depth": by_depth,
+                   "kld": fid[label]["kld"], "top1": fid[label]["top1"], "ppl": fid[label]["ppl"],
+                   "sink": None if f is None else f.sink, "recent": None if f is None else f.window,
+                   "rotation": "none" if f is None else f.rotation}
+            if f is not None:
+                row.update(k_layout=f.k_layout, k_bits=f.k_bits, v_bits=f.v_bits,
+                           k_block_or_group=f.k_group, v_group=f.v_group, token_norm=f.token_norm,
+                           bytes_per_token_per_layer=f.bytes_per_token(st.Hk, 0, st.L))
+            rows.append(row)
+        command = "python -m oscar_sglang.tools.evaluation.format_study " + " ".join(sys.argv[1:])
+        res = {
+            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "device": "cpu",
+            "model": model_identity(args.model),
+            "command": command,
+            "niah": {"length": args.length, "depths": depths, "seed": args.seed,
+                     "trials": len(done), "max_tokens": args.max_tokens, "prefill": "bf16",
+                     "needle_tokens_min_start": min((a for a, _b, _p in positions), default=None),
+                     "needle_tokens_max_end": max((b for _a, b, _p in positions), default=None),
+                     "prompt_tokens_min": min((p for *_x, p in positions), default=None),
+                     "prompt_tokens_max": max((p for *_x, p in positions), default=None)},
+            "fidelity": {"windows": int(wshape[0]), "length": int(wshape[1]), "scored_from": first,
+                         "positions": fid[_label(fmts[0])]["positions"], "texts": "held-out essays",
+                         "ppl_ref": fid[_label(fmts[0])]["ppl_ref"]},
+            "model_shape": {"layers": st.L, "kv_heads": st.Hk, "head_dim": st.D},
+            "seconds": round(time.time() - t_start, 1),
+            "rows": rows,
+            "answers": {k: [tok.decode(a, skip_special_tokens=True) for a in v] for k, v in answers.items()},
+        }
+        if BF16 in answers:
+            res["bf16_answer_tokens"] = answers[BF16]
+        if base is not None:
+            res = _merged(base, res)
+        return res
+
+    per_round = len(depths)
+    for i, c in enumerate(cases):
+        if i % per_round == 0 and args.max_minutes and time.time() - t_start > 60 * args.max_minutes:
+            break  # only whole rounds: every depth keeps the same number of trials
+        ids, (a, b) = st.encode(c)
+        for f in fmts:
+            if f is not None and (a < f.sink or b > ids.shape[1] - f.window):
+                raise SystemExit(f"needle tokens [{a}, {b}) of a {ids.shape[1]}-token prompt are "
+                                 f"not in the body of {f.name}: adjust --depths")
+        cache, first_tok = st.prefill(ids)
+        bar.update(1)
+        guess = base["bf16_answer_tokens"][i] if base is not None else None
+        for f in sorted(fmts, key=lambda f: f is not None):  # BF16 first: its answer is the guess
+            toks = st.decode(cache, ids.shape[1], first_tok, f, c.number, guess)
+            guess = toks if f is None else guess
+            answers[_label(f)].append(toks)
+            bar.set_postfix_str(_label(f))
+            bar.update(1)
+        done.append(c)
+        positions.append((a, b, ids.shape[1]))
+        if len(done) % per_round == 0:
+            result = make_result()
+            write(result)
+    bar.close()
+    return make_result()
+
+
+def _merged(base: dict, new: dict) -> dict:
+    """Rows of a --merge run added to the earlier run's JSON (same cases, same windows)."""
+    for k in ("model", "device"):
+        if base[k] != new[k]:
+            raise SystemExit(f"--merge: {k} differs ({base[k]} vs {new[k]})")
+    if base["fidelity"] != new["fidelity"]:
+        raise SystemExit("--merge: other fidelity windows or settings")
+    out = dict(base)
+    out["rows"] = base["rows"] + new["rows"]
+    out["answers"] = {**base["answers"], **new["answers"]}
+    cmds = base["command"] if isinstance(base["command"], list) else [base["command"]]
+    out["command"] = cmds + [new["command"]]
+    out["date"] = new["date"]
+    out["seconds"] = base["seconds"] + new["seconds"]
+    return out
+
+
+def markdown_table(result: dict) -> str:
+    """The Pareto table of a study JSON (docs/accuracy.md), rows by body bits per element."""
+    bf = next((r for r in result["rows"] if r["format"] == BF16), None)
+    lines = ["| format | body bits/elem | NIAH (correct/trials) | NIAH / BF16 | KLD | top-1 | sink | ring |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(result["rows"], key=lambda r: (r["body_bits_per_element"], r["format"])):
+        n, t = r["niah"], r["trials"]
+        rel = "" if not bf or not bf["niah"] or n is None else f"{n / bf['niah']:.2f}"
+        niah = "n/a" if n is None else f"{n:.3f} ({round(n * t)}/{t})"
+        lines.append(f"| `{r['format']}` | {r['body_bits_per_element']:.3f} | {niah} | {rel} | "
+                     f"{r['kld']:.4f} | {r['top1']:.3f} | {r['sink'] if r['sink'] is not None else '-'} | "
+                     f"{r['recent'] if r['recent'] is not None else '-'} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--table":
+        print(markdown_table(json.loads(Path(sys.argv[2]).read_text())))
+        return 0
+    args = parse_args(argv)
+    out = Path(args.out)
+
+    def write(result):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=1) + "\n")
+        tmp.replace(out)
+
+    result = run(args, write)
+    write(result)
+    w = max(len(r["format"]) for r in result["rows"])
+    print(f"{'format':{w}}  bits   niah (n)      kld     top1")
+    for r in result["rows"]:
+        niah = "  n/a" if r["niah"] is None else f"{r['niah']:.3f}"
+        print(f"{r['format']:{w}}  {r['body_bits_per_element']:5.3f}  {niah} ({r['trials']})"
+              f"  {r['kld']:.4f}  {r['top1']:.3f}")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
