@@ -149,6 +149,20 @@ def part_latency(server, rec: dict, contexts: List[int], out_len: int, vocab: in
               f"cuda graph {rec['latency'][str(ctx)]['cuda_graph']}", flush=True)
 
 
+def part_fresh(server, rec: dict, ctx: int, vocab: int, when: str) -> None:
+    """TTFT of one ctx-token prompt: `fresh` = the first request the server sees (kernels that
+    compile on first use show here), `warm` = the same size after the warm-up requests."""
+    from _serving_client import random_prompts, run_requests
+
+    prompt = random_prompts(1, ctx - 16, vocab, seed=ctx + (when == "warm"))[0]
+    r = run_requests(server.url, [prompt], 8, f"{when} {ctx // 1024}K")[0]
+    d = rec.setdefault("fresh_ttft", {"context": ctx})
+    d[f"{when}_ttft_s"] = None if r.error else r.ttft
+    if r.error:
+        d[f"{when}_error"] = r.error
+    print(f"  {when} TTFT at {ctx}: {r.ttft if not r.error else r.error}", flush=True)
+
+
 def _wait_for_trace(folder: Path, timeout_s: float) -> list:
     """The scheduler exports the trace asynchronously: wait until a file exists and stops growing."""
     from _serving_trace import find_traces
@@ -336,7 +350,7 @@ def cmd_run(args) -> int:
             if name.startswith("int2"):
                 env.update(extra_env)
             extra = list(args.server_arg)
-            if "server" in parts or parts & {"capacity", "latency", "attribution", "throughput"}:
+            if "server" in parts or parts & {"capacity", "fresh", "latency", "attribution", "throughput"}:
                 cmd = server_command(DEVKIT_MODELS / model, DEVKIT_MODELS / args.tokenizer,
                                      config, port, args.mem_fraction_static, extra)
                 rec["server_cmd"] = " ".join(cmd[1:])
@@ -355,7 +369,9 @@ def cmd_run(args) -> int:
                             rec["oscar_int2"] = states[0]["oscar_int2"]  # plugin's own report
                         part_capacity(server, info, rec, max_pos)
                         res.save()
-                        if parts & {"latency", "attribution", "throughput"}:
+                        if "fresh" in parts:  # before any warm-up request: the first long prompt
+                            part_fresh(server, rec, args.fresh_context, vocab, "fresh")
+                        if parts & {"latency", "attribution", "throughput", "fresh"}:
                             # warm-up, so Triton JIT compiles stay out of the numbers: a short
                             # prompt, and one of two prefill chunks (the cached-prefix path)
                             from _serving_client import random_prompts, run_requests
@@ -363,6 +379,9 @@ def cmd_run(args) -> int:
                                          "warm-up")
                             run_requests(server.url, random_prompts(1, 12000, vocab, 1), 16,
                                          "warm-up prefix")
+                        if "fresh" in parts:
+                            part_fresh(server, rec, args.fresh_context, vocab, "warm")
+                            res.save()
                         if "latency" in parts and lat_ctx:
                             part_latency(server, rec, lat_ctx, args.latency_output, vocab)
                             res.save()
@@ -406,7 +425,7 @@ def main(argv=None) -> int:
                    help="devkit model folders under .devkit/models (dummy weights)")
     r.add_argument("--tokenizer", default="smollm2-135m")
     r.add_argument("--parts", default="capacity,latency,attribution,throughput",
-                   help="comma list of: capacity, latency, attribution, throughput, one_batch")
+                   help="comma list of: capacity, fresh, latency, attribution, throughput, one_batch")
     r.add_argument("--config-parts", action="append", default=[], metavar="[MODEL/]CONFIG=PARTS",
                    help="parts for one configuration instead of --parts, e.g. "
                         "bf16-splits64=latency or qwen3-8b/int2=capacity (empty = skip it)")
@@ -414,6 +433,9 @@ def main(argv=None) -> int:
     r.add_argument("--latency-contexts", default="8192,32768,131072",
                    help="batch-1 contexts (prompt + output); those above the model's limit are skipped")
     r.add_argument("--latency-output", type=int, default=128)
+    r.add_argument("--fresh-context", type=int, default=32768,
+                   help="part `fresh`: TTFT of the first prompt of this length on a fresh server, "
+                        "and of one more after the warm-up requests (default 32768)")
     r.add_argument("--profile-contexts", default="1024,32768")
     r.add_argument("--loads", default="64x32768x256,128x8192x256", help="NxPROMPTxOUTPUT list")
     r.add_argument("--throughput-models", default="qwen3-8b")

@@ -19,6 +19,10 @@ backend neither rotates V nor un-rotates the output.
 """
 from __future__ import annotations
 
+import logging
+import time
+from types import SimpleNamespace
+
 import torch
 from sglang.srt.layers.attention.triton_backend import TritonAttnBackend, logit_capping_mod
 
@@ -28,6 +32,8 @@ from . import debug_tap
 from .pool import OscarInt2KVPool
 
 BACKEND_NAME = "oscar_triton"
+logger = logging.getLogger("oscar_sglang")
+_WARMED_UP = {"done": False}
 
 
 class OscarInt2TritonBackend(TritonAttnBackend):
@@ -51,6 +57,9 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         # prefix length 0 for every request: the stock extend kernel then sees only new tokens
         self._zero_kv_indptr = torch.zeros_like(self.kv_indptr)
         self._prepare_rotations(getattr(model_runner, "dtype", torch.bfloat16))
+        if not _WARMED_UP["done"] and getattr(model_runner, "model", None) is not None:
+            self.warm_up(model_runner.model, getattr(model_runner, "dtype", torch.bfloat16))
+            _WARMED_UP["done"] = True
         self._token_rows = None
         self._token_seq_lens = None
         self._has_prefix = True
@@ -85,6 +94,47 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         self.pool.note_extend(fb.req_pool_indices, fb.extend_prefix_lens)
         cpu = fb.extend_prefix_lens_cpu
         self._has_prefix = True if cpu is None else any(int(x) > 0 for x in cpu)
+
+    # ------------------------------------------------------------------ warm-up
+    def warm_up(self, model, dtype: torch.dtype) -> None:
+        """Compile the prefill kernels of the cached-prefix path (the INT2 prefix kernel and
+        SGLang's extend kernel returning LSE) at start. SGLang's own start-up request has no
+        cached prefix, so they used to compile on the first prompt longer than one prefill chunk:
+        its TTFT on the H100 was 6.99 s fresh vs 1.90 s warm at 32K. Decode needs nothing here:
+        CUDA-graph capture compiles it. Runs forward_extend once, reading padding slot 0 / row 0
+        and storing nothing; a failure stops the start (better than failing a user's request)."""
+        from .absorb import attention_modules
+
+        layer = next((m.attn for m in attention_modules(model)
+                      if m.attn.layer_id == self.pool.start_layer), None)
+        if layer is None:
+            logger.warning("OSCAR INT2: no attention layer found to warm the prefill kernels up; "
+                           "they compile on the first long prompt")
+            return
+        t0 = time.perf_counter()
+        dev = self.pool.device
+        T = P = 16
+        Hq, H, D, Dv = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim, layer.v_head_dim
+        md = SimpleNamespace(
+            qo_indptr=torch.tensor([0, T], dtype=torch.int64, device=dev),
+            kv_indptr=torch.tensor([0, P], dtype=torch.int32, device=dev),
+            kv_indices=torch.zeros(P, dtype=torch.int64, device=dev),  # slot 0: padding
+            max_extend_len=T,
+        )
+        fb = SimpleNamespace(batch_size=1, req_pool_indices=torch.zeros(1, dtype=torch.int64, device=dev))
+        saved = (getattr(self, "forward_metadata", None), getattr(self, "_has_prefix", True))
+        self.forward_metadata, self._has_prefix = md, True
+        try:
+            q = torch.zeros(T, Hq * D, dtype=dtype, device=dev)
+            k = torch.zeros(T, H * D, dtype=dtype, device=dev)
+            v = torch.zeros(T, H * Dv, dtype=dtype, device=dev)
+            # the output is not checked: it reads whatever padding slot 0 / row 0 hold
+            self.forward_extend(q, k, v, layer, fb, save_kv_cache=False)
+            if torch.device(dev).type == "cuda":
+                torch.cuda.synchronize()
+        finally:
+            self.forward_metadata, self._has_prefix = saved
+        logger.info("OSCAR INT2: prefill kernels compiled at start (%.1f s)", time.perf_counter() - t0)
 
     # ------------------------------------------------------------------ rotations
     def _prepare_rotations(self, dtype: torch.dtype) -> None:

@@ -290,6 +290,32 @@ def test_no_v_rotation_when_the_weights_hold_it(backend_cls, seed):
     assert torch.equal(b._unrot_o(o, 0), o)
 
 
+def test_warm_up_runs_the_cached_prefix_path_and_stores_nothing(backend_cls, monkeypatch, seed):
+    """warm_up compiles what the first long prompt used to compile (the INT2 prefix kernel and
+    SGLang's extend kernel with LSE) by running forward_extend once on padding slot 0 / row 0,
+    with no store and the backend's per-forward state restored."""
+    from oscar_kernels import ops
+
+    from tests.runtime.test_absorb import Attn
+
+    b, pool, layer, Rk, Rv = _make(backend_cls)
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList([Attn(0, hidden=32, Hq=Hq, Hkv=H, D=D, bias=False, dtype=torch.float32)])
+    for name in ("scaling", "logit_cap", "logit_capping_method", "k_scale", "v_scale", "sliding_window_size"):
+        setattr(model.layers[0].attn, name, getattr(layer, name))
+    calls = []
+    real_prefix, real_ext = ops.extend_prefix_attention, b.extend_attention_fwd
+    monkeypatch.setattr(ops, "extend_prefix_attention", lambda *a, **k: calls.append("prefix") or real_prefix(*a, **k))
+    b.extend_attention_fwd = lambda *a, **k: calls.append(("extend", k.get("skip_prefix"))) or real_ext(*a, **k)
+    before = [t.clone() for t in (*pool.k_codes, *pool.v_codes, *pool.ring_k, *pool.sink_k)]
+    b.forward_metadata, b._has_prefix = "sentinel", False
+    b.warm_up(model, torch.bfloat16)
+    assert calls == [("extend", True), "prefix"]
+    assert b.forward_metadata == "sentinel" and b._has_prefix is False
+    after = (*pool.k_codes, *pool.v_codes, *pool.ring_k, *pool.sink_k)
+    assert all(torch.equal(x, y) for x, y in zip(before, after))
+
+
 def test_pool_codes_are_head_major(backend_cls):
     """Codes and params live head-major ([H, N, ...] memory behind the [N, H, ...] view), so a
     decode program's keys of one KV head are contiguous (the tests above write and read it)."""
