@@ -17,6 +17,10 @@ import json
 import math
 import sys
 import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _results  # noqa: E402
 
 SHORT = [
     "What is the capital of France?",
@@ -55,7 +59,8 @@ def chat(base: str, prompt: str, max_tokens: int) -> dict:
     ch = d["choices"][0]
     lp = (ch.get("logprobs") or {}).get("content") or []
     first = [(t["token"], round(t["logprob"], 3)) for t in lp[0]["top_logprobs"]] if lp else []
-    return {"answer": ch["message"]["content"], "prompt_tokens": d["usage"]["prompt_tokens"],
+    return {"answer": ch["message"]["content"], "model": d.get("model"),
+            "prompt_tokens": d["usage"]["prompt_tokens"],
             "first_token_top5": first, "token_logprobs": [t["logprob"] for t in lp]}
 
 
@@ -100,8 +105,8 @@ def main(argv=None) -> int:
         for name in names[:-1]:
             agree = sum(row["servers"][name]["answer"] == row["servers"][names[-1]]["answer"] for row in rows)
             print(f"{name} vs {names[-1]}: {agree}/{len(rows)} identical greedy answers")
-    with open(a.out, "w") as f:
-        json.dump(rows, f, indent=1)
+    first = rows[0]["servers"][next(iter(servers))] if rows else {}
+    _results.write(a.out, _results.document(first.get("model") or "unknown", rows, servers=servers))
     print(f"wrote {a.out}")
     return 0
 
