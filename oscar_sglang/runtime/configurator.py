@@ -218,9 +218,12 @@ def prepare_model(runner) -> None:
     V_ABSORB.pop(key, None)
     if cfg.recipe == "identity":
         return
-    if not cfg.v_absorb:
-        V_ABSORB[key] = {"layers": [], "reason": "OSCAR_V_ABSORB=0"}
-        logger.info("OSCAR INT2: V rotation applied by the backend at run time (OSCAR_V_ABSORB=0)")
+    off = ("OSCAR_V_ABSORB=0" if not cfg.v_absorb else
+           # adapters add their own V / o terms, computed in the unrotated space
+           "LoRA adapters (--enable-lora)" if getattr(runner.server_args, "enable_lora", None) else None)
+    if off:
+        V_ABSORB[key] = {"layers": [], "reason": off}
+        logger.info("OSCAR INT2: V rotation applied by the backend at run time (%s)", off)
         return
     model_id = served_model_id(runner.server_args.model_path)
     _, rs, _, _ = rank_rotations(cfg, runner.model_config, li.start_layer, li.end_layer, model_id)

@@ -292,19 +292,24 @@ def test_v_rotation_folded_into_the_weights_leaves_the_pool_without_one(kvc, mon
     assert not ok and "OSCAR_V_ABSORB=0" in msg and called == []
 
 
-def test_v_absorb_off_keeps_the_runtime_rotation(kvc, monkeypatch, seed):
+@pytest.mark.parametrize("why", ["env", "lora"])
+def test_v_absorb_off_keeps_the_runtime_rotation(kvc, monkeypatch, seed, why):
     import oscar_sglang.runtime.configurator as cf
     from oscar_sglang.runtime.hooks import after_runner_kv_dtype, around_weight_update
 
     monkeypatch.setattr(cf, "V_ABSORB", {})
-    monkeypatch.setenv("OSCAR_V_ABSORB", "0")
     runner = _runner(kvc)
+    if why == "env":
+        monkeypatch.setenv("OSCAR_V_ABSORB", "0")
+    else:
+        runner.server_args = SimpleNamespace(**{**vars(kvc.server_args), "enable_lora": True})
+    note = {"env": "OSCAR_V_ABSORB=0", "lora": "LoRA adapters (--enable-lora)"}[why]
     before = [p.detach().clone() for p in runner.model.parameters()]
     after_runner_kv_dtype(None, runner)
     assert all(torch.equal(a, b) for a, b in zip(before, runner.model.parameters()))
     _, pool = _build(kvc, 32 << 20)
     assert all(r is not None for r in pool.v_rot)
-    assert pool.info["v_rotation_in"] == "backend" and pool.info["v_absorb_note"] == "OSCAR_V_ABSORB=0"
+    assert pool.info["v_rotation_in"] == "backend" and pool.info["v_absorb_note"] == note
     assert around_weight_update(lambda self, path: (True, path), object(), "ckpt") == (True, "ckpt")
 
 
