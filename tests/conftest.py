@@ -71,3 +71,16 @@ def no_conversion(monkeypatch, tmp_path):
 
     monkeypatch.setattr(models, "_dequantised_copy", fake_copy)
     return calls
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(tmp_path_factory):
+    """SmolLM2-135M-Instruct's tokenizer, chat template and config (no weights), unpacked from
+    tests/data (0.45 MB): tests that measure real prompts need no download and no devkit."""
+    import tarfile
+    from pathlib import Path
+
+    out = tmp_path_factory.mktemp("tokenizer")
+    with tarfile.open(Path(__file__).parent / "data" / "smollm2-135m-tokenizer.tar.xz") as t:
+        t.extractall(out, filter="data")
+    return out / "smollm2-135m"

@@ -22,8 +22,7 @@ import pytest
 
 from oscar_sglang.tools import cli
 from oscar_sglang.tools.evaluation import niah
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests import ROOT
 
 
 def make_handler(state: dict):
@@ -284,23 +283,12 @@ def test_clear_errors(stub, tmp_path, caplog):
     assert time.monotonic() - t0 < 30
 
 
-DEVKIT_TOKENIZER = ROOT.parent / "shared" / "devkit" / "models" / "smollm2-135m"
-
-
-@pytest.fixture
-def devkit_tokenizer():
-    """The SmolLM2 tokenizer files of ../shared/devkit (CI checks out shared/ beside the repo):
-    missing files fail the test instead of skipping it."""
-    assert (DEVKIT_TOKENIZER / "tokenizer.json").is_file(), f"{DEVKIT_TOKENIZER} is missing"
-    return DEVKIT_TOKENIZER
-
-
-def test_chat_formatted_prompt_must_fit_the_context(stub, tmp_path, caplog, devkit_tokenizer):
+def test_chat_formatted_prompt_must_fit_the_context(stub, tmp_path, caplog, smollm2_tokenizer):
     """With a real tokenizer and chat template the prompt is measured as the server sees it:
     1024 + 16 fits a 1045-token context on paper, the templated prompt does not."""
     caplog.set_level(logging.INFO, logger="oscar_sglang.eval")
     stub["context"] = 1045
-    a = args_for(stub["url"], tmp_path, tokenizer=str(DEVKIT_TOKENIZER), lengths=[512, 1024],
+    a = args_for(stub["url"], tmp_path, tokenizer=str(smollm2_tokenizer), lengths=[512, 1024],
                  depths=[0.5], trials=1)
     assert niah.main_niah(a) == 2
     assert re.search(r"the 10\d\d-token prompt \(length 1024\) \+ 16 answer tokens exceeds "
@@ -312,16 +300,16 @@ def test_chat_formatted_prompt_must_fit_the_context(stub, tmp_path, caplog, devk
     assert 1024 - 64 < n1024 <= 1100 - 16 and n1024 - n512 == pytest.approx(512, abs=8)
 
 
-def test_auto_tokenizer_comes_from_the_server(stub, tmp_path, caplog, devkit_tokenizer):
+def test_auto_tokenizer_comes_from_the_server(stub, tmp_path, caplog, smollm2_tokenizer):
     caplog.set_level(logging.WARNING, logger="oscar_sglang.eval")
     a = args_for(stub["url"], tmp_path, tokenizer="auto", lengths=[512], depths=[0.5], trials=1)
     assert niah.main_niah(a) == 0  # 'fake-model' is no tokenizer here: 4 characters per token
     assert json.loads((tmp_path / "niah.json").read_text())["meta"]["tokenizer"] == "chars"
     assert "lengths are approximate" in caplog.text
-    stub["tokenizer_path"] = str(DEVKIT_TOKENIZER)  # the server's own tokenizer, on this machine
+    stub["tokenizer_path"] = str(smollm2_tokenizer)  # the server's own tokenizer, on this machine
     assert niah.main_niah(a) == 0
     meta = json.loads((tmp_path / "niah.json").read_text())["meta"]
-    assert meta["tokenizer"] == str(DEVKIT_TOKENIZER) and meta["prompt_tokens"]["512"] > 480
+    assert meta["tokenizer"] == str(smollm2_tokenizer) and meta["prompt_tokens"]["512"] > 480
 
 
 def test_dead_server_mid_run_stops_early(stub, tmp_path, caplog):
