@@ -15,7 +15,7 @@ from oscar_kernels import ops
 from oscar_kernels import reference as ref
 from oscar_kernels.triton import attend_fast
 
-from .pool_case import DEV, LENS, OWNS, REL_TOL, S, SINKS, W, Pool, rel_err
+from .pool_case import DEV, LENS, OWNS, REL_TOL, SINKS, Pool, rel_err
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

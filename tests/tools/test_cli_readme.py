@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import shlex
-from pathlib import Path
 
 from oscar_sglang.tools.cli import COMMAND_MODULES
 from oscar_sglang.runtime.config import ENV_VARS

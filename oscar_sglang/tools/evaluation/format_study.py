@@ -26,7 +26,6 @@ import datetime as dt
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 BF16 = "bf16"
