@@ -217,3 +217,46 @@ def decode_attention_channel(
     from .triton import attend_channel as _ch
 
     return _ch.decode_attention_channel(**args)
+
+
+def store_kv_channel(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    loc: torch.Tensor,
+    positions: torch.Tensor,
+    token_rows: torch.Tensor,
+    token_seq_lens: torch.Tensor,
+    k_codes: torch.Tensor,
+    k_params: torch.Tensor,
+    v_codes: torch.Tensor,
+    v_params: torch.Tensor,
+    sink_k: torch.Tensor,
+    sink_v: torch.Tensor,
+    ring_k: torch.Tensor,
+    ring_v: torch.Tensor,
+    *,
+    k_bits: int,
+    k_block: int,
+    v_group: int,
+    v_clip: float = 1.0,
+    slot_entry: torch.Tensor | None = None,
+    entry_owner: torch.Tensor | None = None,
+) -> None:
+    """store_kv for per-channel keys: T new (already rotated) tokens of many requests.
+
+    k [T, H, D], v [T, H, Dv]; loc [T] slots, page-aligned (position p of a request at slot
+    page * B + p % B, B = k_block); positions / token_rows / token_seq_lens [T] as store_kv (a
+    request's tokens contiguous and in position order, as SGLang batches them). Pool tensors as
+    decode_attention_channel; sink_k / ring_k [R, S / W, H, D] (W >= B), sink_v / ring_v likewise.
+
+    Values: exactly store_kv's per-token 2-bit rows (v_group, v_clip) and side copies. Keys: BF16
+    sink / ring copies as store_kv; when a token completes its block (position % B == B - 1), the
+    block's B keys (this call's tokens from k, earlier ones from the ring, all rounded to the
+    ring's dtype) are quantised per channel (reference.quantize_key_blocks, bit-exact) into the B
+    slots' codes and k_params[loc // B]. Keys of an incomplete block get no codes yet. No key clip,
+    no token-norm, no in-kernel rotation. slot_entry / entry_owner: as store_kv.
+    """
+    args = dict(locals())  # before the import below adds a local
+    from .triton import store_channel as _st
+
+    return _st.store_kv_channel(**args)

@@ -42,9 +42,9 @@ class ChannelPool:
         N = n_pages * B
         self.k_codes = torch.randint(0, 256, (N, hkv, code_bytes(kb, D)), dtype=torch.uint8)
         self.k_params = torch.full((n_pages, hkv, D, 2), float("nan")).half()
-        self.k_params[0] = torch.rand(hkv, D, 2).half()  # padding page: finite, never used
         self.v_codes = torch.randint(0, 256, (N, hkv, D // 4), dtype=torch.uint8)
         self.v_params = torch.rand(N, hkv, D // fmt.v_group, 2).half()
+        self.v_params[:B] = float("nan")  # page 0 (no request's): masked lanes read slot 0
         self.sink_k = (torch.randn(n_rows, S, hkv, D) * GARBAGE).bfloat16()
         self.sink_v = (torch.randn(n_rows, S, hkv, D) * GARBAGE).bfloat16()
         self.ring_k = (torch.randn(n_rows, W, hkv, D) * GARBAGE).bfloat16()
@@ -175,3 +175,171 @@ def test_decode_channel_rejects_unsupported(seed):
         ops.decode_attention_channel(q, o, args[0], args[1][:, :, :32], *args[2:], **kw, sm_scale=0.1)
     with pytest.raises(ValueError, match="head_dim 32"):
         ops.decode_attention_channel(q[..., :32], o, *args, **kw, sm_scale=0.1)
+
+
+# ------------------------------------------------------------------------------------ store
+
+
+def store_requests(B):
+    """(row, total length, [call-1 positions, call-2 positions]) of three requests:
+    A: call 1 ends mid-block (block 1 not yet quantised), call 2 completes it (its first 8
+       positions from the ring, which call 2 itself overwrites) and ends in an incomplete block;
+    Bq: a prefill that stops one token short of block 2, then the decode token completing it
+       (first token of call 2's batch: the block reaches back before the batch start);
+    C: exactly one block in call 2;
+    D: stored just before A in call 2 at positions B .. B+7, the positions A's block 1 must take
+       from the ring: only the row tells D's tokens from A's."""
+    return [
+        ("A", 1, 2 * B + 11, [range(0, B + 8), range(B + 8, 2 * B + 11)]),
+        ("Bq", 3, 3 * B, [range(0, 3 * B - 1), range(3 * B - 1, 3 * B)]),
+        ("C", 5, B, [range(0), range(0, B)]),
+        ("D", 6, B + 8, [range(0, B), range(B, B + 8)]),
+    ]
+
+
+CALL_ORDER = [["A", "Bq", "C", "D"], ["Bq", "D", "A", "C"]]  # batch order of each call
+
+
+class StoreCase:
+    def __init__(self, D, bits, B, vg, k_dtype, ring_dtype, hkv=2, n_rows=7):
+        self.D, self.bits, self.B, self.vg, self.W = D, bits, B, vg, B  # the smallest ring: one block
+        self.reqs = store_requests(B)
+        n_pages = sum(math.ceil(L / B) for _, _, L, _ in self.reqs) + 2
+        N = n_pages * B
+        perm = (torch.randperm(n_pages - 1) + 1).tolist()
+        self.k, self.v, self.slots, self.pages = {}, {}, {}, {}
+        for name, _, L, _ in self.reqs:
+            self.k[name] = rotated_kv(L, hkv, D).to(k_dtype)
+            # bf16 values: store.py's value side copies cast fp32 -> bf16 with tl's cast, which
+            # the Triton interpreter truncates (CUDA rounds to nearest even)
+            self.v[name] = rotated_kv(L, hkv, D).bfloat16()
+            pg = torch.tensor([perm.pop() for _ in range(math.ceil(L / B))])
+            self.pages[name] = pg
+            self.slots[name] = (pg.repeat_interleave(B) * B + torch.arange(B).repeat(len(pg)))[:L]
+        self.pool = dict(
+            k_codes=torch.randint(0, 256, (N, hkv, code_bytes(bits, D)), dtype=torch.uint8),
+            k_params=torch.full((n_pages, hkv, D, 2), float("nan")).half(),
+            v_codes=torch.randint(0, 256, (N, hkv, D // 4), dtype=torch.uint8),
+            v_params=torch.full((N, hkv, D // vg, 2), float("nan")).half(),
+            # never-written side entries hold garbage: a block that read one gets other params
+            sink_k=(torch.randn(n_rows, S, hkv, D) * GARBAGE).to(ring_dtype),
+            sink_v=(torch.randn(n_rows, S, hkv, D) * GARBAGE).bfloat16(),
+            ring_k=(torch.randn(n_rows, self.W, hkv, D) * GARBAGE).to(ring_dtype),
+            ring_v=(torch.randn(n_rows, self.W, hkv, D) * GARBAGE).bfloat16(),
+        )
+        self.initial = {n: t.clone() for n, t in self.pool.items()}
+        self.pool = {n: t.to(DEV) for n, t in self.pool.items()}
+        self.done = {name: 0 for name, *_ in self.reqs}
+
+    def call(self, i):
+        """Store the tokens of call i (0 or 1) with one store_kv_channel."""
+        k, v, loc, pos, rows, seq = [], [], [], [], [], []
+        by_name = {r[0]: r for r in self.reqs}
+        for name in CALL_ORDER[i]:
+            _, row, _, calls = by_name[name]
+            ps = list(calls[i])
+            if not ps:
+                continue
+            k.append(self.k[name][ps])
+            v.append(self.v[name][ps])
+            loc.append(self.slots[name][ps])
+            pos += ps
+            rows += [row] * len(ps)
+            seq += [ps[-1] + 1] * len(ps)
+            self.done[name] = ps[-1] + 1
+        ops.store_kv_channel(
+            torch.cat(k).to(DEV), torch.cat(v).to(DEV), torch.cat(loc).to(DEV),
+            torch.tensor(pos).to(DEV), torch.tensor(rows, dtype=torch.int32).to(DEV),
+            torch.tensor(seq, dtype=torch.int32).to(DEV), **self.pool,
+            k_bits=self.bits, k_block=self.B, v_group=self.vg)
+
+    def check(self):
+        """Every request's complete blocks (of what it has stored so far) bit-equal the reference;
+        slots / pages of incomplete blocks untouched; values and side buffers exact."""
+        out = {n: t.cpu() for n, t in self.pool.items()}
+        B, ring_dt = self.B, self.initial["ring_k"].dtype
+        exp_side = {n: self.initial[n].clone() for n in ("sink_k", "sink_v", "ring_k", "ring_v")}
+        for name, row, _, calls in self.reqs:
+            L = self.done[name]
+            if L == 0:
+                continue
+            sl, pg = self.slots[name][:L], self.pages[name]
+            codes, params, _ = ref.quantize_key_blocks(self.k[name][:L].to(ring_dt), self.bits, B)
+            n = params.shape[0]
+            assert n == L // B
+            assert torch.equal(out["k_codes"][sl[: n * B]], codes), name
+            assert torch.equal(out["k_params"][pg[:n]].view(torch.int16), params.view(torch.int16)), name
+            assert torch.equal(out["k_codes"][sl[n * B:]], self.initial["k_codes"][sl[n * B:]]), name
+            assert out["k_params"][pg[n:]].isnan().all(), name
+            vc, vp = ref.quantize_rows(self.v[name][:L], 2, self.vg)
+            assert torch.equal(out["v_codes"][sl], vc) and torch.equal(out["v_params"][sl], vp), name
+            # side copies: the rule of store_kv, applied call by call
+            for c in calls:
+                for p in c:
+                    if p < S:
+                        exp_side["sink_k"][row, p] = self.k[name][p].to(ring_dt)
+                        exp_side["sink_v"][row, p] = self.v[name][p].bfloat16()
+                    if p >= c[-1] + 1 - self.W and p < L:
+                        exp_side["ring_k"][row, p % self.W] = self.k[name][p].to(ring_dt)
+                        exp_side["ring_v"][row, p % self.W] = self.v[name][p].bfloat16()
+        for n, e in exp_side.items():
+            assert torch.equal(out[n], e), n
+
+
+@pytest.mark.parametrize("D,bits,B,vg,k_dtype,ring_dtype", [
+    (128, 3, 32, 128, torch.bfloat16, torch.bfloat16),
+    (64, 2, 32, 64, torch.float32, torch.float32),  # fp32 ring: bit-exact on fp32 keys
+    (64, 4, 32, 32, torch.float32, torch.bfloat16),  # bf16 ring: quantises bf16(k)
+    (64, 3, 64, 64, torch.bfloat16, torch.bfloat16),
+])
+def test_store_channel_bit_exact_across_chunks(seed, D, bits, B, vg, k_dtype, ring_dtype):
+    case = StoreCase(D, bits, B, vg, k_dtype, ring_dtype)
+    case.call(0)
+    case.check()  # A's block 1 and Bq's block 2 not quantised yet
+    case.call(1)
+    case.check()  # completed from the ring + this call's tokens
+
+
+def test_store_then_decode_end_to_end(seed):
+    """Keys stored by the store kernel in two chunks, read by the decode kernel: equals the
+    reader's view of the format (reference.format_request_kv) in float64 attention."""
+    D, bits, B, vg, gqa = 64, 3, 32, 64, 2
+    case = StoreCase(D, bits, B, vg, torch.bfloat16, torch.bfloat16)
+    case.call(0)
+    case.call(1)
+    fmt = channel_fmt(D, bits, B, vg)
+    names = [r[0] for r in case.reqs]
+    rows = torch.tensor([r[1] for r in case.reqs], dtype=torch.int32)
+    lens = [case.done[n] for n in names]
+    kv_indptr = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+    kv_indices = torch.cat([case.slots[n] for n in names]).int()
+    starts = torch.zeros(7, dtype=torch.int32)
+    hkv = case.pool["k_codes"].shape[1]
+    q = (torch.randn(len(names), hkv * gqa, D) * 2).bfloat16()
+    o = torch.full((len(names), hkv * gqa, D), float("nan"), device=DEV)
+    p = case.pool
+    ops.decode_attention_channel(
+        q.to(DEV), o, p["k_codes"], p["k_params"], p["v_codes"], p["v_params"], p["sink_k"],
+        p["sink_v"], p["ring_k"], p["ring_v"], kv_indptr.to(DEV), kv_indices.to(DEV), rows.to(DEV),
+        starts.to(DEV), k_bits=bits, k_block=B, v_group=vg, sm_scale=0.125, max_kv_splits=4,
+        min_chunk=32)
+    for b, n in enumerate(names):
+        K = ref.format_request_kv(case.k[n].float(), fmt, "k")
+        V = ref.format_request_kv(case.v[n].float(), fmt, "v")
+        o_ref, _ = ref.attention(q[b:b + 1].float(), K, V, sm_scale=0.125)
+        assert rel_err(o[b].cpu(), o_ref[0]) <= REL_TOL, n
+
+
+def test_store_channel_rejects_unsupported(seed):
+    case = StoreCase(64, 2, 32, 64, torch.bfloat16, torch.bfloat16)
+    t = torch.zeros(1, 2, 64).bfloat16().to(DEV)
+    i = torch.zeros(1, dtype=torch.int32).to(DEV)
+    args = (t, t, i, i, i, i)
+    with pytest.raises(ValueError, match="k_codes must be uint8"):
+        ops.store_kv_channel(*args, **case.pool, k_bits=3, k_block=32, v_group=64)
+    with pytest.raises(ValueError, match="not a page size"):
+        ops.store_kv_channel(*args, **case.pool, k_bits=2, k_block=16, v_group=64)
+    with pytest.raises(ValueError, match="one key block"):
+        ops.store_kv_channel(*args, **dict(case.pool, ring_k=case.pool["ring_k"][:, :16],
+                                           ring_v=case.pool["ring_v"][:, :16]),
+                             k_bits=2, k_block=32, v_group=64)

@@ -154,7 +154,7 @@ def attend_channel_kernel(
         blk = tl.where(jb < n_a, jb, jb - n_a + start_b)
         p = blk * BLK + offs
         body = (p < ring_lo) & ((p < sink_lo) | (p >= sink_hi))
-        # masked lanes read slot 0 (always a valid pool row) and get -inf scores
+        # masked lanes read slot 0 (any pool row) and get -inf scores, zero value params
         slot = tl.load(idx_base + p, mask=body, other=0).to(tl.int64)
         # blocks are pages: the block's first position (always < kv_len) names its page
         page = (tl.load(idx_base + blk * BLK) // BLK).to(tl.int64)
@@ -190,6 +190,9 @@ def attend_channel_kernel(
             cj = ((vc >> (2 * j)) & 3).to(PV_DT)
             if (j * QDV) % GV == 0:  # first quarter of a value group: its (p * scale, p @ min)
                 vsc, vmn = _unpack_params(tl.load(VPh + slot * stride_vpn + (j * QDV) // GV))
+                # masked lanes read slot 0: whatever it holds must not reach the output (0 * NaN)
+                vsc = tl.where(body, vsc, 0.0)
+                vmn = tl.where(body, vmn, 0.0)
                 ps = (pr * vsc[None, :]).to(PV_DT)
                 pm = tl.sum(pr * vmn[None, :], 1)[:, None]
             upd = tl.dot(ps, cj) + pm
