@@ -110,13 +110,10 @@ def attend_channel_kernel(
     start_b = tl.maximum(sink_hi // BLK, n_a)
     n_b = tl.where(ring_lo > sink_hi, tl.maximum(tl.cdiv(ring_lo, BLK) - start_b, 0), 0)
     n_blk = n_a + n_b
-    if split >= NB16:
-        chunk = tl.cdiv(n_blk, n_splits - NB16)
-        j_lo = tl.minimum((split - NB16) * chunk, n_blk)
-        j_hi = tl.minimum(j_lo + chunk, n_blk)
-    else:
-        j_lo = 0
-        j_hi = 0
+    # splits NB16.. share the blocks (num_splits_of leaves >= 1 of them); BF16 splits get none
+    chunk = tl.cdiv(n_blk, n_splits - NB16)
+    j_lo = tl.where(split >= NB16, tl.minimum((split - NB16) * chunk, n_blk), 0)
+    j_hi = tl.where(split >= NB16, tl.minimum(j_lo + chunk, n_blk), 0)
 
     # ---- query rows (decode: one token per request) ------------------------------------------
     rows = tl.arange(0, BLOCK_M)
