@@ -161,3 +161,102 @@ def extend_prefix_attention(
     if _fast.selected(q, k_codes, v_codes, k_group, v_group):
         return _fast.extend_prefix_attention_fast(**args)
     return _ext.extend_prefix_attention(**args)
+
+
+# --------------------------------------------------------------------------------------------
+# Per-channel keys over page blocks (KVFormat k_layout="channel"; docs/format.md "KVFormat").
+# Not served yet: the pool / backend still use the INT2 ops above.
+# --------------------------------------------------------------------------------------------
+
+
+def decode_attention_channel(
+    q: torch.Tensor,
+    o: torch.Tensor,
+    k_codes: torch.Tensor,
+    k_params: torch.Tensor,
+    v_codes: torch.Tensor,
+    v_params: torch.Tensor,
+    sink_k: torch.Tensor,
+    sink_v: torch.Tensor,
+    ring_k: torch.Tensor,
+    ring_v: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    req_rows: torch.Tensor,
+    own_start: torch.Tensor,
+    *,
+    k_bits: int,
+    k_block: int,
+    v_group: int,
+    sm_scale: float,
+    sink_start: torch.Tensor | None = None,
+    num_kv_splits: torch.Tensor | None = None,
+    max_kv_splits: int | None = None,
+    attn_logits: torch.Tensor | None = None,
+    attn_lse: torch.Tensor | None = None,
+    logit_cap: float = 0.0,
+    min_chunk: int | None = None,
+) -> torch.Tensor:
+    """decode_attention for per-channel keys: one query token per request over sink + body + ring.
+
+    Pool of one layer (N slots, B = k_block = the page size, slot n is in page n // B):
+      k_codes  uint8   [N, H, k_bits * D / 8]  (reference.pack_bits: 2-bit quarter split; 3 bits
+                                                 = 2-bit plane + 1-bit "eighth split" plane;
+                                                 4-bit half split)
+      k_params float16 [N / B, H, D, 2]        (scale, min) per (page block, head, channel)
+      v_codes  uint8   [N, H, Dv / 4]          2-bit values, per-token groups of v_group dims
+      v_params float16 [N, H, Dv / v_group, 2]
+    sink / ring / kv_indptr / kv_indices / req_rows / own_start / sink_start, q, o, the scratch and
+    the split arguments as decode_attention (base kernel's split plan: BF16 splits + body splits,
+    merged by the same stage 2). Body keys of a request are its complete blocks outside the sink
+    and ring; blocks are aligned to position 0 and are the request's pages. Head dims 64 and 128;
+    keys 2, 3 or 4 bits; B in (32, 64); W >= B. min_chunk: fewest body keys per derived split
+    (default decode.MIN_CHUNK). Returns o (rotated V space, like decode_attention).
+    """
+    args = dict(locals())  # before the import below adds a local
+    from .triton import attend_channel as _ch
+
+    return _ch.decode_attention_channel(**args)
+
+
+def store_kv_channel(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    loc: torch.Tensor,
+    positions: torch.Tensor,
+    token_rows: torch.Tensor,
+    token_seq_lens: torch.Tensor,
+    k_codes: torch.Tensor,
+    k_params: torch.Tensor,
+    v_codes: torch.Tensor,
+    v_params: torch.Tensor,
+    sink_k: torch.Tensor,
+    sink_v: torch.Tensor,
+    ring_k: torch.Tensor,
+    ring_v: torch.Tensor,
+    *,
+    k_bits: int,
+    k_block: int,
+    v_group: int,
+    v_clip: float = 1.0,
+    slot_entry: torch.Tensor | None = None,
+    entry_owner: torch.Tensor | None = None,
+) -> None:
+    """store_kv for per-channel keys: T new (already rotated) tokens of many requests.
+
+    k [T, H, D], v [T, H, Dv]; loc [T] slots, page-aligned (position p of a request at slot
+    page * B + p % B, B = k_block); positions / token_rows / token_seq_lens [T] as store_kv (a
+    request's tokens contiguous and in position order, as SGLang batches them). Pool tensors as
+    decode_attention_channel; sink_k / ring_k [R, S / W, H, D] (W >= B), sink_v / ring_v likewise.
+
+    Values: exactly store_kv's per-token 2-bit rows (v_group, v_clip) and side copies. Keys: BF16
+    sink / ring copies as store_kv; when a token completes its block (position % B == B - 1), the
+    block's B keys (this call's tokens from k, earlier ones from the ring, all rounded to the
+    ring's dtype) are quantised per channel (reference.quantize_key_blocks, bit-exact) into the B
+    slots' codes and k_params[loc // B]. Keys of an incomplete block get no codes yet. No key clip,
+    no token-norm, no in-kernel rotation. slot_entry / entry_owner: as store_kv.
+    """
+    args = dict(locals())  # before the import below adds a local
+    from .triton import store_channel as _st
+
+    return _st.store_kv_channel(**args)

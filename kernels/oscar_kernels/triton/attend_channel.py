@@ -1,0 +1,289 @@
+"""Split-K decode over per-channel keys (KVFormat k_layout="channel", docs/format.md "KVFormat").
+
+Stage 1 of decode for the channel layout; stage 2 (LSE merge) and the split plan are decode.py's,
+unchanged. One program = (request b, KV head h, split s), rows = the GQA group of h (padded to
+>= 16 for tl.dot), exactly as attend.py's decode path.
+
+Key positions come from the same three sources as attend.py (source_ranges): BF16 sink, BF16
+ring (read by attend._bf16_source_loop) and the quantised body, positions
+[0, sink_lo) u [sink_hi, ring_lo). The body differs from the served INT2 layout:
+
+* keys: 2/3/4-bit codes per (token, head) row (pack_bits), and one fp16 (scale, min) per
+  (page block, head, channel) at k_params[slot // B, h, c]. A body tile is one page block of B
+  positions, so the whole tile shares one (scale, min) row and the dequantisation folds into q:
+      q . k_hat(t) = sum_c q_c (s_c code_tc + m_c) = (q * s) . code_t + q . m
+  i.e. q is scaled once per tile and one constant per query row is added; codes go to tl.dot as
+  small integers (exact in bf16).
+* values: 2-bit per-token groups as in the INT2 format, folded the same way as attend.py.
+
+Body tiles walk whole blocks: the blocks holding [0, min(sink_lo, ring_lo)), then those holding
+[sink_hi, ring_lo) (a block shared by both lists is walked once); positions of a block that are
+not body positions (sink hole, ring, past the request) are masked. Every walked block holds at
+least one body position, so no tile is fully masked. Splits NB16..n-1 share the body blocks in
+equal contiguous chunks; the split count is num_splits_of over the body's key count, as in the
+merge kernel, so decode.merge_splits needs no change.
+
+A body position must lie in a complete block (the format's reader rule,
+reference.format_source_masks): the ring holds >= one block, so only a request whose own_start
+is past the start of its incomplete block could violate it; SGLang's paged radix hits are
+page-aligned. The kernel does not check this.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..format import PAGE_SIZES, code_bytes
+from .attend import (
+    LN2, LOG2E, PV_DTYPE, _bf16_source_loop, _cap_and_scale, _online_softmax, _pick4, _unpack_params,
+    as_param_words, empty_softmax_state, load_q_quarters, num_splits_of, pool_launch_args,
+    source_ranges, split_ranges,
+)
+from .decode import BLOCK_B, MIN_CHUNK, default_max_splits, merge_splits, plan_decode
+
+CHANNEL_HEAD_DIMS = (64, 128)
+CHANNEL_KEY_BITS = (2, 3, 4)
+
+
+@triton.jit
+def _key_quarter(kc, kc2, hb, J: tl.constexpr, BITS: tl.constexpr, QD: tl.constexpr):
+    """Codes of dims [J*D/4, (J+1)*D/4) of every key of the tile, int32 [BLK, D/4].
+
+    kc: bytes 0..D/4-1 of each row (the 2-bit plane / first quarter of the 4-bit half split),
+    kc2: bytes D/4..D/2-1 (4 bits only), hb: the 1-bit plane gathered so that column i holds byte
+    i % (D/8) (3 bits only): dim J*D/4 + i is eighth 2J + i // (D/8) of the plane."""
+    if BITS == 2:
+        c = (kc >> (2 * J)) & 3
+    elif BITS == 3:
+        E: tl.constexpr = QD // 2
+        sh = 2 * J + tl.arange(0, QD) // E
+        c = ((kc >> (2 * J)) & 3) | (((hb >> sh[None, :]) & 1) << 2)
+    else:  # half split: dims [0, D/2) low nibbles, [D/2, D) high nibbles of bytes 0..D/2-1
+        if J % 2 == 0:
+            c = (kc >> (4 * (J // 2))) & 15
+        else:
+            c = (kc2 >> (4 * (J // 2))) & 15
+    return c
+
+
+@triton.jit
+def attend_channel_kernel(
+    Q, stride_qt, stride_qh,
+    Out, stride_ot, stride_oh, stride_os,
+    Lse, stride_lt, stride_lh, stride_ls,
+    KC, stride_kcn, stride_kch,
+    KP, stride_kpn, stride_kph,
+    VC, stride_vcn, stride_vch,
+    VP, stride_vpn, stride_vph,
+    SK, stride_skr, stride_skp, stride_skh,
+    SV, stride_svr, stride_svp, stride_svh,
+    RK, stride_rkr, stride_rkp, stride_rkh,
+    RV, stride_rvr, stride_rvp, stride_rvh,
+    kv_indptr, kv_indices, req_rows, own_start, sink_start, num_kv_splits,
+    sm_scale_log2, logit_cap, MAX_SPLITS,
+    GQA: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BITS: tl.constexpr, BLK: tl.constexpr,
+    GV: tl.constexpr, S: tl.constexpr, W: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr, HAS_NSPLITS: tl.constexpr,
+    MIN_CHUNK: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, NB16: tl.constexpr,
+):
+    QD: tl.constexpr = D // 4
+    QDV: tl.constexpr = DV // 4
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+
+    kv_start = tl.load(kv_indptr + b)
+    kv_len = tl.load(kv_indptr + b + 1) - kv_start
+    row = tl.load(req_rows + b).to(tl.int64)
+    own = tl.load(own_start + row)  # per-request state is indexed by request row
+    sink_own = tl.load(sink_start + row)
+    sink_lo, sink_hi, ring_lo, n_body = source_ranges(kv_len, own, sink_own, S, W)
+    n_splits = num_splits_of(n_body, b, num_kv_splits, HAS_NSPLITS, MAX_SPLITS, MIN_CHUNK, NB16)
+    if split >= n_splits:
+        return
+    _, _, s_lo, s_hi, r_lo, r_hi = split_ranges(
+        split, n_splits, n_body, sink_lo, sink_hi, ring_lo, kv_len, BLK, NB16)
+
+    # body blocks: list A holds [0, hi_a), list B [sink_hi, ring_lo); see module docstring
+    hi_a = tl.minimum(sink_lo, ring_lo)
+    n_a = tl.cdiv(hi_a, BLK)
+    start_b = tl.maximum(sink_hi // BLK, n_a)
+    n_b = tl.where(ring_lo > sink_hi, tl.maximum(tl.cdiv(ring_lo, BLK) - start_b, 0), 0)
+    n_blk = n_a + n_b
+    # splits NB16.. share the blocks (num_splits_of leaves >= 1 of them); BF16 splits get none
+    chunk = tl.cdiv(n_blk, n_splits - NB16)
+    j_lo = tl.where(split >= NB16, tl.minimum((split - NB16) * chunk, n_blk), 0)
+    j_hi = tl.where(split >= NB16, tl.minimum(j_lo + chunk, n_blk), 0)
+
+    # ---- query rows (decode: one token per request) ------------------------------------------
+    rows = tl.arange(0, BLOCK_M)
+    hq = kvh * GQA + rows % GQA
+    rmask = rows < GQA
+    tok = b.to(tl.int64)
+    dq = tl.arange(0, QD)
+    qb = Q + tok * stride_qt + hq[:, None] * stride_qh + dq[None, :]
+    q0, q1, q2, q3 = load_q_quarters(qb, rmask, QD, PV_DT)
+
+    m_i, l_i, a0, a1, a2, a3 = empty_softmax_state(BLOCK_M, QDV)
+
+    # ---- BF16 sink and ring (attend.py's loops) ------------------------------------------------
+    m_i, l_i, a0, a1, a2, a3 = _bf16_source_loop(
+        s_lo, s_hi,
+        SK + row * stride_skr + kvh * stride_skh, SV + row * stride_svr + kvh * stride_svh,
+        stride_skp, stride_svp, q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3,
+        sm_scale_log2, logit_cap, False, W, QD, QDV, BLOCK_B, LOGIT_CAP, PV_DT)
+    m_i, l_i, a0, a1, a2, a3 = _bf16_source_loop(
+        r_lo, r_hi,
+        RK + row * stride_rkr + kvh * stride_rkh, RV + row * stride_rvr + kvh * stride_rvh,
+        stride_rkp, stride_rvp, q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3,
+        sm_scale_log2, logit_cap, True, W, QD, QDV, BLOCK_B, LOGIT_CAP, PV_DT)
+
+    # ---- quantised body, one page block per tile -----------------------------------------------
+    offs = tl.arange(0, BLK)
+    dv = tl.arange(0, QDV)
+    kvh64 = kvh.to(tl.int64)  # head-major pool: kvh * stride can pass 2^31
+    KCh = KC + kvh64 * stride_kch
+    KPh = KP + kvh64 * stride_kph
+    VCh = VC + kvh64 * stride_vch
+    VPh = VP + kvh64 * stride_vph
+    idx_base = kv_indices + kv_start
+    for jb in range(j_lo, j_hi):
+        blk = tl.where(jb < n_a, jb, jb - n_a + start_b)
+        p = blk * BLK + offs
+        body = (p < ring_lo) & ((p < sink_lo) | (p >= sink_hi))
+        # masked lanes read slot 0 (any pool row) and get -inf scores, zero value params
+        slot = tl.load(idx_base + p, mask=body, other=0).to(tl.int64)
+        # blocks are pages: the block's first position (always < kv_len) names its page
+        page = (tl.load(idx_base + blk * BLK) // BLK).to(tl.int64)
+        kcb = KCh + slot[:, None] * stride_kcn
+        kc = tl.load(kcb + dq[None, :]).to(tl.int32)
+        kc2 = kc
+        hb = kc
+        if BITS == 3:
+            hb = tl.load(kcb + QD + (dq % (QD // 2))[None, :]).to(tl.int32)
+        if BITS == 4:
+            kc2 = tl.load(kcb + QD + dq[None, :]).to(tl.int32)
+        qk = tl.zeros([BLOCK_M, BLK], tl.float32)
+        qm = tl.zeros([BLOCK_M], tl.float32)
+        for j in tl.static_range(4):
+            sc, mn = _unpack_params(tl.load(KPh + page * stride_kpn + j * QD + dq))
+            qj = _pick4(j, q0, q1, q2, q3).to(tl.float32)
+            # (q * s) . code + q . m: q scaled once per block, one constant per row
+            qs = (qj * sc[None, :]).to(PV_DT)
+            cj = _key_quarter(kc, kc2, hb, j, BITS, QD).to(PV_DT)
+            qk += tl.dot(qs, tl.trans(cj))
+            qm += tl.sum(qj * mn[None, :], 1)
+        qk += qm[:, None]
+        s = _cap_and_scale(qk, sm_scale_log2, logit_cap, LOGIT_CAP)
+        s = tl.where(body[None, :], s, float("-inf"))
+        pr, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
+
+        vc = tl.load(VCh + slot[:, None] * stride_vcn + dv[None, :])
+        a0 = a0 * alpha[:, None]
+        a1 = a1 * alpha[:, None]
+        a2 = a2 * alpha[:, None]
+        a3 = a3 * alpha[:, None]
+        for j in tl.static_range(4):
+            cj = ((vc >> (2 * j)) & 3).to(PV_DT)
+            if (j * QDV) % GV == 0:  # first quarter of a value group: its (p * scale, p @ min)
+                vsc, vmn = _unpack_params(tl.load(VPh + slot * stride_vpn + (j * QDV) // GV))
+                # masked lanes read slot 0: whatever it holds must not reach the output (0 * NaN)
+                vsc = tl.where(body, vsc, 0.0)
+                vmn = tl.where(body, vmn, 0.0)
+                ps = (pr * vsc[None, :]).to(PV_DT)
+                pm = tl.sum(pr * vmn[None, :], 1)[:, None]
+            upd = tl.dot(ps, cj) + pm
+            if j == 0:
+                a0 += upd
+            elif j == 1:
+                a1 += upd
+            elif j == 2:
+                a2 += upd
+            else:
+                a3 += upd
+
+    # ---- normalised partial output + LSE -----------------------------------------------------
+    has = l_i > 0
+    inv_l = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)
+    lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * LN2, float("-inf"))
+    ob = Out + tok * stride_ot + hq[:, None] * stride_oh + split * stride_os + dv[None, :]
+    tl.store(ob, a0 * inv_l[:, None], mask=rmask[:, None])
+    tl.store(ob + QDV, a1 * inv_l[:, None], mask=rmask[:, None])
+    tl.store(ob + 2 * QDV, a2 * inv_l[:, None], mask=rmask[:, None])
+    tl.store(ob + 3 * QDV, a3 * inv_l[:, None], mask=rmask[:, None])
+    tl.store(Lse + tok * stride_lt + hq * stride_lh + split * stride_ls, lse, mask=rmask)
+
+
+def check_channel_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_bits, k_block, v_group):
+    """Clear errors for shapes, bits and blocks this kernel does not handle."""
+    import torch
+
+    D = q.shape[-1]
+    if D not in CHANNEL_HEAD_DIMS:
+        raise ValueError(f"channel-key decode: head_dim {D} is not supported {CHANNEL_HEAD_DIMS}")
+    if k_bits not in CHANNEL_KEY_BITS:
+        raise ValueError(f"channel-key decode: {k_bits}-bit keys are not supported {CHANNEL_KEY_BITS}")
+    if k_block not in PAGE_SIZES:
+        raise ValueError(f"channel-key decode: key block {k_block} is not a page size {PAGE_SIZES}")
+    N, H = k_codes.shape[:2]
+    if k_codes.dtype != torch.uint8 or k_codes.shape[-1] != code_bytes(k_bits, D):
+        raise ValueError(f"k_codes must be uint8 [N, H, {code_bytes(k_bits, D)}] for {k_bits}-bit keys "
+                         f"at head_dim {D}, got {k_codes.dtype} {tuple(k_codes.shape)}")
+    if (k_params.dtype != torch.float16 or N % k_block
+            or tuple(k_params.shape) != (N // k_block, H, D, 2)):
+        raise ValueError(f"k_params must be float16 [N / {k_block}, H, {D}, 2] = "
+                         f"[{N // k_block}, {H}, {D}, 2] (one (scale, min) per page, head, channel), "
+                         f"got {k_params.dtype} {tuple(k_params.shape)} (N = {N})")
+    Dv = v_codes.shape[-1] * 4
+    if Dv not in CHANNEL_HEAD_DIMS or sink_k.shape[-1] != D:
+        raise ValueError(f"channel-key decode: value dim {Dv} / sink dim {sink_k.shape[-1]} do not fit "
+                         f"head_dim {D} (2-bit values only)")
+    if Dv % v_group or v_group < Dv // 4 or tuple(v_params.shape[1:]) != (H, Dv // v_group, 2):
+        raise ValueError(f"v_params {tuple(v_params.shape)}: value group {v_group} must divide {Dv} "
+                         f"and be >= {Dv // 4} (v_params [N, H, Dv / group, 2])")
+    if q.shape[1] % H:
+        raise ValueError(f"query heads {q.shape[1]} not a multiple of KV heads {H}")
+    if ring_k.shape[1] < k_block:
+        raise ValueError(f"ring of {ring_k.shape[1]} positions is shorter than a key block ({k_block}): "
+                         "an incomplete block must be readable from BF16")
+    for name, t in (("q", q), ("k_codes", k_codes), ("v_codes", v_codes), ("sink_k", sink_k),
+                    ("ring_k", ring_k), ("k_params", k_params), ("v_params", v_params)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got {t.stride()}")
+
+
+def decode_attention_channel(
+    q, o, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
+    kv_indptr, kv_indices, req_rows, own_start, *, k_bits, k_block, v_group, sm_scale,
+    sink_start=None, num_kv_splits=None, max_kv_splits=None, attn_logits=None, attn_lse=None,
+    logit_cap=0.0, min_chunk=None, bf16_keys_per_split=None, num_warps=4, num_stages=2,
+):
+    """See ops.decode_attention_channel; min_chunk / bf16_keys_per_split / num_warps /
+    num_stages are tuning knobs (decode.py's meaning)."""
+    check_channel_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_bits, k_block, v_group)
+    sink_start = own_start if sink_start is None else sink_start
+    B, Hq, D = q.shape
+    Hkv = k_codes.shape[1]
+    gqa = Hq // Hkv
+    max_kv_splits, nb16, attn_logits, attn_lse = plan_decode(
+        q, o, k_codes, v_codes, sink_k, ring_k, kv_indptr, max_kv_splits, attn_logits, attn_lse,
+        bf16_keys_per_split, default_max_splits)
+    min_chunk = min_chunk or MIN_CHUNK
+    kp = as_param_words(k_params)
+    vp = as_param_words(v_params)
+    attend_channel_kernel[(B, Hkv, max_kv_splits)](
+        q, q.stride(0), q.stride(1),
+        attn_logits, attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
+        attn_lse, attn_lse.stride(0), attn_lse.stride(1), attn_lse.stride(2),
+        *pool_launch_args(k_codes, kp, v_codes, vp, sink_k, sink_v, ring_k, ring_v),
+        kv_indptr, kv_indices, req_rows, own_start, sink_start,
+        num_kv_splits if num_kv_splits is not None else kv_indptr,
+        sm_scale * LOG2E, float(logit_cap), int(max_kv_splits),
+        GQA=gqa, D=D, DV=v_codes.shape[-1] * 4, BITS=k_bits, BLK=k_block, GV=v_group,
+        S=sink_k.shape[1], W=ring_k.shape[1], BLOCK_M=max(16, triton.next_power_of_2(gqa)),
+        BLOCK_B=BLOCK_B, HAS_NSPLITS=num_kv_splits is not None, MIN_CHUNK=min_chunk,
+        LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE, NB16=nb16,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    return merge_splits(o, attn_logits, attn_lse, kv_indptr, req_rows, own_start, sink_start,
+                        num_kv_splits, max_kv_splits, nb16, min_chunk, sink_k.shape[1], ring_k.shape[1])

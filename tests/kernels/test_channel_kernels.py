@@ -1,0 +1,345 @@
+"""Kernels for per-channel keys over page blocks (KVFormat k_layout="channel") vs the references.
+
+Decode: a paged pool built with reference.quantize_key_blocks / quantize_rows at random
+page-aligned slots (pages shuffled, page 0 = padding), shuffled request rows, garbage in every
+side-buffer entry the source rule must not read, NaN params for the pages of incomplete blocks
+(a kernel that read them would return NaN). Oracle: reference.format_request_kv (the reader's
+view of the KVFormat, computed from the request's own keys, not from the pool) + float64
+reference.attention. Bound: ||o - o_ref|| / ||o_ref|| <= 1e-4 with fp32 tensor-core operands
+(Triton interpreter, CPU), 2e-2 with bf16 operands (CUDA: q * scale and p are rounded to bf16).
+
+Store: codes and params bit-identical to reference.quantize_key_blocks of the request's whole
+key sequence (as the ring holds it), blocks quantised exactly when their last position is stored,
+values bit-identical to reference.quantize_rows, side buffers exact.
+"""
+import math
+
+import pytest
+import torch
+
+from oscar_kernels import ops
+from oscar_kernels import reference as ref
+from oscar_kernels.format import KVFormat, code_bytes
+
+from .pool_case import DEV, REL_TOL, rel_err, rotated_kv
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+S = 4  # KVFormat sinks are 0 / 4 / 64, rings 32..256 and >= one block
+GARBAGE = 1e4
+
+
+class ChannelPool:
+    """Paged pool of one layer in a channel-key KVFormat holding a batch of requests.
+
+    Request b owns whole pages (slot = page * B + offset, pages shuffled); its keys are
+    quantised per block with the reference, only its complete blocks have params."""
+
+    def __init__(self, fmt, lens, owns, sinks, hkv, n_rows=7):
+        self.fmt, self.lens, self.owns, self.sinks = fmt, lens, owns, sinks
+        D, B, W, kb = fmt.head_dim, fmt.k_group, fmt.window, fmt.k_bits
+        pages = [math.ceil(L / B) for L in lens]
+        n_pages = sum(pages) + 3
+        N = n_pages * B
+        self.k_codes = torch.randint(0, 256, (N, hkv, code_bytes(kb, D)), dtype=torch.uint8)
+        self.k_params = torch.full((n_pages, hkv, D, 2), float("nan")).half()
+        self.v_codes = torch.randint(0, 256, (N, hkv, D // 4), dtype=torch.uint8)
+        self.v_params = torch.rand(N, hkv, D // fmt.v_group, 2).half()
+        self.v_params[:B] = float("nan")  # page 0 (no request's): masked lanes read slot 0
+        self.sink_k = (torch.randn(n_rows, S, hkv, D) * GARBAGE).bfloat16()
+        self.sink_v = (torch.randn(n_rows, S, hkv, D) * GARBAGE).bfloat16()
+        self.ring_k = (torch.randn(n_rows, W, hkv, D) * GARBAGE).bfloat16()
+        self.ring_v = (torch.randn(n_rows, W, hkv, D) * GARBAGE).bfloat16()
+        perm = (torch.randperm(n_pages - 1) + 1).tolist()
+        slots, self.k, self.v, self.slots = [], [], [], []
+        # request 0 (len 1) is a CUDA-graph padding request at row 0; the others at shuffled rows
+        others = (torch.randperm(n_rows - 1)[: len(lens) - 1] + 1).tolist()
+        self.rows = torch.tensor([0] + others, dtype=torch.int32)
+        self.own_start = torch.randint(0, 60, (n_rows,), dtype=torch.int32)
+        self.own_start[self.rows.long()] = torch.tensor(owns, dtype=torch.int32)
+        self.sink_start = torch.randint(0, 60, (n_rows,), dtype=torch.int32)
+        self.sink_start[self.rows.long()] = torch.tensor(sinks, dtype=torch.int32)
+        for b, L in enumerate(lens):
+            pg = torch.tensor([perm.pop() for _ in range(pages[b])])
+            sl = (pg.repeat_interleave(B) * B + torch.arange(B).repeat(pages[b]))[:L]
+            self.slots.append(sl)
+            k, v = rotated_kv(L, hkv, D), rotated_kv(L, hkv, D)
+            self.k.append(k)
+            self.v.append(v)
+            codes, params, _ = ref.quantize_key_blocks(k, kb, B)
+            n = params.shape[0]
+            self.k_codes[sl[: n * B]] = codes
+            self.k_params[pg[:n]] = params
+            self.v_codes[sl], self.v_params[sl] = ref.quantize_rows(v, 2, fmt.v_group)
+            r = int(self.rows[b])
+            for x, sink, ring in ((k, self.sink_k, self.ring_k), (v, self.sink_v, self.ring_v)):
+                for p in range(sinks[b], min(S, L)):
+                    sink[r, p] = x[p].bfloat16()
+                for p in range(max(owns[b], L - W), L):
+                    ring[r, p % W] = x[p].bfloat16()
+        self.kv_indptr = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+        self.kv_indices = torch.cat(self.slots).int()
+
+    def args(self):
+        t = (self.k_codes, self.k_params, self.v_codes, self.v_params, self.sink_k, self.sink_v,
+             self.ring_k, self.ring_v, self.kv_indptr, self.kv_indices, self.rows, self.own_start)
+        return [x.to(DEV) for x in t]
+
+    def kw(self):
+        return dict(k_bits=self.fmt.k_bits, k_block=self.fmt.k_group, v_group=self.fmt.v_group,
+                    sink_start=self.sink_start.to(DEV))
+
+    def request_kv(self, b):
+        """The reader's view from the request's own keys (reference.format_request_kv)."""
+        kw = dict(own_start=self.owns[b], sink_start=self.sinks[b])
+        return (ref.format_request_kv(self.k[b], self.fmt, "k", **kw),
+                ref.format_request_kv(self.v[b], self.fmt, "v", **kw))
+
+
+# (len, own_start, sink_start) with B = 32, S = 4, W = 32 (64 for B = 64):
+#   padding request (len 1, row 0); all BF16 (len < S + W); own_start inside the sink (body hole
+#   [2, 4) inside block 0, incomplete block 2 in the ring); body + incomplete last block from the
+#   ring; radix hit past the sink (own_start 64: positions 0-3 read from the body); radix hit with
+#   the sink carried over (sink_start 0, own_start 64 < len - W)
+REQS_32 = [(1, 0, 0), (20, 0, 0), (75, 2, 2), (110, 0, 0), (100, 64, 64), (130, 64, 0)]
+REQS_64 = [(1, 0, 0), (50, 0, 0), (150, 0, 0), (140, 64, 64), (200, 64, 0)]
+
+
+def channel_fmt(D, bits, B, vg):
+    return KVFormat(D, bits, "channel", B, 2, vg, sink=S, window=max(32, B))
+
+
+def run_decode(pool, q, max_splits, nsplit=None, **kw):
+    B, Hq, D = q.shape
+    o = torch.full((B, Hq, D), float("nan"), device=DEV)
+    logits = torch.full((B, Hq, max_splits, D), float("nan"), device=DEV)
+    lse = torch.full((B, Hq, max_splits), float("nan"), device=DEV)
+    ops.decode_attention_channel(q.to(DEV), o, *pool.args(), **pool.kw(), sm_scale=1 / math.sqrt(D),
+                                 num_kv_splits=nsplit, max_kv_splits=max_splits, attn_logits=logits,
+                                 attn_lse=lse, **kw)
+    return o.cpu()
+
+
+@pytest.mark.parametrize("D,bits,B,vg,gqa,splits", [
+    (128, 3, 32, 128, 4, "auto"),
+    (128, 3, 32, 64, 2, "given"),
+    (64, 2, 32, 64, 3, "given"),
+    (64, 2, 32, 16 * 2, 1, "auto"),
+    (64, 4, 32, 64, 2, "given"),
+    (64, 3, 64, 64, 2, "auto"),
+])
+def test_decode_channel_matches_reference(seed, D, bits, B, vg, gqa, splits):
+    hkv = 2
+    reqs = REQS_32 if B == 32 else REQS_64
+    fmt = channel_fmt(D, bits, B, vg)
+    pool = ChannelPool(fmt, *map(list, zip(*reqs)), hkv=hkv)
+    nb = len(reqs)
+    q = (torch.randn(nb, hkv * gqa, D) * 2).bfloat16()
+    # given: a few splits per request (more splits than body blocks for some); auto: the body's
+    # key count in chunks of 32 keys (min_chunk), so the longer requests use several body splits
+    nsplit = torch.randint(2, 6, (nb,), dtype=torch.int32).to(DEV) if splits == "given" else None
+    o = run_decode(pool, q, 5, nsplit, min_chunk=32)
+    assert not o.isnan().any()
+    for b in range(nb):
+        K, V = pool.request_kv(b)
+        o_ref, _ = ref.attention(q[b:b + 1].float(), K, V)
+        assert rel_err(o[b], o_ref[0]) <= REL_TOL, (b, rel_err(o[b], o_ref[0]))
+
+
+def test_decode_channel_logit_cap_and_default_plan(seed):
+    """Logit cap; split count and scratch from the defaults (no max_kv_splits, no scratch)."""
+    D, gqa, cap = 64, 2, 5.0
+    fmt = channel_fmt(D, 3, 32, 64)
+    pool = ChannelPool(fmt, [1, 110], [0, 0], [0, 0], hkv=1)
+    q = (torch.randn(2, gqa, D) * 4).bfloat16()
+    o = torch.full((2, gqa, D), float("nan"), device=DEV)
+    ops.decode_attention_channel(q.to(DEV), o, *pool.args(), **pool.kw(), sm_scale=0.125, logit_cap=cap)
+    for b in range(2):
+        K, V = pool.request_kv(b)
+        s = torch.einsum("thd,lhd->htl", q[b:b + 1].double(), K.double().repeat_interleave(gqa, 1)) * 0.125
+        p = torch.softmax(cap * torch.tanh(s / cap), -1)
+        o_ref = torch.einsum("htl,lhd->thd", p, V.double().repeat_interleave(gqa, 1))
+        assert rel_err(o[b].cpu(), o_ref[0]) <= REL_TOL
+
+
+def test_decode_channel_rejects_unsupported(seed):
+    fmt = channel_fmt(64, 2, 32, 64)
+    pool = ChannelPool(fmt, [1, 40], [0, 0], [0, 0], hkv=1)
+    q = torch.randn(2, 2, 64).bfloat16().to(DEV)
+    o = torch.empty(2, 2, 64, device=DEV)
+    args, kw = pool.args(), pool.kw()
+    with pytest.raises(ValueError, match="k_codes must be uint8"):
+        ops.decode_attention_channel(q, o, *args, **dict(kw, k_bits=3), sm_scale=0.1)
+    with pytest.raises(ValueError, match="not a page size"):
+        ops.decode_attention_channel(q, o, *args, **dict(kw, k_block=16), sm_scale=0.1)
+    with pytest.raises(ValueError, match="k_params must be float16"):
+        ops.decode_attention_channel(q, o, args[0], args[1][:, :, :32], *args[2:], **kw, sm_scale=0.1)
+    with pytest.raises(ValueError, match="head_dim 32"):
+        ops.decode_attention_channel(q[..., :32], o, *args, **kw, sm_scale=0.1)
+
+
+# ------------------------------------------------------------------------------------ store
+
+
+def store_requests(B):
+    """(row, total length, [call-1 positions, call-2 positions]) of three requests:
+    A: call 1 ends mid-block (block 1 not yet quantised), call 2 completes it (its first 8
+       positions from the ring, which call 2 itself overwrites) and ends in an incomplete block;
+    Bq: a prefill that stops one token short of block 2, then the decode token completing it
+       (first token of call 2's batch: the block reaches back before the batch start);
+    C: exactly one block in call 2;
+    D: stored just before A in call 2 at positions B .. B+7, the positions A's block 1 must take
+       from the ring: only the row tells D's tokens from A's."""
+    return [
+        ("A", 1, 2 * B + 11, [range(0, B + 8), range(B + 8, 2 * B + 11)]),
+        ("Bq", 3, 3 * B, [range(0, 3 * B - 1), range(3 * B - 1, 3 * B)]),
+        ("C", 5, B, [range(0), range(0, B)]),
+        ("D", 6, B + 8, [range(0, B), range(B, B + 8)]),
+    ]
+
+
+CALL_ORDER = [["A", "Bq", "C", "D"], ["Bq", "D", "A", "C"]]  # batch order of each call
+
+
+class StoreCase:
+    def __init__(self, D, bits, B, vg, k_dtype, ring_dtype, hkv=2, n_rows=7):
+        self.D, self.bits, self.B, self.vg, self.W = D, bits, B, vg, B  # the smallest ring: one block
+        self.reqs = store_requests(B)
+        n_pages = sum(math.ceil(L / B) for _, _, L, _ in self.reqs) + 2
+        N = n_pages * B
+        perm = (torch.randperm(n_pages - 1) + 1).tolist()
+        self.k, self.v, self.slots, self.pages = {}, {}, {}, {}
+        for name, _, L, _ in self.reqs:
+            self.k[name] = rotated_kv(L, hkv, D).to(k_dtype)
+            # bf16 values: store.py's value side copies cast fp32 -> bf16 with tl's cast, which
+            # the Triton interpreter truncates (CUDA rounds to nearest even)
+            self.v[name] = rotated_kv(L, hkv, D).bfloat16()
+            pg = torch.tensor([perm.pop() for _ in range(math.ceil(L / B))])
+            self.pages[name] = pg
+            self.slots[name] = (pg.repeat_interleave(B) * B + torch.arange(B).repeat(len(pg)))[:L]
+        self.pool = dict(
+            k_codes=torch.randint(0, 256, (N, hkv, code_bytes(bits, D)), dtype=torch.uint8),
+            k_params=torch.full((n_pages, hkv, D, 2), float("nan")).half(),
+            v_codes=torch.randint(0, 256, (N, hkv, D // 4), dtype=torch.uint8),
+            v_params=torch.full((N, hkv, D // vg, 2), float("nan")).half(),
+            # never-written side entries hold garbage: a block that read one gets other params
+            sink_k=(torch.randn(n_rows, S, hkv, D) * GARBAGE).to(ring_dtype),
+            sink_v=(torch.randn(n_rows, S, hkv, D) * GARBAGE).bfloat16(),
+            ring_k=(torch.randn(n_rows, self.W, hkv, D) * GARBAGE).to(ring_dtype),
+            ring_v=(torch.randn(n_rows, self.W, hkv, D) * GARBAGE).bfloat16(),
+        )
+        self.initial = {n: t.clone() for n, t in self.pool.items()}
+        self.pool = {n: t.to(DEV) for n, t in self.pool.items()}
+        self.done = {name: 0 for name, *_ in self.reqs}
+
+    def call(self, i):
+        """Store the tokens of call i (0 or 1) with one store_kv_channel."""
+        k, v, loc, pos, rows, seq = [], [], [], [], [], []
+        by_name = {r[0]: r for r in self.reqs}
+        for name in CALL_ORDER[i]:
+            _, row, _, calls = by_name[name]
+            ps = list(calls[i])
+            if not ps:
+                continue
+            k.append(self.k[name][ps])
+            v.append(self.v[name][ps])
+            loc.append(self.slots[name][ps])
+            pos += ps
+            rows += [row] * len(ps)
+            seq += [ps[-1] + 1] * len(ps)
+            self.done[name] = ps[-1] + 1
+        ops.store_kv_channel(
+            torch.cat(k).to(DEV), torch.cat(v).to(DEV), torch.cat(loc).to(DEV),
+            torch.tensor(pos).to(DEV), torch.tensor(rows, dtype=torch.int32).to(DEV),
+            torch.tensor(seq, dtype=torch.int32).to(DEV), **self.pool,
+            k_bits=self.bits, k_block=self.B, v_group=self.vg)
+
+    def check(self):
+        """Every request's complete blocks (of what it has stored so far) bit-equal the reference;
+        slots / pages of incomplete blocks untouched; values and side buffers exact."""
+        out = {n: t.cpu() for n, t in self.pool.items()}
+        B, ring_dt = self.B, self.initial["ring_k"].dtype
+        exp_side = {n: self.initial[n].clone() for n in ("sink_k", "sink_v", "ring_k", "ring_v")}
+        for name, row, _, calls in self.reqs:
+            L = self.done[name]
+            if L == 0:
+                continue
+            sl, pg = self.slots[name][:L], self.pages[name]
+            codes, params, _ = ref.quantize_key_blocks(self.k[name][:L].to(ring_dt), self.bits, B)
+            n = params.shape[0]
+            assert n == L // B
+            assert torch.equal(out["k_codes"][sl[: n * B]], codes), name
+            assert torch.equal(out["k_params"][pg[:n]].view(torch.int16), params.view(torch.int16)), name
+            assert torch.equal(out["k_codes"][sl[n * B:]], self.initial["k_codes"][sl[n * B:]]), name
+            assert out["k_params"][pg[n:]].isnan().all(), name
+            vc, vp = ref.quantize_rows(self.v[name][:L], 2, self.vg)
+            assert torch.equal(out["v_codes"][sl], vc) and torch.equal(out["v_params"][sl], vp), name
+            # side copies: the rule of store_kv, applied call by call
+            for c in calls:
+                for p in c:
+                    if p < S:
+                        exp_side["sink_k"][row, p] = self.k[name][p].to(ring_dt)
+                        exp_side["sink_v"][row, p] = self.v[name][p].bfloat16()
+                    if p >= c[-1] + 1 - self.W and p < L:
+                        exp_side["ring_k"][row, p % self.W] = self.k[name][p].to(ring_dt)
+                        exp_side["ring_v"][row, p % self.W] = self.v[name][p].bfloat16()
+        for n, e in exp_side.items():
+            assert torch.equal(out[n], e), n
+
+
+@pytest.mark.parametrize("D,bits,B,vg,k_dtype,ring_dtype", [
+    (128, 3, 32, 128, torch.bfloat16, torch.bfloat16),
+    (64, 2, 32, 64, torch.float32, torch.float32),  # fp32 ring: bit-exact on fp32 keys
+    (64, 4, 32, 32, torch.float32, torch.bfloat16),  # bf16 ring: quantises bf16(k)
+    (64, 3, 64, 64, torch.bfloat16, torch.bfloat16),
+])
+def test_store_channel_bit_exact_across_chunks(seed, D, bits, B, vg, k_dtype, ring_dtype):
+    case = StoreCase(D, bits, B, vg, k_dtype, ring_dtype)
+    case.call(0)
+    case.check()  # A's block 1 and Bq's block 2 not quantised yet
+    case.call(1)
+    case.check()  # completed from the ring + this call's tokens
+
+
+def test_store_then_decode_end_to_end(seed):
+    """Keys stored by the store kernel in two chunks, read by the decode kernel: equals the
+    reader's view of the format (reference.format_request_kv) in float64 attention."""
+    D, bits, B, vg, gqa = 64, 3, 32, 64, 2
+    case = StoreCase(D, bits, B, vg, torch.bfloat16, torch.bfloat16)
+    case.call(0)
+    case.call(1)
+    fmt = channel_fmt(D, bits, B, vg)
+    names = [r[0] for r in case.reqs]
+    rows = torch.tensor([r[1] for r in case.reqs], dtype=torch.int32)
+    lens = [case.done[n] for n in names]
+    kv_indptr = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+    kv_indices = torch.cat([case.slots[n] for n in names]).int()
+    starts = torch.zeros(7, dtype=torch.int32)
+    hkv = case.pool["k_codes"].shape[1]
+    q = (torch.randn(len(names), hkv * gqa, D) * 2).bfloat16()
+    o = torch.full((len(names), hkv * gqa, D), float("nan"), device=DEV)
+    p = case.pool
+    ops.decode_attention_channel(
+        q.to(DEV), o, p["k_codes"], p["k_params"], p["v_codes"], p["v_params"], p["sink_k"],
+        p["sink_v"], p["ring_k"], p["ring_v"], kv_indptr.to(DEV), kv_indices.to(DEV), rows.to(DEV),
+        starts.to(DEV), k_bits=bits, k_block=B, v_group=vg, sm_scale=0.125, max_kv_splits=4,
+        min_chunk=32)
+    for b, n in enumerate(names):
+        K = ref.format_request_kv(case.k[n].float(), fmt, "k")
+        V = ref.format_request_kv(case.v[n].float(), fmt, "v")
+        o_ref, _ = ref.attention(q[b:b + 1].float(), K, V, sm_scale=0.125)
+        assert rel_err(o[b].cpu(), o_ref[0]) <= REL_TOL, n
+
+
+def test_store_channel_rejects_unsupported(seed):
+    case = StoreCase(64, 2, 32, 64, torch.bfloat16, torch.bfloat16)
+    t = torch.zeros(1, 2, 64).bfloat16().to(DEV)
+    i = torch.zeros(1, dtype=torch.int32).to(DEV)
+    args = (t, t, i, i, i, i)
+    with pytest.raises(ValueError, match="k_codes must be uint8"):
+        ops.store_kv_channel(*args, **case.pool, k_bits=3, k_block=32, v_group=64)
+    with pytest.raises(ValueError, match="not a page size"):
+        ops.store_kv_channel(*args, **case.pool, k_bits=2, k_block=16, v_group=64)
+    with pytest.raises(ValueError, match="one key block"):
+        ops.store_kv_channel(*args, **dict(case.pool, ring_k=case.pool["ring_k"][:, :16],
+                                           ring_v=case.pool["ring_v"][:, :16]),
+                             k_bits=2, k_block=32, v_group=64)
