@@ -65,7 +65,9 @@ def parse_args(argv=None):
     p.add_argument("--fid-length", type=int, default=1024, help="tokens per KLD window")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     p.add_argument("--out", default="bench/results/niah_cpu_formats.json")
-    p.epilog = "--table JSON (alone) prints the markdown Pareto table of an earlier run."
+    p.epilog = ("--table JSON (alone) prints the markdown Pareto table of an earlier run; "
+                "--plot JSON PNG draws it (NIAH vs bits, and vs the KV tokens each format would "
+                "hold on the dummy Llama-3.1-8B).")
     return p.parse_args(argv)
 
 
@@ -374,9 +376,60 @@ def markdown_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+# Capacity on the H100 (dummy Llama-3.1-8B, --mem-fraction-static 0.85, docs/benchmarks.md):
+# the int2 server's KV budget and BF16 side buffers (05:47 UTC log: 51.57 GiB, 3.09 GiB for 78
+# running requests) and the measured BF16 / FP8 pools of the same day (423,494 / 846,988 tokens).
+LLAMA8B_KV_ELEMENTS = 2 * 32 * 8 * 128  # K and V, layers x KV heads x head_dim, per token
+LLAMA8B_BUDGET_GIB, LLAMA8B_SIDE_GIB = 51.57, 3.09
+LLAMA8B_BF16_TOKENS, LLAMA8B_FP8_TOKENS = 423_494, 846_988
+
+
+def llama8b_kv_tokens(bits_per_element: float) -> int:
+    """KV tokens a format's body would hold on the dummy Llama-3.1-8B at mem 0.85, side buffers
+    as today: arithmetic from the measured budget, not a server measurement."""
+    per_token = bits_per_element / 8 * LLAMA8B_KV_ELEMENTS
+    return int((LLAMA8B_BUDGET_GIB - LLAMA8B_SIDE_GIB) * 2**30 / per_token)
+
+
+def pareto_plot(result: dict, png: str) -> None:
+    """Two panels: NIAH / BF16 against body bits per element, and against the KV tokens each
+    format would hold on the dummy Llama-3.1-8B (BF16 and FP8 pools as reference lines)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bf = next(r for r in result["rows"] if r["format"] == BF16)
+    rows = [r for r in result["rows"] if r["format"] != BF16 and r["niah"] is not None]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 5))
+    for r in rows:
+        y = r["niah"] / bf["niah"]
+        for ax, x in ((a, r["body_bits_per_element"]), (b, llama8b_kv_tokens(r["body_bits_per_element"]) / 1e6)):
+            ax.scatter(x, y, s=18, color="tab:green" if r["format"].startswith("k3") else "tab:blue")
+            ax.annotate(r["format"], (x, y), fontsize=6, xytext=(3, 2), textcoords="offset points")
+    for ax in (a, b):
+        ax.axhline(1.0, color="k", lw=0.8, ls="--", label="BF16 (CPU study)")
+        ax.axhline(0.9, color="grey", lw=0.6, ls=":", label="0.9 x BF16")
+        ax.set_ylabel(f"NIAH / BF16 ({rows[0]['trials']} trials per format)")
+        ax.set_ylim(0, 1.08)
+    a.set_xlabel("body bits per K/V element (codes + fp16 scales / minimums + norms)")
+    b.axvline(LLAMA8B_BF16_TOKENS / 1e6, color="tab:red", lw=0.8, label="BF16 pool (measured)")
+    b.axvline(LLAMA8B_FP8_TOKENS / 1e6, color="tab:orange", lw=0.8, label="FP8 e4m3 pool (measured)")
+    b.set_xlabel("KV tokens on the dummy Llama-3.1-8B at mem 0.85, millions (computed from the budget)")
+    a.legend(fontsize=7, loc="lower right")
+    b.legend(fontsize=7, loc="center left")
+    fig.suptitle(f"{result['model']}, CPU emulation of the served cache ({result['date']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png, dpi=130)
+
+
 def main(argv=None) -> int:
     if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--table":
         print(markdown_table(json.loads(Path(sys.argv[2]).read_text())))
+        return 0
+    if argv is None and len(sys.argv) == 4 and sys.argv[1] == "--plot":
+        pareto_plot(json.loads(Path(sys.argv[2]).read_text()), sys.argv[3])
+        print(f"wrote {sys.argv[3]}")
         return 0
     args = parse_args(argv)
     out = Path(args.out)
