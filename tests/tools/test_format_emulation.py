@@ -139,3 +139,18 @@ def test_study_markdown_table_from_rows():
     lines = format_study.markdown_table({"rows": rows}).splitlines()
     assert len(lines) == 4 and lines[2].startswith("| `k2c64-v2t64` | 2.500 | 0.500 (20/40) | 0.62 |")
     assert lines[3].startswith("| `bf16` | 16.000 | 0.800 (32/40) | 1.00 |")
+
+
+def test_pareto_plot_and_the_capacity_arithmetic(tmp_path):
+    """The computed capacity matches what the H100 int2 server measured for the served 2.25-bit
+    format (2,823,617 tokens, 05:47 UTC), and --plot writes a PNG from a study JSON."""
+    from oscar_sglang.tools.evaluation import format_study as fs
+
+    assert abs(fs.llama8b_kv_tokens(2.25) / 2_823_617 - 1) < 1e-3
+    assert fs.llama8b_kv_tokens(3.0) < fs.llama8b_kv_tokens(2.5)
+    rows = [{"format": "bf16", "body_bits_per_element": 16.0, "niah": 1.0, "trials": 8},
+            {"format": "k3c64-v2t64", "body_bits_per_element": 3.0, "niah": 0.875, "trials": 8},
+            {"format": "k2c64-v2t64", "body_bits_per_element": 2.5, "niah": None, "trials": 8}]
+    png = tmp_path / "p.png"
+    fs.pareto_plot({"rows": rows, "model": "m", "date": "d"}, str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
