@@ -23,6 +23,18 @@ def rotated_kv(n, h, d):
     x[:2] *= 1e-2
     return x
 
+def request_rows(n_rows, owns, sinks):
+    """Request rows and their own_start / sink_start: request 0 is a CUDA-graph padding request
+    at row 0, the others sit at shuffled rows, and unused rows hold garbage starts, so a kernel
+    that indexed per-request state by batch position instead of by row would read wrong ones."""
+    others = (torch.randperm(n_rows - 1)[: len(owns) - 1] + 1).tolist()
+    rows = torch.tensor([0] + others, dtype=torch.int32)
+    own_start = torch.randint(0, 60, (n_rows,), dtype=torch.int32)
+    own_start[rows.long()] = torch.tensor(owns, dtype=torch.int32)
+    sink_start = torch.randint(0, 60, (n_rows,), dtype=torch.int32)
+    sink_start[rows.long()] = torch.tensor(sinks, dtype=torch.int32)
+    return rows, own_start, sink_start
+
 
 class Pool:
     """Paged INT2 pool + BF16 side buffers holding a batch of requests (slot 0 = padding)."""
@@ -44,15 +56,7 @@ class Pool:
         slots = (torch.randperm(N - 1)[:total] + 1).int()
         self.kv_indptr = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
         self.kv_indices = slots
-        # request 0 is a CUDA-graph padding request when its len is 1: row 0. The others sit at
-        # shuffled rows with garbage own_start on unused rows, so a kernel that indexed per-request
-        # state by batch position instead of by row would read the wrong own_start.
-        others = (torch.randperm(n_rows - 1)[: len(lens) - 1] + 1).tolist()
-        self.rows = torch.tensor([0] + others, dtype=torch.int32)
-        self.own_start = torch.randint(0, 60, (n_rows,), dtype=torch.int32)
-        self.own_start[self.rows.long()] = torch.tensor(owns, dtype=torch.int32)
-        self.sink_start = torch.randint(0, 60, (n_rows,), dtype=torch.int32)
-        self.sink_start[self.rows.long()] = torch.tensor(sinks, dtype=torch.int32)
+        self.rows, self.own_start, self.sink_start = request_rows(n_rows, owns, sinks)
         self.k, self.v = [], []
         for b, (L, own, sink0) in enumerate(zip(lens, owns, sinks)):
             k, v = rotated_kv(L, hkv, d), rotated_kv(L, hkv, d)

@@ -21,7 +21,7 @@ from oscar_kernels import ops
 from oscar_kernels import reference as ref
 from oscar_kernels.format import KVFormat, code_bytes
 
-from .pool_case import DEV, REL_TOL, rel_err, rotated_kv
+from .pool_case import DEV, REL_TOL, rel_err, request_rows, rotated_kv
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 S = 4  # KVFormat sinks are 0 / 4 / 64, rings 32..256 and >= one block
@@ -50,14 +50,8 @@ class ChannelPool:
         self.ring_k = (torch.randn(n_rows, W, hkv, D) * GARBAGE).bfloat16()
         self.ring_v = (torch.randn(n_rows, W, hkv, D) * GARBAGE).bfloat16()
         perm = (torch.randperm(n_pages - 1) + 1).tolist()
-        slots, self.k, self.v, self.slots = [], [], [], []
-        # request 0 (len 1) is a CUDA-graph padding request at row 0; the others at shuffled rows
-        others = (torch.randperm(n_rows - 1)[: len(lens) - 1] + 1).tolist()
-        self.rows = torch.tensor([0] + others, dtype=torch.int32)
-        self.own_start = torch.randint(0, 60, (n_rows,), dtype=torch.int32)
-        self.own_start[self.rows.long()] = torch.tensor(owns, dtype=torch.int32)
-        self.sink_start = torch.randint(0, 60, (n_rows,), dtype=torch.int32)
-        self.sink_start[self.rows.long()] = torch.tensor(sinks, dtype=torch.int32)
+        self.k, self.v, self.slots = [], [], []
+        self.rows, self.own_start, self.sink_start = request_rows(n_rows, owns, sinks)
         for b, L in enumerate(lens):
             pg = torch.tensor([perm.pop() for _ in range(pages[b])])
             sl = (pg.repeat_interleave(B) * B + torch.arange(B).repeat(pages[b]))[:L]
