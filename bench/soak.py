@@ -409,6 +409,12 @@ class Monitor:
                 ok = r.status == 200
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             ok = False
+        if not ok and self.proc is not None:
+            for _ in range(20):  # a dying process closes its socket before it can be reaped
+                if self.proc.poll() is not None:
+                    self.dead = True
+                    return False
+                await asyncio.sleep(0.05)
         loads = await _try_json(self.session, self.root + "/v1/loads")
         for x in (loads or {}).get("loads") or []:
             self.max_waiting = max(self.max_waiting, int(x.get("num_waiting_reqs") or 0))

@@ -254,3 +254,63 @@ def test_cli_modes_and_commands(capsys):
     assert soak.parse_urls(["a=http://127.0.0.1:1"]) == [("a", "http://127.0.0.1:1")]
     with pytest.raises(ValueError):
         soak.parse_urls(["http://127.0.0.1:1"])
+
+
+DYING_SERVER = """
+import sys, threading, os, time
+sys.path.insert(0, {root!r})
+from http.server import ThreadingHTTPServer
+from tests.bench.test_soak import make_handler
+st = {{"lock": threading.Lock(), "active": 0, "leaked": 0, "inflight": 0, "max_inflight": 0,
+      "chats": 0, "fail_every": 0, "garble": False, "leak_on_abort": False, "aborts_seen": 0,
+      "health_calls": 0, "health_fail": (0, 0)}}
+srv = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), make_handler(st))
+srv.daemon_threads = True
+def die():  # the server process dies once the load has run a while
+    while st["chats"] < 40:
+        time.sleep(0.05)
+    os._exit(3)
+threading.Thread(target=die, daemon=True).start()
+srv.serve_forever()
+"""
+
+
+def test_a_started_server_that_dies_is_a_crash(tmp_path, monkeypatch):
+    """--configs: the script starts the server itself (here a stub that exits mid-load); the row
+    records the crash, the remaining requests fail, and the process group is gone afterwards."""
+    script = tmp_path / "dying.py"
+    script.write_text(DYING_SERVER.format(root=str(ROOT)))
+    monkeypatch.setattr(soak, "managed_command", lambda config, args, port: [sys.executable, str(script), str(port)])
+    import socket
+
+    with socket.socket() as s:  # a free port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "soak.json"
+    rc = soak.main(["--configs", "int2", "--port", str(port), "--duration", "3", "--concurrency", "2",
+                    "--burst-every", "0.5", "--max-prompt-tokens", "600", "--health-interval", "0.1",
+                    "--health-timeout", "2", "--idle-timeout", "3", "--request-timeout", "5",
+                    "--drain-timeout", "5", "--startup-timeout", "30", "--quiet", "--out", str(out),
+                    "--log-dir", str(tmp_path / "logs")])
+    row = json.loads(out.read_text())["rows"][0]
+    assert rc == 1 and row["managed"] and row["crashes"] == 1
+    assert row["crash_events"][0]["what"] == "process exited"
+    assert row["checks"]["no_crash"] is False and row["ok"] is False
+    assert row["pool_leak_tokens"] is None and row["idle_reached"] is False  # nothing to compare with
+    assert row["startup_s"] >= 0 and (tmp_path / "logs" / "soak_int2.log").is_file()
+
+
+def test_ctrl_c_stops_the_load_and_still_writes_the_row(stub, tmp_path):
+    import os
+    import signal
+
+    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
+    t0 = time.monotonic()
+    timer.start()
+    try:
+        rc, doc, row = run_soak(stub, tmp_path, "--duration", "60")
+    finally:
+        timer.cancel()
+    assert time.monotonic() - t0 < 30
+    assert row["interrupted"] is True and row["duration_s"] < 10 and row["requests"] > 0
+    assert rc == 1 and row["pool_leak_tokens"] is None  # no idle wait after an interrupt: not measured
