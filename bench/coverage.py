@@ -6,7 +6,8 @@ another, each server alone on the GPU:
   1. start `sglang.launch_server --kv-cache-dtype int2 --attention-backend oscar_triton
      --load-format dummy` on a work copy of the config with the devkit's SmolLM2 tokenizer (for the
      VLM row: that tokenizer padded to Qwen's ids plus the vision tokens, the Qwen2-VL chat
-     template and the image processor config, so image requests are processed for real);
+     template and the image processor config, so image requests are processed for real; for a
+     model with a smaller vocabulary, that tokenizer cut to it);
   2. if it comes up: kv_tokens_int2 (max_total_num_tokens), one /v1/chat/completions (chat_ok:
      HTTP 200, a message and at least one completion token) and, for the VLM, a turn with a small
      PNG made here (image_ok: 200 and more prompt tokens than the same turn without the image);
@@ -130,6 +131,27 @@ def vlm_tokenizer(src: Path, dst: Path, config: dict) -> None:
     (dst / "chat_template.jinja").write_text(QWEN_VL_TEMPLATE)
 
 
+def truncated_tokenizer(src: Path, dst: Path, vocab_size: int) -> None:
+    """SmolLM2's tokenizer cut to ids < vocab_size, for models with a smaller vocabulary (Llama-2,
+    TinyLlama, Mistral: 32000). SGLang 0.5.17 does not check prompt ids against the model's
+    vocabulary, so a larger id would index past the embedding on the GPU. Byte-level BPE keeps
+    every byte symbol in the first few hundred ids, so any text still tokenises."""
+    tok = json.loads((src / "tokenizer.json").read_text())
+    m = tok["model"]
+    m["vocab"] = {t: i for t, i in m["vocab"].items() if i < vocab_size}
+    keep = m["vocab"]
+
+    def ok(merge) -> bool:
+        a, b = merge.split(" ", 1) if isinstance(merge, str) else merge
+        return a in keep and b in keep and a + b in keep
+
+    m["merges"] = [x for x in m["merges"] if ok(x)]
+    tok["added_tokens"] = [t for t in tok["added_tokens"] if t["id"] < vocab_size]
+    (dst / "tokenizer.json").write_text(json.dumps(tok))
+    for f in TOKENIZER_FILES[1:]:
+        shutil.copy(src / f, dst / f)
+
+
 def model_dir(row: dict, work: Path, tokenizer_src: Path) -> Path:
     """A work folder with the row's config (and VLM processor config) and a tokenizer."""
     src = MODELS / row["config"]
@@ -144,8 +166,11 @@ def model_dir(row: dict, work: Path, tokenizer_src: Path) -> Path:
     if missing:
         raise FileNotFoundError(f"{tokenizer_src} lacks {missing}: unpack the devkit's smollm2 folder "
                                 "(tar -C .devkit/models -xJf .devkit/smollm2_tok.tar.xz) or pass --tokenizer")
+    vocab = len(json.loads((tokenizer_src / "tokenizer.json").read_text())["model"]["vocab"])
     if row.get("vlm"):
         vlm_tokenizer(tokenizer_src, dst, config)
+    elif config.get("vocab_size", vocab) < vocab:
+        truncated_tokenizer(tokenizer_src, dst, config["vocab_size"])
     else:
         for f in TOKENIZER_FILES:
             shutil.copy(tokenizer_src / f, dst / f)

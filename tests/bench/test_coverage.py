@@ -179,3 +179,24 @@ def test_refusal_and_error_extraction():
     assert cov.last_error("a\nValueError: bad thing\nbye\n") == "ValueError: bad thing"
     with pytest.raises(SystemExit):
         cov.main(["--models", "no-such-model"])
+
+
+@need_tokenizer
+def test_small_vocabulary_models_get_a_tokenizer_that_stays_inside_it(tmp_path):
+    """Llama-2 / TinyLlama / Mistral have 32000 ids, SmolLM2's tokenizer 49152: every id of any
+    text (and of the chat template) must stay below the model's vocab_size, losslessly."""
+    from transformers import AutoTokenizer
+
+    row = next(r for r in cov.load_matrix() if r["name"] == "tinyllama-1.1b")
+    d = cov.model_dir(row, tmp_path, SMOLLM2)
+    vocab = json.loads((d / "config.json").read_text())["vocab_size"]
+    assert vocab == 32000
+    tok = AutoTokenizer.from_pretrained(d)
+    full = AutoTokenizer.from_pretrained(SMOLLM2)
+    text = "Quixotic zephyrs jumbled 12345 émigrés; naïve café — ünïcödé 漢字 \U0001F600 " * 3
+    ids = tok.encode(text, add_special_tokens=False)
+    assert max(ids) < vocab and tok.decode(ids) == text
+    assert max(full.encode(text, add_special_tokens=False)) >= vocab  # the uncut tokenizer would not
+    chat = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True)
+    chat = chat["input_ids"] if isinstance(chat, dict) or hasattr(chat, "keys") else chat
+    assert max(chat) < vocab
