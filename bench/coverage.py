@@ -6,8 +6,8 @@ another, each server alone on the GPU:
   1. start `sglang.launch_server --kv-cache-dtype int2 --attention-backend oscar_triton
      --load-format dummy` on a work copy of the config with the devkit's SmolLM2 tokenizer (for the
      VLM row: that tokenizer padded to Qwen's ids plus the vision tokens, the Qwen2-VL chat
-     template and the image processor config, so image requests are processed for real; for a
-     model with a smaller vocabulary, that tokenizer cut to it);
+     template and the image processor config, so image requests are processed for real; every
+     tokenizer is fitted to the model's vocab_size: cut, or padded so every generated id decodes);
   2. if it comes up: kv_tokens_int2 (max_total_num_tokens), one /v1/chat/completions (chat_ok:
      HTTP 200, a message and at least one completion token) and, for the VLM, a turn with a small
      PNG made here (image_ok: 200 and more prompt tokens than the same turn without the image);
@@ -21,10 +21,11 @@ several device calls (--models picks rows).
 
 Device run (H100; see ../shared/devkit/README.md). Carry .devkit/sgl_bundle.tar.xz,
 .devkit/device-env.sh and .devkit/smollm2_tok.tar.xz (bench/serving.py says how to make it), and
-bench/results/coverage_h100.json when adding to it; then, per call (10 minutes each):
+(bench/results/coverage_h100.json, once committed, travels with the tree); then, per call
+(10 minutes each):
 
   tar -C .devkit/models -xJf .devkit/smollm2_tok.tar.xz && source .devkit/device-env.sh &&
-  cp bench/results/coverage_h100.json $OUT/ 2>/dev/null;
+  cp bench/results/coverage_h1*.json $OUT/ 2>/dev/null;  # the kept rows, if any
   python bench/coverage.py --models llama31-8b,llama31-8b-fp8,qwen3-8b,llama32-1b --out $OUT/coverage_h100.json
 
 About 1.5-2 minutes per served row (two server starts, dummy weights, CUDA graphs up to batch 8)
@@ -103,53 +104,58 @@ def png_bytes(w: int = 64, h: int = 64) -> bytes:
             + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
 
 
-def vlm_tokenizer(src: Path, dst: Path, config: dict) -> None:
-    """SmolLM2's tokenizer with the vision tokens at the ids the Qwen2.5-VL config names.
+def fit_tokenizer(src: Path, dst: Path, vocab_size: int, added: tuple = ()) -> None:
+    """SmolLM2's tokenizer fitted to a model's vocab_size, written to dst.
 
-    The BPE vocabulary is padded with unreachable entries up to the first vision id, so the
-    added tokens land exactly there (tokenizers numbers added tokens after the vocabulary)."""
+    Smaller vocabulary (Llama-2, TinyLlama, Mistral: 32000): cut to ids < vocab_size. SGLang
+    0.5.17 never checks prompt ids against the embedding, so a larger id would index past it on
+    the GPU; byte-level BPE keeps every byte symbol in the first few hundred ids, so any text still
+    tokenises. Larger vocabulary: padded with unreachable `<|unused_N|>` entries, so every id a
+    dummy-weight model generates decodes to visible text (an id the tokenizer lacks decodes to
+    nothing, which would hide garbled output). `added`: (token, id) special tokens that must land
+    at these ids (Qwen's vision tokens); the padding stops below the first of them, because
+    tokenizers numbers added tokens after the vocabulary."""
     tok = json.loads((src / "tokenizer.json").read_text())
-    vocab = tok["model"]["vocab"]
+    m = tok["model"]
+    ids = [i for _, i in added]
+    if ids and ids != list(range(ids[0], ids[0] + len(ids))):
+        raise ValueError(f"added token ids must be consecutive: {ids}")
+    top = ids[0] if ids else vocab_size
+    if len(m["vocab"]) > top:
+        m["vocab"] = {t: i for t, i in m["vocab"].items() if i < top}
+        keep = m["vocab"]
+
+        def ok(merge) -> bool:
+            a, b = merge.split(" ", 1) if isinstance(merge, str) else merge
+            return a in keep and b in keep and a + b in keep
+
+        m["merges"] = [x for x in m["merges"] if ok(x)]
+        tok["added_tokens"] = [t for t in tok["added_tokens"] if t["id"] < top]
+    for i in range(len(m["vocab"]), top):
+        m["vocab"][f"<|unused_{i}|>"] = i
+    tok["added_tokens"] += [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                             "normalized": False, "special": True} for t, i in added]
+    dst.mkdir(parents=True, exist_ok=True)
+    (dst / "tokenizer.json").write_text(json.dumps(tok))
+    for f in TOKENIZER_FILES[1:]:
+        shutil.copy(src / f, dst / f)
+
+
+def vlm_tokenizer(src: Path, dst: Path, config: dict) -> None:
+    """The fitted tokenizer with Qwen's vision tokens at the ids the Qwen2.5-VL config names, its
+    chat template (images) and the processor's names for the image and video tokens."""
     ids = dict(QWEN_VISION_TOKENS)
     for key, name in (("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"),
                       ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>")):
         if key in config and config[key] != ids[name]:
             raise ValueError(f"{key}={config[key]}: expected Qwen's {ids[name]}")
-    first = min(ids.values())
-    if len(vocab) > first:
-        raise ValueError(f"{src}: vocabulary larger than {first}")
-    for i in range(len(vocab), first):
-        vocab[f"<|unused_{i}|>"] = i
-    tok["added_tokens"] += [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-                             "normalized": False, "special": True} for t, i in QWEN_VISION_TOKENS]
-    (dst / "tokenizer.json").write_text(json.dumps(tok))
+    fit_tokenizer(src, dst, config["vocab_size"], QWEN_VISION_TOKENS)
     cfg = json.loads((src / "tokenizer_config.json").read_text())
     cfg.pop("added_tokens_decoder", None)
     cfg["image_token"] = "<|image_pad|>"
     cfg["video_token"] = "<|video_pad|>"
     (dst / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1))
     (dst / "chat_template.jinja").write_text(QWEN_VL_TEMPLATE)
-
-
-def truncated_tokenizer(src: Path, dst: Path, vocab_size: int) -> None:
-    """SmolLM2's tokenizer cut to ids < vocab_size, for models with a smaller vocabulary (Llama-2,
-    TinyLlama, Mistral: 32000). SGLang 0.5.17 does not check prompt ids against the model's
-    vocabulary, so a larger id would index past the embedding on the GPU. Byte-level BPE keeps
-    every byte symbol in the first few hundred ids, so any text still tokenises."""
-    tok = json.loads((src / "tokenizer.json").read_text())
-    m = tok["model"]
-    m["vocab"] = {t: i for t, i in m["vocab"].items() if i < vocab_size}
-    keep = m["vocab"]
-
-    def ok(merge) -> bool:
-        a, b = merge.split(" ", 1) if isinstance(merge, str) else merge
-        return a in keep and b in keep and a + b in keep
-
-    m["merges"] = [x for x in m["merges"] if ok(x)]
-    tok["added_tokens"] = [t for t in tok["added_tokens"] if t["id"] < vocab_size]
-    (dst / "tokenizer.json").write_text(json.dumps(tok))
-    for f in TOKENIZER_FILES[1:]:
-        shutil.copy(src / f, dst / f)
 
 
 def model_dir(row: dict, work: Path, tokenizer_src: Path) -> Path:
@@ -166,14 +172,10 @@ def model_dir(row: dict, work: Path, tokenizer_src: Path) -> Path:
     if missing:
         raise FileNotFoundError(f"{tokenizer_src} lacks {missing}: unpack the devkit's smollm2 folder "
                                 "(tar -C .devkit/models -xJf .devkit/smollm2_tok.tar.xz) or pass --tokenizer")
-    vocab = len(json.loads((tokenizer_src / "tokenizer.json").read_text())["model"]["vocab"])
     if row.get("vlm"):
         vlm_tokenizer(tokenizer_src, dst, config)
-    elif config.get("vocab_size", vocab) < vocab:
-        truncated_tokenizer(tokenizer_src, dst, config["vocab_size"])
     else:
-        for f in TOKENIZER_FILES:
-            shutil.copy(tokenizer_src / f, dst / f)
+        fit_tokenizer(tokenizer_src, dst, config["vocab_size"])
     return dst
 
 

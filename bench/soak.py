@@ -625,6 +625,14 @@ def managed_command(config: str, args, port: int) -> list[str]:
             *CONFIGS[config], *shlex.split(args.server_args)]
 
 
+def fitted_tokenizer(model: Path, source: Path, dst: Path) -> Path:
+    from coverage import fit_tokenizer
+
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    fit_tokenizer(source, dst, vocab)
+    return dst
+
+
 def log_findings(path: Path) -> dict:
     """What a started server's log says: SGLang's idle leak check and tracebacks."""
     try:
@@ -739,8 +747,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", action="append", default=[], metavar="NAME=URL",
                    help="a running server to soak (repeatable)")
     p.add_argument("--configs", default="", help=f"servers to start, comma-separated: {', '.join(CONFIGS)}")
-    p.add_argument("--model-path", default=str(DEVKIT / "llama31-8b"), help="for --configs (default: the devkit's dummy Llama-3.1-8B)")
-    p.add_argument("--tokenizer-path", default=str(DEVKIT / "smollm2-135m"), help="for --configs")
+    p.add_argument("--model-path", default=str(ROOT / "launch" / "models" / "llama31-8b"),
+                   help="for --configs (default: launch/models/llama31-8b, dummy weights)")
+    p.add_argument("--tokenizer-path", default="",
+                   help="for --configs (default: the devkit's SmolLM2 tokenizer fitted to the model's "
+                   "vocab_size by bench/coverage.py's fit_tokenizer, so every generated id decodes "
+                   "to text and garbled probe answers are visible; written under --log-dir)")
+    p.add_argument("--tokenizer-source", default=str(DEVKIT / "smollm2-135m"))
     p.add_argument("--server-args", default=DEFAULT_SERVER_ARGS, help=f"for --configs (default: {DEFAULT_SERVER_ARGS})")
     p.add_argument("--port", type=int, default=31200, help="first port for --configs")
     p.add_argument("--log-dir", default=str(Path(env_out or ROOT / "bench_out") / "soak_logs"))
@@ -784,6 +797,13 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"names must be unique: {names}")
     except ValueError as e:
         p.error(str(e))
+    if configs and not args.tokenizer_path:
+        args.tokenizer_path = str(Path(args.log_dir) / "tokenizer")
+        if not args.print_commands:
+            try:
+                fitted_tokenizer(Path(args.model_path), Path(args.tokenizer_source), Path(args.tokenizer_path))
+            except (OSError, ValueError, KeyError) as e:
+                p.error(f"cannot make the tokenizer: {e} (unpack .devkit/smollm2_tok.tar.xz or pass --tokenizer-path)")
     if args.print_commands:
         for i, c in enumerate(configs):
             print(f"{c}: {shlex.join(managed_command(c, args, args.port + i))}")

@@ -75,9 +75,18 @@ def test_vlm_tokenizer_puts_image_tokens_at_the_config_ids(tmp_path):
     ids = list(ids)
     assert ids.count(config["image_token_id"]) >= 4 and config["vision_start_token_id"] in ids
     assert max(ids) < config["vocab_size"]
-    # text models get SmolLM2's tokenizer unchanged
-    plain = cov.model_dir(next(r for r in cov.load_matrix() if r["name"] == "llama31-8b"), tmp_path, SMOLLM2)
-    assert (plain / "tokenizer.json").read_bytes() == (SMOLLM2 / "tokenizer.json").read_bytes()
+
+
+@need_tokenizer
+def test_a_padded_tokenizer_encodes_like_the_original_and_decodes_every_id(tmp_path):
+    from transformers import AutoTokenizer
+
+    d = cov.model_dir(next(r for r in cov.load_matrix() if r["name"] == "llama31-8b"), tmp_path, SMOLLM2)
+    tok, full = AutoTokenizer.from_pretrained(d), AutoTokenizer.from_pretrained(SMOLLM2)
+    assert len(tok) == 128256 == json.loads((d / "config.json").read_text())["vocab_size"]
+    text = "The capital of France is Paris. 12345 naïve 漢字"
+    assert tok.encode(text) == full.encode(text)
+    assert tok.decode([100000, 128255]) == "<|unused_100000|><|unused_128255|>"
 
 
 STAND_IN = r'''

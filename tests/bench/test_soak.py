@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -79,6 +80,8 @@ def make_handler(st: dict):
                 st["active"] += hold
             keep = False
             try:
+                if prompt not in soak.PROBES:
+                    time.sleep(0.1)  # load requests take a while, so a burst overlaps even on a busy CPU
                 if fail:
                     return self._json(500, {"error": "injected"})
                 answer = "answer: " + prompt[::-1][:40]  # a deterministic "greedy" answer
@@ -291,7 +294,7 @@ def test_a_started_server_that_dies_is_a_crash(tmp_path, monkeypatch):
                     "--burst-every", "0.5", "--max-prompt-tokens", "600", "--health-interval", "0.1",
                     "--health-timeout", "2", "--idle-timeout", "3", "--request-timeout", "5",
                     "--drain-timeout", "5", "--startup-timeout", "30", "--quiet", "--out", str(out),
-                    "--log-dir", str(tmp_path / "logs")])
+                    "--log-dir", str(tmp_path / "logs"), "--tokenizer-path", str(tmp_path)])
     row = json.loads(out.read_text())["rows"][0]
     assert rc == 1 and row["managed"] and row["crashes"] == 1
     assert row["crash_events"][0]["what"] == "process exited"
@@ -304,7 +307,7 @@ def test_ctrl_c_stops_the_load_and_still_writes_the_row(stub, tmp_path):
     import os
     import signal
 
-    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
     t0 = time.monotonic()
     timer.start()
     try:
@@ -314,3 +317,17 @@ def test_ctrl_c_stops_the_load_and_still_writes_the_row(stub, tmp_path):
     assert time.monotonic() - t0 < 30
     assert row["interrupted"] is True and row["duration_s"] < 10 and row["requests"] > 0
     assert rc == 1 and row["pool_leak_tokens"] is None  # no idle wait after an interrupt: not measured
+
+
+def test_started_servers_get_a_tokenizer_fitted_to_the_model(tmp_path, capsys):
+    src = ROOT / ".devkit" / "models" / "smollm2-135m"
+    if not (src / "tokenizer.json").is_file():
+        src = Path("/work/shared/devkit/models/smollm2-135m")
+    if not (src / "tokenizer.json").is_file():
+        pytest.skip("the devkit's smollm2-135m tokenizer is not on this machine")
+    dst = soak.fitted_tokenizer(ROOT / "launch" / "models" / "llama31-8b", src, tmp_path / "tok")
+    vocab = json.loads((dst / "tokenizer.json").read_text())["model"]["vocab"]
+    assert len(vocab) == 128256 and (dst / "chat_template.jinja").is_file()
+    assert soak.main(["--configs", "int2", "--print-commands", "--log-dir", str(tmp_path / "l")]) == 0
+    line = capsys.readouterr().out
+    assert f"--tokenizer-path {tmp_path / 'l' / 'tokenizer'}" in line and "launch/models/llama31-8b" in line
