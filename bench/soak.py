@@ -11,8 +11,9 @@ For each server (one after another), for --duration seconds:
   - probes: fixed prompts whose greedy answers were recorded from the same server idle at the
     start; one probe at a time is sent throughout the load (probe_accuracy_loaded), and again when
     idle before (probe_accuracy_alone: determinism) and after (probe_accuracy_after);
-  - /health (and, for a server this script started, its process) every --health-interval seconds:
-    each run of failures is one crash.
+  - /health_generate (and, for a server this script started, its process) every --health-interval
+    seconds: each run of failures is one crash; SGLang's retraction counter from /metrics
+    (--enable-metrics) before and after: retracted_reqs.
 After the load it waits for the server to be idle, flushes the radix cache and compares the pool
 with its idle value from the start: pool_leak_tokens is the largest of (SGLang's /v1/loads
 num_used_tokens now - at the start) and (oscar_int2.tokens_free in /server_info at the start - now).
@@ -60,8 +61,11 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_JSON = "soak_h100.json"
 DEVKIT = ROOT / ".devkit" / "models"
 # the devkit's flags (shared/devkit/README.md): dummy weights, no FA3, no grammar backend
+# plus the same small pool and request cap for int2 and bf16, so bursts queue and the pool fills
+# (retraction) in both; --enable-metrics for SGLang's retraction counter
 DEFAULT_SERVER_ARGS = ("--load-format dummy --sampling-backend pytorch --grammar-backend none "
-                       "--disable-prefill-cuda-graph --mem-fraction-static 0.85")
+                       "--disable-prefill-cuda-graph --mem-fraction-static 0.85 --enable-metrics "
+                       "--max-running-requests 64 --max-total-tokens 262144")
 CONFIGS = {
     "int2": ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton"],
     "bf16": ["--attention-backend", "triton"],
@@ -162,6 +166,7 @@ class Stats:
         self.prompt_tokens: list[int] = []
         self.output_tokens = 0
         self.bursts = 0
+        self.cancelled = 0  # still running when the drain time ran out (the client hung up)
 
     def error(self, kind: str, msg: str):
         setattr(self, kind, getattr(self, kind) + 1)
@@ -218,6 +223,7 @@ async def chat_request(session, root: str, model: str, spec: Spec, seed: int, st
                         return
             stats.requests += 1
     except asyncio.CancelledError:
+        stats.cancelled += 1
         raise
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
         stats.error("errors_conn", f"{type(e).__name__}: {e}")
@@ -358,6 +364,22 @@ def leak_tokens(start: dict, end: dict) -> int | None:
     return max(parts) if parts else None
 
 
+async def retracted_total(session, root: str) -> float | None:
+    """SGLang's retraction counter from /metrics (--enable-metrics); None without metrics."""
+    import aiohttp
+
+    try:
+        async with session.get(root + "/metrics", timeout=aiohttp.ClientTimeout(total=20)) as r:
+            if r.status != 200:
+                return None
+            text = await r.text()
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        return None
+    vals = [float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+            if ln.startswith("sglang:num_retracted_reqs_total")]
+    return sum(vals) if vals else None
+
+
 async def wait_idle(session, root: str, stats: Stats, timeout_s: float) -> bool:
     """No request of ours in flight and /v1/loads shows none running or waiting, twice in a row."""
     t0, quiet = time.monotonic(), 0
@@ -391,8 +413,9 @@ class Monitor:
     """/health (and the process, when we started it) every interval; each run of failures is one
     crash. Also samples /v1/loads for the queue depth reached (proof that bursts queued)."""
 
-    def __init__(self, session, root, interval, timeout, proc=None):
+    def __init__(self, session, root, interval, timeout, proc=None, path="/health_generate"):
         self.session, self.root, self.interval, self.timeout, self.proc = session, root, interval, timeout, proc
+        self.path = path
         self.crashes, self.events, self.failing, self.dead = 0, [], False, False
         self.max_waiting = self.max_running = self.max_retracted = 0
         self.t0 = time.monotonic()
@@ -404,7 +427,7 @@ class Monitor:
             self.dead = True
             return False
         try:
-            async with self.session.get(self.root + "/health",
+            async with self.session.get(self.root + self.path,
                                         timeout=aiohttp.ClientTimeout(total=self.timeout)) as r:
                 ok = r.status == 200
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
@@ -496,7 +519,8 @@ async def soak_server(name: str, root: str, args, proc=None, stop_all: asyncio.E
         start_pool = await pool_snapshot(session, root)
 
         stop = asyncio.Event()
-        mon = Monitor(session, root, args.health_interval, args.health_timeout, proc)
+        mon = Monitor(session, root, args.health_interval, args.health_timeout, proc, args.health_path)
+        retracted0 = await retracted_total(session, root)
         loaded = ProbeScore(refs)
         prog = Progress(name, args.duration, args.quiet)
         t0 = time.monotonic()
@@ -570,6 +594,7 @@ async def soak_server(name: str, root: str, args, proc=None, stop_all: asyncio.E
             mon.events.append({"t_s": round(time.monotonic() - mon.t0, 1), "what": "/health failed after the load"})
         stop.set()
         await mon_task
+        retracted1 = await retracted_total(session, root) if not mon.dead else None
 
     leak = leak_tokens(start_pool, end_pool) if idle else None
     pt = stats.prompt_tokens
@@ -589,6 +614,8 @@ async def soak_server(name: str, root: str, args, proc=None, stop_all: asyncio.E
         "max_in_flight": stats.max_in_flight, "bursts": stats.bursts,
         "max_waiting_seen": mon.max_waiting, "max_running_seen": mon.max_running,
         "max_retracted_seen": mon.max_retracted, "output_tokens": stats.output_tokens,
+        "retracted_reqs": (retracted1 - retracted0) if retracted0 is not None and retracted1 is not None else None,
+        "cancelled_at_drain": stats.cancelled,
         "prompt_tokens": ({"n": len(pt), "min": min(pt), "max": max(pt), "mean": round(sum(pt) / len(pt))}
                           if pt else None),
     })
@@ -702,10 +729,13 @@ async def _managed(name: str, args, i: int, stop_all) -> dict:
     cmd = managed_command(name, args, port)
     log = Path(args.log_dir) / f"soak_{name}.log"
     print(f"== {name}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
-    with Server(cmd, {}, log, port) as srv:
+    env = ({"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": str(args.force_retract)}
+           if args.force_retract else {})
+    with Server(cmd, env, log, port) as srv:
         startup = await asyncio.to_thread(srv.wait_ready, args.startup_timeout)
         row = await soak_server(name, srv.url, args, proc=srv.proc, stop_all=stop_all)
-    row.update(startup_s=round(startup, 1), server_command=shlex.join(cmd), log=str(log), **log_findings(log))
+    row.update(startup_s=round(startup, 1), server_command=shlex.join(cmd), server_env=env, log=str(log),
+               **log_findings(log))
     if row.get("log_leak_warnings"):
         row["checks"]["no_leak_in_log"] = False
         row["ok"] = False
@@ -775,10 +805,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--garble-tolerance", type=float, default=0.25,
                    help="probe accuracy may drop this much under load before the check fails")
     p.add_argument("--request-timeout", type=float, default=300.0)
-    p.add_argument("--drain-timeout", type=float, default=120.0, help="for in-flight requests after --duration")
+    p.add_argument("--drain-timeout", type=float, default=60.0,
+                   help="for in-flight requests after --duration; the rest are cancelled (cancelled_at_drain)")
     p.add_argument("--idle-timeout", type=float, default=120.0)
+    p.add_argument("--health-path", default="/health_generate",
+                   help="/health_generate (default) answers only when the scheduler produces output; "
+                   "SGLang's /health answers 200 while the HTTP process lives")
     p.add_argument("--health-interval", type=float, default=2.0)
-    p.add_argument("--health-timeout", type=float, default=20.0)
+    p.add_argument("--health-timeout", type=float, default=30.0)
+    p.add_argument("--force-retract", type=int, default=0, metavar="N",
+                   help="started servers only: SGLANG_TEST_RETRACT=1, SGLANG_TEST_RETRACT_INTERVAL=N "
+                   "(SGLang retracts running requests every N decode steps; 0: off)")
     p.add_argument("--deadline-s", type=float, default=0.0, help="skip a server that would end after this (0: none)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--print-commands", action="store_true", help="print the --configs server commands and exit")

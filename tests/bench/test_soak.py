@@ -44,7 +44,13 @@ def make_handler(st: dict):
                 used = st["active"] + st["leaked"]
                 running = min(st["inflight"], MRR)
                 waiting = max(0, st["inflight"] - MRR)
-            if self.path == "/health":
+            if self.path == "/metrics":  # a "retraction" per burst request beyond the cap
+                data = f'sglang:num_retracted_reqs_total{{model="stub"}} {st["retracted"]}\n'.encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                return self.wfile.write(data)
+            if self.path in ("/health", "/health_generate"):
                 with st["lock"]:
                     st["health_calls"] += 1
                     bad = st["health_fail"][0] <= st["health_calls"] < st["health_fail"][1]
@@ -77,6 +83,7 @@ def make_handler(st: dict):
                 others = st["inflight"]
                 st["inflight"] += 1
                 st["max_inflight"] = max(st["max_inflight"], st["inflight"])
+                st["retracted"] += st["inflight"] > MRR
                 st["active"] += hold
             keep = False
             try:
@@ -122,7 +129,7 @@ def make_handler(st: dict):
 def stub():
     st = {"lock": threading.Lock(), "active": 0, "leaked": 0, "inflight": 0, "max_inflight": 0,
           "chats": 0, "fail_every": 0, "garble": False, "leak_on_abort": False, "aborts_seen": 0,
-          "health_calls": 0, "health_fail": (0, 0)}
+          "health_calls": 0, "health_fail": (0, 0), "retracted": 0}
     srv = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(st))
     srv.daemon_threads = True
     t = threading.Thread(target=srv.serve_forever, daemon=True)
@@ -159,6 +166,7 @@ def test_clean_server_passes_every_check(stub, tmp_path):
     assert stub["max_inflight"] > MRR and row["max_in_flight"] > MRR
     assert isinstance(row["max_waiting_seen"], int)  # sampled from /v1/loads (timing-dependent)
     assert row["pool_leak_tokens"] == 0 and row["idle_reached"]
+    assert row["retracted_reqs"] == stub["retracted"] > 0 and row["cancelled_at_drain"] == 0
     assert row["pool_start"] == {"sglang_used": 0, "oscar_tokens_free": TOTAL} == row["pool_end"]
     assert row["probe_accuracy_alone"] == row["probe_accuracy_loaded"] == row["probe_accuracy_after"] == 1.0
     assert row["probes_loaded"] > 0 and row["probes_alone"] == len(soak.PROBES)
@@ -266,7 +274,7 @@ from http.server import ThreadingHTTPServer
 from tests.bench.test_soak import make_handler
 st = {{"lock": threading.Lock(), "active": 0, "leaked": 0, "inflight": 0, "max_inflight": 0,
       "chats": 0, "fail_every": 0, "garble": False, "leak_on_abort": False, "aborts_seen": 0,
-      "health_calls": 0, "health_fail": (0, 0)}}
+      "health_calls": 0, "health_fail": (0, 0), "retracted": 0}}
 srv = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), make_handler(st))
 srv.daemon_threads = True
 def die():  # the server process dies once the load has run a while
