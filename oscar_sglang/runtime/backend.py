@@ -51,7 +51,9 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         from .refusals import kv_scale_problems, raise_if_any
 
         # at start-up (the weights are loaded), not at the first forward inside CUDA-graph capture
-        raise_if_any(kv_scale_problems(model_runner.model))
+        model = getattr(model_runner, "model", None)
+        if model is not None:
+            raise_if_any(kv_scale_problems(model))
         # prefix length 0 for every request: the stock extend kernel then sees only new tokens
         self._zero_kv_indptr = torch.zeros_like(self.kv_indptr)
         self._prepare_rotations(getattr(model_runner, "dtype", torch.bfloat16))
