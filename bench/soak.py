@@ -25,8 +25,9 @@ Two ways to name servers (both may be given; each row is named):
                         GPU: int2, bf16, int2-noradix, bf16-noradix (noradix = --disable-radix-cache)
                         with --model-path / --tokenizer-path / --server-args; logs under --log-dir
 
-The request plan is a function of --seed only (every server gets the same requests, so the int2
-and bf16 rows are paired); timing, and so batching, is not deterministic. Ctrl-C (or SIGTERM)
+The request plan is a function of --seed and max_running_requests (workers and burst size follow
+it; the started servers share one), so the int2 and bf16 rows get the same requests and are
+paired; timing, and so batching, is not deterministic. Ctrl-C (or SIGTERM)
 stops the load, finishes the row with "interrupted": true, stops started servers and writes the JSON.
 
 Device run (H100; see ../shared/devkit/README.md). Carry .devkit/sgl_bundle.tar.xz,
