@@ -80,6 +80,9 @@ def make_handler(st: dict):
             with st["lock"]:
                 st["chats"] += 1
                 fail = st["fail_every"] and st["chats"] % st["fail_every"] == 0
+                bad_request = st["fail_4xx_every"] and st["chats"] % st["fail_4xx_every"] == 0
+                stream_error = st["stream_error_every"] and st["chats"] % st["stream_error_every"] == 0
+                broken = st["broken_after"] and st["chats"] > st["broken_after"]
                 others = st["inflight"]
                 st["inflight"] += 1
                 st["max_inflight"] = max(st["max_inflight"], st["inflight"])
@@ -91,9 +94,13 @@ def make_handler(st: dict):
                     time.sleep(0.1)  # load requests take a while, so a burst overlaps even on a busy CPU
                 if fail:
                     return self._json(500, {"error": "injected"})
+                if bad_request:
+                    return self._json(400, {"error": "injected bad request"})
                 answer = "answer: " + prompt[::-1][:40]  # a deterministic "greedy" answer
                 if st["garble"] and others > 0 and prompt in soak.PROBES:
                     answer = "#garbled#"
+                if broken and prompt in soak.PROBES:  # corrupted for good once the load has run
+                    answer = "#broken#"
                 if not body.get("stream"):
                     time.sleep(0.002)
                     return self._json(200, {"choices": [{"message": {"role": "assistant", "content": answer}}],
@@ -103,6 +110,9 @@ def make_handler(st: dict):
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
                 try:
+                    if stream_error:  # SGLang reports some failures inside a 200 stream
+                        err = {"error": {"message": "injected", "code": 500}}
+                        self.wfile.write(f"data: {json.dumps(err)}\n\n".encode())
                     for k in range(body["max_tokens"]):
                         chunk = {"choices": [{"delta": {"content": f"t{k} "}}]}
                         self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
@@ -129,7 +139,8 @@ def make_handler(st: dict):
 def stub():
     st = {"lock": threading.Lock(), "active": 0, "leaked": 0, "inflight": 0, "max_inflight": 0,
           "chats": 0, "fail_every": 0, "garble": False, "leak_on_abort": False, "aborts_seen": 0,
-          "health_calls": 0, "health_fail": (0, 0), "retracted": 0}
+          "health_calls": 0, "health_fail": (0, 0), "retracted": 0,
+          "fail_4xx_every": 0, "stream_error_every": 0, "broken_after": 0}
     srv = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(st))
     srv.daemon_threads = True
     t = threading.Thread(target=srv.serve_forever, daemon=True)
@@ -184,6 +195,23 @@ def test_5xx_are_counted_and_fail_the_run(stub, tmp_path):
     assert row["errors_5xx"] > 0 and doc["errors_5xx"] == row["errors_5xx"]
     assert row["checks"]["no_5xx"] is False
     assert any("HTTP 500" in s for s in row["error_samples"])
+
+
+def test_4xx_and_errors_inside_a_stream_are_counted(stub, tmp_path):
+    stub["fail_4xx_every"], stub["stream_error_every"] = 7, 5
+    rc, doc, row = run_soak(stub, tmp_path)
+    assert row["errors_4xx"] > 0 and row["checks"]["no_4xx"] is False
+    assert row["errors_in_stream"] > 0 and row["errors_5xx"] >= row["errors_in_stream"]  # code 500
+    assert row["checks"]["no_5xx"] is False and rc == 1
+    assert any("in stream" in e for e in row["error_samples"])
+
+
+def test_answers_wrong_for_good_after_the_load_are_caught(stub, tmp_path):
+    stub["broken_after"] = 60  # the idle passes at the start are done by then (16 probes)
+    rc, doc, row = run_soak(stub, tmp_path)
+    assert row["probe_accuracy_alone"] == 1.0 and row["probe_accuracy_after"] == 0.0
+    assert row["probe_mismatches_after"][0]["got"] == "#broken#"
+    assert row["checks"]["probes_right_after"] is False and rc == 1
 
 
 def test_a_pool_leak_is_measured_in_tokens(stub, tmp_path):
@@ -274,7 +302,8 @@ from http.server import ThreadingHTTPServer
 from tests.bench.test_soak import make_handler
 st = {{"lock": threading.Lock(), "active": 0, "leaked": 0, "inflight": 0, "max_inflight": 0,
       "chats": 0, "fail_every": 0, "garble": False, "leak_on_abort": False, "aborts_seen": 0,
-      "health_calls": 0, "health_fail": (0, 0), "retracted": 0}}
+      "health_calls": 0, "health_fail": (0, 0), "retracted": 0,
+      "fail_4xx_every": 0, "stream_error_every": 0, "broken_after": 0}}
 srv = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), make_handler(st))
 srv.daemon_threads = True
 def die():  # the server process dies once the load has run a while
