@@ -48,11 +48,14 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             raise RuntimeError("oscar_triton: sliding-window attention is not supported")
         if self.use_mla or self.dcp_size > 1:
             raise RuntimeError("oscar_triton: MLA and decode context parallelism are not supported")
-        from .refusals import kv_scale_problems, raise_if_any
+        from .refusals import kv_scale_problems, raise_if_any, unit_kv_scales_for_dummy_weights
 
         # at start-up (the weights are loaded), not at the first forward inside CUDA-graph capture
         model = getattr(model_runner, "model", None)
         if model is not None:
+            load_format = str(getattr(getattr(model_runner, "server_args", None), "load_format", ""))
+            if load_format == "dummy":
+                unit_kv_scales_for_dummy_weights(model)
             raise_if_any(kv_scale_problems(model))
         # prefix length 0 for every request: the stock extend kernel then sees only new tokens
         self._zero_kv_indptr = torch.zeros_like(self.kv_indptr)

@@ -182,6 +182,25 @@ def kv_scale_problems(model) -> list[str]:
     ]
 
 
+def unit_kv_scales_for_dummy_weights(model) -> int:
+    """--load-format dummy fills every float parameter with uniform(-1e-3, 1e-3), the KV scales
+    of FP8 weights included, and SGLang keeps a positive pair as real scales. They mean nothing
+    (no checkpoint calibrated them) and the INT2 path never applies a KV scale, so set them to the
+    neutral 1.0 instead of refusing the model. -> how many layers were changed."""
+    n = 0
+    for m in model.modules():
+        if not hasattr(m, "layer_id") or getattr(m, "k_scale", None) is None:
+            continue
+        if getattr(m, "k_scale_float", None) != 1.0 or getattr(m, "v_scale_float", None) != 1.0:
+            for name in ("k_scale", "v_scale"):
+                t = getattr(m, name, None)
+                if hasattr(t, "fill_"):
+                    t.data.fill_(1.0)
+            m.k_scale_float = m.v_scale_float = 1.0
+            n += 1
+    return n
+
+
 def is_hybrid_linear(model_config) -> bool:
     """SGLang's own tests for mamba / linear-attention hybrids (functions of the config)."""
     from sglang.srt.configs import hybrid_arch

@@ -86,6 +86,16 @@ def test_fp8_weights_with_unit_kv_scales_are_served_other_scales_refused():
         F.raise_if_any(p)
 
 
+def test_dummy_weights_get_neutral_kv_scales():
+    """--load-format dummy: SGLang keeps random positive 'scales' (uniform(-1e-3, 1e-3)); they are
+    reset to 1.0 instead of refusing the FP8 dummy model; real checkpoints' scales stay refused."""
+    net = _net(0.0004, 1.0, None)
+    assert F.kv_scale_problems(net)
+    assert F.unit_kv_scales_for_dummy_weights(net) == 1
+    assert F.kv_scale_problems(net) == []
+    assert float(net[0].k_scale) == 1.0 == net[0].v_scale_float and net[2].k_scale is None
+
+
 def test_backend_accepts_unit_kv_scales_at_forward():
     from oscar_sglang.runtime.backend import OscarInt2TritonBackend as B
 
