@@ -290,6 +290,9 @@ def run_server(model: Path, kv: str, row: dict, port: int, args, log_dir: Path) 
             res["probe"] = probe_server(srv.url, bool(row.get("vlm")))
         except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as e:
             res["error"] = f"probe failed: {type(e).__name__}: {e}"
+        if srv.proc.poll() is not None:  # it answered (or not) and then died
+            text = log.read_text(errors="replace")
+            res["error"] = f"the server exited after the requests: {last_error(text)}"
     return res
 
 
@@ -304,8 +307,12 @@ def build_row(row: dict, int2: dict | None, bf16: dict | None, skipped: str | No
     elif int2 is not None:
         if int2.get("up"):
             p = int2.get("probe") or {}
-            out.update(status="served" if "probe" in int2 else "failed", kv_tokens_int2=p.get("kv_tokens"),
-                       chat_ok=(p.get("chat") or {}).get("ok"), message=int2.get("error"))
+            chat_ok = (p.get("chat") or {}).get("ok")
+            # served = it came up, answered the chat turn and is still alive
+            served = bool(chat_ok) and not int2.get("error")
+            out.update(status="served" if served else "failed", kv_tokens_int2=p.get("kv_tokens"),
+                       chat_ok=chat_ok, message=int2.get("error") or (
+                           None if served else f"chat: {(p.get('chat') or {}).get('error')}"))
             if row.get("vlm"):
                 out["image_ok"] = (p.get("image") or {}).get("ok")
                 out["image_detail"] = p.get("image")
@@ -326,8 +333,8 @@ def build_row(row: dict, int2: dict | None, bf16: dict | None, skipped: str | No
         out["bf16_log"] = bf16.get("log")
     if out["kv_tokens_int2"] and out["kv_tokens_bf16"]:
         out["kv_ratio_int2_vs_bf16"] = round(out["kv_tokens_int2"] / out["kv_tokens_bf16"], 3)
-    out["as_expected"] = out["status"] == row["expect"] and (out["status"] != "served" or bool(out["chat_ok"])) \
-        and (not row.get("vlm") or out["status"] != "served" or bool(out["image_ok"]))
+    out["as_expected"] = out["status"] == row["expect"] and (
+        not row.get("vlm") or out["status"] != "served" or bool(out["image_ok"]))
     return out
 
 
@@ -352,8 +359,10 @@ def write(path: Path, rows: list[dict], command: str, device: str, runs: list) -
                             notes={"status": "served | refused (the plugin's startup refusal) | failed "
                                              "(any other startup or request error) | skipped",
                                    "kv_tokens": "max_total_num_tokens at the same --mem-fraction-static",
-                                   "as_expected": "status == expect, and served rows answered the "
-                                                  "chat (and the image turn for VLMs)"})
+                                   "served": "up, answered the chat turn (HTTP 200, >= 1 completion "
+                                             "token) and still alive afterwards",
+                                   "as_expected": "status == expect, and a served VLM also answered "
+                                                  "the image turn"})
     doc["command"] = command
     _results.write(path, doc)
 

@@ -124,6 +124,9 @@ class H(BaseHTTPRequestHandler):
         if self.path == "/v1/models": return self._send({"data": [{"id": model}]})
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if cfg["model_type"] == "qwen3_moe":  # up, but every request fails
+            self.send_response(500); self.send_header("Content-Length", "4"); self.end_headers()
+            return self.wfile.write(b"boom")
         content = body["messages"][0]["content"]
         images = 0 if isinstance(content, str) else sum(p["type"] == "image_url" for p in content)
         self._send({"choices": [{"message": {"role": "assistant", "content": "x"}}],
@@ -151,12 +154,16 @@ def test_json_rows_from_stand_in_servers(tmp_path, monkeypatch):
     out = tmp_path / "coverage.json"
     common = ["--tokenizer", str(SMOLLM2), "--port", str(port), "--gpus", "1", "--out", str(out),
               "--work-dir", str(tmp_path / "w"), "--log-dir", str(tmp_path / "logs"), "--startup-timeout", "30"]
-    rc = cov.main(["--models", "llama32-1b,qwen2.5-vl-7b,gemma2-2b,gemma-7b,llama31-8b-tp2", *common])
+    rc = cov.main(["--models", "llama32-1b,qwen2.5-vl-7b,gemma2-2b,gemma-7b,llama31-8b-tp2,qwen3-30b-a3b", *common])
     doc = json.loads(out.read_text())
     for k in ("date", "device", "model", "command", "rows"):
         assert k in doc
     rows = {r["model"]: r for r in doc["rows"]}
-    assert list(rows) == ["llama31-8b-tp2", "qwen2.5-vl-7b", "llama32-1b", "gemma-7b", "gemma2-2b"]  # matrix order
+    assert list(rows) == ["llama31-8b-tp2", "qwen3-30b-a3b", "qwen2.5-vl-7b", "llama32-1b", "gemma-7b",
+                          "gemma2-2b"]  # matrix order
+    m = rows["qwen3-30b-a3b"]  # came up, but the chat turn failed: not served
+    assert m["status"] == "failed" and m["chat_ok"] is False and not m["as_expected"]
+    assert m["message"].startswith("chat:") and "boom" in m["message"] and m["kv_tokens_int2"] == 4000
     r = rows["llama32-1b"]
     assert (r["status"], r["chat_ok"], r["image_ok"], r["kv_tokens_int2"], r["kv_tokens_bf16"]) == ("served", True, None, 4000, 1000)
     assert r["kv_ratio_int2_vs_bf16"] == 4.0 and r["as_expected"] and r["message"] is None
@@ -181,7 +188,7 @@ def test_json_rows_from_stand_in_servers(tmp_path, monkeypatch):
     assert cov.main(["--models", "mistral-7b-v0.1", "--no-bf16", *common]) == 0
     doc2 = json.loads(out.read_text())
     names = [r["model"] for r in doc2["rows"]]
-    assert "mistral-7b-v0.1" in names and "llama32-1b" in names and len(names) == 6
+    assert "mistral-7b-v0.1" in names and "llama32-1b" in names and len(names) == 7
     assert len(doc2["runs"]) == 2
 
 
