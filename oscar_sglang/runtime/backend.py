@@ -54,6 +54,15 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             raise RuntimeError("oscar_triton: sliding-window attention is not supported")
         if self.use_mla or self.dcp_size > 1:
             raise RuntimeError("oscar_triton: MLA and decode context parallelism are not supported")
+        from .refusals import kv_scale_problems, raise_if_any, unit_kv_scales_for_dummy_weights
+
+        # at start-up (the weights are loaded), not at the first forward inside CUDA-graph capture
+        model = getattr(model_runner, "model", None)
+        if model is not None:
+            load_format = str(getattr(getattr(model_runner, "server_args", None), "load_format", ""))
+            if load_format == "dummy":
+                unit_kv_scales_for_dummy_weights(model)
+            raise_if_any(kv_scale_problems(model))
         # prefix length 0 for every request: the stock extend kernel then sees only new tokens
         self._zero_kv_indptr = torch.zeros_like(self.kv_indptr)
         self._prepare_rotations(getattr(model_runner, "dtype", torch.bfloat16))
@@ -190,8 +199,12 @@ class OscarInt2TritonBackend(TritonAttnBackend):
     def _check(layer, k, v, sinks, score_mod) -> None:
         if k is None or v is None:
             raise NotImplementedError("oscar_triton: layers that reuse another layer's KV are not supported")
-        if layer.k_scale is not None or layer.v_scale is not None:
-            raise NotImplementedError("oscar_triton: FP8 KV scales (k_scale/v_scale) are not supported")
+        # FP8 weights give every layer unit KV scales (refusals.kv_scale_problems refuses others at
+        # start-up); k / v arrive unscaled either way, so unit scales need nothing here
+        if (layer.k_scale is not None or layer.v_scale is not None) and (
+                getattr(layer, "k_scale_float", None) != 1.0 or getattr(layer, "v_scale_float", None) != 1.0):
+            raise NotImplementedError("oscar_triton: FP8 KV scales other than 1.0 (k_scale/v_scale) are "
+                                      "not supported; serve with --kv-cache-dtype fp8_e4m3")
         if sinks is not None or score_mod is not None:
             raise NotImplementedError("oscar_triton: attention sinks / score_mod are not supported")
         if layer.sliding_window_size is not None and layer.sliding_window_size > -1:

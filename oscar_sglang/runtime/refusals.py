@@ -15,6 +15,10 @@ import os
 from .config import BACKEND
 
 
+# what every model refusal ends with: the model itself is fine, only the INT2 cache is not
+INSTEAD = "Serve this model with the default BF16 KV cache or --kv-cache-dtype fp8_e4m3 instead."
+
+
 class Int2Unsupported(ValueError):
     """An option or model that the INT2 KV cache cannot serve."""
 
@@ -109,18 +113,31 @@ def model_problems(model_config, hybrid_linear: bool = False) -> list[str]:
     if arch is not None and str(getattr(arch, "name", arch)).upper().endswith("MLA"):
         p.append(
             "MLA models (DeepSeek-V2/V3, Kimi, ...) are not supported: the INT2 pool stores "
-            "per-head K and V, not a compressed latent."
+            f"per-head K and V, not a compressed latent. {INSTEAD}"
         )
     hf = getattr(model_config, "hf_config", None)
     archs = list(getattr(hf, "architectures", None) or [])
     if getattr(model_config, "is_hybrid_swa", False):
-        p.append("hybrid sliding-window models (SWA pools) are not supported.")
-    if getattr(model_config, "sliding_window_size", None) not in (None, -1, 0):
-        p.append("sliding-window attention is not supported: the INT2 kernels attend to all keys.")
+        p.append(f"hybrid sliding-window models (SWA pools, e.g. gpt-oss, Llama 4) are not supported. {INSTEAD}")
+    sw = getattr(model_config, "sliding_window_size", None)
+    if sw not in (None, -1, 0):
+        p.append(f"sliding-window attention (sliding_window={sw} in the model config, e.g. Gemma 2/3, "
+                 f"Mistral-7B-v0.1) is not supported: the INT2 kernels attend to all keys. {INSTEAD}")
+    if getattr(model_config, "attention_chunk_size", None):
+        p.append(
+            "chunked local attention (attention_chunk_size, Llama 4) is not supported: the INT2 "
+            f"kernels attend to all keys. {INSTEAD}"
+        )
+    if getattr(model_config, "has_attention_sinks", False):
+        p.append(
+            "attention sinks (learned per-head sink logits, e.g. gpt-oss) are not supported by the "
+            f"INT2 kernels. {INSTEAD}"
+        )
     if hybrid_linear:
-        p.append("hybrid mamba / linear-attention models are not supported.")
+        p.append("hybrid mamba / linear-attention models (e.g. Qwen3-Next, Jamba, Nemotron-H) are not "
+                 f"supported: their full-attention layers share a pool with recurrent state. {INSTEAD}")
     if getattr(model_config, "is_encoder_decoder", False):
-        p.append("encoder-decoder models (cross attention) are not supported.")
+        p.append(f"encoder-decoder models (cross attention) are not supported. {INSTEAD}")
     for a in archs:
         low = a.lower()
         if "deepseekv3" in low or "deepseekv32" in low or "deepseekv4" in low or "minimax" in low:
@@ -132,8 +149,56 @@ def model_problems(model_config, hybrid_linear: bool = False) -> list[str]:
 
     for name, d in (("head_dim", hd), ("v_head_dim", vd)):
         if d is not None and d not in SUPPORTED_HEAD_DIMS:
-            p.append(f"{name}={d} is not supported by the INT2 kernels (supported: {SUPPORTED_HEAD_DIMS}).")
+            p.append(f"{name}={d} is not supported by the INT2 kernels (supported: {SUPPORTED_HEAD_DIMS}). "
+                     f"{INSTEAD}")
     return p
+
+
+def kv_scale_problems(model) -> list[str]:
+    """FP8 KV-cache scales that the INT2 cache would drop (checked once the weights are loaded).
+
+    With FP8 weights (--quantization fp8, FP8 checkpoints) SGLang gives every RadixAttention a
+    k_scale / v_scale for an FP8 KV cache, 1.0 when the checkpoint has none. Attention still reads
+    BF16 q / k / v and the INT2 pool quantises unscaled K / V with its own scales, so unit scales
+    change nothing; other values were calibrated for an FP8 cache that this is not.
+    """
+    scaled = []
+    for m in model.modules():
+        if not hasattr(m, "layer_id") or not hasattr(m, "k_scale"):
+            continue
+        if m.k_scale is None and getattr(m, "v_scale", None) is None:
+            continue
+        ks, vs = getattr(m, "k_scale_float", None), getattr(m, "v_scale_float", None)
+        if ks != 1.0 or vs != 1.0:
+            scaled.append((m.layer_id, ks, vs))
+    if not scaled:
+        return []
+    lid, ks, vs = scaled[0]
+    return [
+        f"{len(scaled)} attention layers carry FP8 KV-cache scales from the checkpoint (layer {lid}: "
+        f"k_scale={ks}, v_scale={vs}); the INT2 cache stores unscaled K/V and would ignore them. "
+        "Serve this checkpoint with --kv-cache-dtype fp8_e4m3 (or the default BF16 cache), or use "
+        "a copy without KV scales (FP8 weights alone are fine with int2)."
+    ]
+
+
+def unit_kv_scales_for_dummy_weights(model) -> int:
+    """--load-format dummy fills every float parameter with uniform(-1e-3, 1e-3), the KV scales
+    of FP8 weights included, and SGLang keeps a positive pair as real scales. They mean nothing
+    (no checkpoint calibrated them) and the INT2 path never applies a KV scale, so set them to the
+    neutral 1.0 instead of refusing the model. -> how many layers were changed."""
+    n = 0
+    for m in model.modules():
+        if not hasattr(m, "layer_id") or getattr(m, "k_scale", None) is None:
+            continue
+        if getattr(m, "k_scale_float", None) != 1.0 or getattr(m, "v_scale_float", None) != 1.0:
+            for name in ("k_scale", "v_scale"):
+                t = getattr(m, name, None)
+                if hasattr(t, "fill_"):
+                    t.data.fill_(1.0)
+            m.k_scale_float = m.v_scale_float = 1.0
+            n += 1
+    return n
 
 
 def is_hybrid_linear(model_config) -> bool:
