@@ -7,6 +7,7 @@ cached keys change:
 * decode:  rotate q (per KV head, R_k), store the new token (rotated k by R_k, v by R_v; INT2 +
            BF16 sink/ring copies), then one INT2-aware split-K decode over sink + INT2 + ring,
            then un-rotate the output by R_v^T. Graph-safe: no host sync, no data-dependent shape.
+           The pool's KV format picks the ops: per-channel keys (pool.channel) or per-token groups.
 * extend:  new tokens attend to each other with SGLang's stock extend kernel in plain BF16
            (skip_prefix, returns LSE); the cached prefix is read by the INT2-aware prefix kernel
            (rotated q, LSE); the two are merged by LSE, then the new tokens are stored. Storing
@@ -225,8 +226,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             req_rows=fb.req_pool_indices,
             own_start=self.pool.own_start,
             sink_start=self.pool.sink_start,
-            k_group=self.pool.k_format.group_size,
-            v_group=self.pool.v_format.group_size,
+            **self.pool.kernel_format_args(layer.layer_id),
             sm_scale=layer.scaling,
         )
 
@@ -243,7 +243,8 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             self._store(layer, fb, k.reshape(-1, H, D), v.reshape(-1, H, Dv), fb.req_pool_indices, fb.seq_lens)
         md = self.forward_metadata
         o = torch.empty((B, Hq, Dv), dtype=torch.float32, device=q.device)
-        ops.decode_attention(
+        decode = ops.decode_attention_channel if self.pool.channel else ops.decode_attention
+        decode(
             self._rot_q(q3, layer.layer_id),
             o,
             **self._cached_kv_args(layer, fb),
@@ -285,7 +286,9 @@ class OscarInt2TritonBackend(TritonAttnBackend):
                 True, None, md.max_extend_len, 1.0, 1.0, sm_scale=layer.scaling, logit_cap=cap,
                 lse_extend=lse_new, skip_prefix=True,
             )
-            o_pre, lse_pre = ops.extend_prefix_attention(
+            prefix = (ops.extend_prefix_attention_channel if self.pool.channel
+                      else ops.extend_prefix_attention)
+            o_pre, lse_pre = prefix(
                 self._rot_q(q3, layer.layer_id),
                 md.qo_indptr,
                 **self._cached_kv_args(layer, fb),

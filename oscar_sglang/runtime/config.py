@@ -13,11 +13,21 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Mapping
 
+from .kv_format import DEFAULT_KV_FORMAT, KVFormatError, check_syntax
+
 INT2 = "int2"  # the --kv-cache-dtype value this plugin adds
 BACKEND = "oscar_triton"  # the only attention backend that reads the INT2 pool
 
 # name -> (fork alias or None, meaning).  The single source for docs/serving.md and --help.
 ENV_VARS: dict[str, tuple[str | None, str]] = {
+    "OSCAR_KV_FORMAT": (
+        None,
+        "what the cache stores (docs/format.md): default k3c64-v2t64 = 3-bit keys per channel "
+        "over blocks of 64 tokens (the page size, set for you) + 2-bit values in groups of 64; "
+        "other served names: k2c64-v2t64, k4c32-v2t128, ...-s<sink>-w<recent>, "
+        "...@0,-1=k4 (more key bits on some layers); 'token' = the OSCAR per-token recipe "
+        "(2-bit groups along head_dim, clip ratios of the rotation file)",
+    ),
     "OSCAR_ROTATION": (
         "SGLANG_OSCAR_K_ROTATION_PATH",
         "rotation file: our .safetensors (K and V) or the fork's K .pt; 'hadamard' (default, "
@@ -82,6 +92,7 @@ class OscarConfigError(ValueError):
 
 @dataclass(frozen=True)
 class OscarConfig:
+    kv_format: str = DEFAULT_KV_FORMAT   # a KVFormat name or "token" (runtime/kv_format.py)
     rotation: str = "hadamard"           # "hadamard", "identity" or a file path
     v_rotation: str | None = None        # fork V .pt (with a fork K .pt)
     k_clip: float | None = None          # None: from the rotation file (or 1.0)
@@ -154,6 +165,15 @@ def load_config(env: Mapping[str, str] | None = None) -> OscarConfig:
     env = os.environ if env is None else env
     kw: dict = {}
     sources: dict = {}
+
+    fmt, var = _get(env, "OSCAR_KV_FORMAT")
+    if fmt is not None:
+        try:
+            check_syntax(fmt)
+        except KVFormatError as e:
+            raise OscarConfigError(str(e)) from None
+        kw["kv_format"] = fmt.strip()
+        sources["kv_format"] = var
 
     rot, var = _get(env, "OSCAR_ROTATION")
     if rot is not None:

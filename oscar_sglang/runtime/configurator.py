@@ -21,6 +21,7 @@ from sglang.srt.model_executor.pool_configurator import DefaultPoolConfigurator,
 from ..common import rotations as R
 from . import sizing
 from .config import OscarConfig, load_config
+from .kv_format import for_model
 from .state import RUNTIME_INFO
 
 logger = logging.getLogger("oscar_sglang")
@@ -82,28 +83,28 @@ def kv_shape(kvc, num_layers: int | None = None) -> sizing.ModelKVShape:
         num_kv_heads=mc.get_num_kv_heads(_parallel().attn_tp_size),
         head_dim=mc.head_dim,
         v_head_dim=mc.v_head_dim,
+        first_layer=int(getattr(kvc.layer_info, "start_layer", 0) or 0),
     )
 
 
 class Int2PoolConfigurator(DefaultPoolConfigurator):
-    """coeff = INT2 bytes/token; bias = (max_running_requests + 1) x BF16 side-buffer bytes."""
+    """coeff = quantised bytes/token; bias = (max_running_requests + 1) x BF16 side-buffer bytes."""
 
     def __init__(self, kvc):
         self._oscar_cfg: OscarConfig = serving_config()
+        self._fmt = for_model(self._oscar_cfg, kvc.model_config)
         self._shape = kv_shape(kvc)
         super().__init__(kvc)
 
     def _compute_cell_size(self, kvc, num_layers: int) -> int:
-        return sizing.int2_bytes_per_token(kv_shape(kvc, num_layers), self._oscar_cfg.group_size)
+        return sizing.int2_bytes_per_token(kv_shape(kvc, num_layers), self._fmt)
 
     def calculate_pool_sizes(self, available_bytes: int, page_size: int) -> MemoryPoolConfig:
         cfg = self._oscar_cfg
         plan = sizing.plan_pool(
             available_bytes,
             self._shape,
-            group_size=cfg.group_size,
-            sink=cfg.sink_tokens,
-            recent=cfg.recent_tokens,
+            fmt=self._fmt,
             page_size=page_size,
             requested_max_running_requests=_requested_max_running_requests(),
             default_max_running_requests=cfg.default_max_running_requests,
@@ -272,16 +273,25 @@ def build_pool(kvc, sizes, req_to_token_pool):
     v_in_weights = bool(absorbed.get("layers")) and not identity
 
     shape = kv_shape(kvc)
+    fmt = for_model(cfg, mc)
+    if fmt.page_size is not None and kvc.pool_page_size != fmt.page_size:
+        raise RuntimeError(
+            f"OSCAR INT2: KV format {fmt.name} quantises keys per page of {fmt.page_size} tokens but "
+            f"the page size is {kvc.pool_page_size}: drop --page-size (the plugin sets it) or pass "
+            f"--page-size {fmt.page_size}")
     plan = _LAST_PLAN.get("plan")
     reqs = int(sizes.max_running_requests)
     if plan is None:  # draft/unusual paths: describe what we build
         plan = sizing.plan_from_max_tokens(
-            sizes.max_total_num_tokens, shape, group_size=cfg.group_size, sink=cfg.sink_tokens,
-            recent=cfg.recent_tokens, max_running_requests=reqs,
+            sizes.max_total_num_tokens, shape, fmt=fmt, max_running_requests=reqs,
         )
     plan.max_running_requests = reqs
     plan.side_bytes_total = (reqs + 1) * plan.side_bytes_per_request
 
+    # the rotation file's clip ratios apply where the format asks for them (kclip / vclip; the
+    # per-token recipe does); keys per channel are never clipped (it costs retrieval)
+    k_clip = [float(c) if fmt.k_clip else 1.0 for c in rs.k_clip.tolist()]
+    v_clip = [float(c) if fmt.v_clip else 1.0 for c in rs.v_clip.tolist()]
     info = {
         "kv_cache_dtype": "int2",
         "recipe": rs_full.recipe if cfg.recipe == "file" else cfg.recipe,
@@ -290,12 +300,20 @@ def build_pool(kvc, sizes, req_to_token_pool):
         "v_rotation_file": cfg.v_rotation,
         "rotation_model_id": rs_full.model_id,
         "served_model_id": model_id,
-        "group_size": min(cfg.group_size, mc.head_dim),
-        "group_size_from": cfg.sources.get("group_size", "default"),
-        "sink_tokens": cfg.sink_tokens,
-        "recent_tokens": cfg.recent_tokens,
-        "k_clip": sorted({round(float(c), 4) for c in rs.k_clip}),
-        "v_clip": sorted({round(float(c), 4) for c in rs.v_clip}),
+        "kv_format": fmt.name,
+        "kv_format_from": cfg.sources.get("kv_format", "default"),
+        "key_layout": fmt.layout,
+        "key_bits": sorted(set(fmt.k_bits)),
+        "body_bits_per_element": round(fmt.body_bits_per_element(), 4),
+        # token layout: the group along head_dim of K and V; channel: the value group (keys are
+        # per channel over blocks of page_size tokens)
+        "group_size": fmt.k_group if fmt.layout == "token" else fmt.v_group,
+        "group_size_from": cfg.sources.get("group_size", "default") if fmt.layout == "token" else "kv_format",
+        "page_size": kvc.pool_page_size,
+        "sink_tokens": fmt.sink,
+        "recent_tokens": fmt.recent,
+        "k_clip": sorted({round(float(c), 4) for c in k_clip}),
+        "v_clip": sorted({round(float(c), 4) for c in v_clip}),
         "layers": [li.start_layer, li.end_layer],
         "kv_heads": [kv0, kv0 + local_kv],
         "attn_tp": [ps.attn_tp_rank, ps.attn_tp_size],
@@ -314,11 +332,9 @@ def build_pool(kvc, sizes, req_to_token_pool):
         layer_num=li.num_effective_layers,
         device=kvc.device,
         req_rows=req_to_token_pool.size + 1,
-        sink=cfg.sink_tokens,
-        recent=cfg.recent_tokens,
-        group_size=cfg.group_size,
-        k_clip=rs.k_clip.tolist(),
-        v_clip=rs.v_clip.tolist(),
+        kv_format=fmt,
+        k_clip=k_clip,
+        v_clip=v_clip,
         k_rotation=None if identity else rs.k_rotation,
         # absorbed: the model's V / o projections already apply R_v (prepare_model)
         v_rotation=None if identity or v_in_weights else rs.v_rotation,
@@ -337,9 +353,9 @@ def build_pool(kvc, sizes, req_to_token_pool):
         else f"data-free {cfg.recipe} rotation (no file)"
     )
     logger.info(
-        "OSCAR INT2 KV cache: %s; group %d, sink %d + recent %d BF16 tokens, clip K %s V %s; "
+        "OSCAR INT2 KV cache: format %s (%s); %s; sink %d + recent %d BF16 tokens, clip K %s V %s; "
         "layers [%d, %d), KV heads [%d, %d) of %d; V rotation applied in the %s",
-        rot, info["group_size"], cfg.sink_tokens, cfg.recent_tokens, info["k_clip"],
+        fmt.describe(), info["kv_format_from"], rot, fmt.sink, fmt.recent, info["k_clip"],
         info["v_clip"], li.start_layer, li.end_layer, kv0, kv0 + local_kv, total_kv,
         info["v_rotation_in"],
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+from types import SimpleNamespace
 
 import torch
 
@@ -41,7 +42,9 @@ def record_extend(backend, layer, fb, q3, k3, v3, o) -> None:
                 "k_rot": None if pool.k_rot[i] is None else pool.k_rot[i].cpu(),
                 "v_rot": None if pool.v_rot[i] is None else pool.v_rot[i].cpu(),
                 "k_clip": pool.k_clip[i], "v_clip": pool.v_clip[i], "sink": pool.sink,
-                "recent": pool.recent, "group": pool.k_format.group_size, "sm_scale": layer.scaling,
+                "recent": pool.recent, "kv_format": pool.kv_format.name, "channel": pool.channel,
+                "k_bits": pool.kv_format.k_bits[layer.layer_id], "group": pool.kv_format.k_group,
+                "v_group": pool.kv_format.v_group, "sm_scale": layer.scaling,
                 "info": {k: v for k, v in pool.info.items() if k != "env"},
             },
             os.path.join(TAP_DIR, "meta.pt"),
@@ -84,8 +87,23 @@ def check_request(meta: dict, chunks: list[dict]) -> dict:
     # what the backend stores / reads: rotated in fp32, rounded to the model dtype
     Kr = torch.einsum("thd,hde->the", K, Rk).to(dt).float()
     Vr = torch.einsum("thd,hde->the", V, Rv).to(dt).float()
-    fk, fv = Int2Format(D, min(meta["group"], D)), Int2Format(Dv, min(meta["group"], Dv))
+    fk, fv = Int2Format(D, min(meta["group"], D)), Int2Format(Dv, min(meta.get("v_group", meta["group"]), Dv))
     sm = meta["sm_scale"]
+
+    def cached(x, which, clip, P, own):
+        """What the prefix reader sees of K or V (rotated), in the tapped layer's format."""
+        if not meta.get("channel"):
+            fmt = fk if which == "k" else fv
+            return ref.mixed_kv(x[:P], fmt, P, meta["sink"], meta["recent"], own, clip).double()
+        # per-channel keys: the reference of any KVFormat (duck-typed: sink / ring sizes outside
+        # the study's grid are fine here)
+        kvf = SimpleNamespace(
+            k_layout="channel", k_group=meta["group"], v_group=meta["v_group"], token_norm=False,
+            sink=meta["sink"], window=meta["recent"], name=meta["kv_format"],
+            layer_bits=lambda layer, n=None: (meta["k_bits"], 2))
+        return ref.format_request_kv(x[:P], kvf, which, P, own_start=own,
+                                     clip_ratio=1.0 if which == "k" else clip).double()
+
     out = []
     for c in chunks:
         P, E = c["prefix"], c["q"].shape[0]
@@ -96,8 +114,8 @@ def check_request(meta: dict, chunks: list[dict]) -> dict:
         g = Hq // H
         o_bf16, _ = ref.attention(q, K[: P + E], V[: P + E], sm_scale=sm, causal_offset=P)
         own = min(c["own_start"], 2**31 - 1)
-        Kp = ref.mixed_kv(Kr[:P], fk, P, meta["sink"], meta["recent"], own, meta["k_clip"]).double()
-        Vp = ref.mixed_kv(Vr[:P], fv, P, meta["sink"], meta["recent"], own, meta["v_clip"]).double()
+        Kp = cached(Kr, "k", meta["k_clip"], P, own)
+        Vp = cached(Vr, "v", meta["v_clip"], P, own)
         qr = torch.einsum("thgd,hde->thge", q.reshape(E, H, g, D), Rk).reshape(E, Hq, D).to(dt).double()
         sp = torch.einsum("thd,lhd->htl", qr, Kp.repeat_interleave(g, 1)) * sm
         sn = torch.einsum("thd,lhd->htl", q.double(), K[P : P + E].double().repeat_interleave(g, 1)) * sm

@@ -7,7 +7,7 @@ did not apply keeps an error that every int2 code path raises (state.require_hoo
 "int2" is on the command line the process stops at once.
 
   cli        ServerArgs.add_cli_args            AFTER   "int2" becomes a valid --kv-cache-dtype
-  defaults   ServerArgs.__post_init__           BEFORE  attention backend defaults to oscar_triton
+  defaults   ServerArgs.__post_init__           BEFORE  attention backend oscar_triton, page size = key block
   refusals   ServerArgs.__post_init__           AFTER   unsupported options / models refused
   dtype      configure_kv_cache_dtype           AROUND  "int2" -> ("int2", torch.uint8)
   weights    ModelRunner.configure_kv_cache_dtype AFTER  fold R_v into the V / output projections
@@ -56,6 +56,19 @@ def before_post_init(self, *args, **kwargs):
     if self.attention_backend is None:
         # both prefill and decode must read the INT2 pool: one backend for both
         self.attention_backend = BACKEND
+    if getattr(self, "page_size", None) is None:
+        # per-channel key blocks are SGLang pages: the format's block is the page size (a bad
+        # OSCAR_KV_FORMAT is reported by after_post_init, with every other problem)
+        from .config import OscarConfigError, load_config
+        from .kv_format import KVFormatError, page_size_for
+
+        try:
+            need = page_size_for(load_config().kv_format)
+        except (OscarConfigError, KVFormatError):
+            need = None
+        if need is not None:
+            self.page_size = need
+            logger.info("oscar-sglang: --page-size %d for int2 (the KV format's key block)", need)
     if self.triton_attention_num_kv_splits == SGLANG_DEFAULT_KV_SPLITS:
         # SGLang's default of 8 splits leaves most of the H100 idle at small batch and long
         # context (1 request x 8 KV heads x 8 splits = 64 programs on 132 SMs): the INT2 decode
@@ -75,9 +88,9 @@ def after_post_init(result, self, *args, **kwargs):
     if str(getattr(self, "model_path", "")).lower() in ("none", "dummy"):
         return result
     from .config import load_config
-    from .refusals import is_hybrid_linear, model_problems, raise_if_any, server_args_problems
+    from .refusals import format_problems, is_hybrid_linear, model_problems, raise_if_any, server_args_problems
 
-    load_config()  # bad OSCAR_* variables fail here, in the launching process
+    cfg = load_config()  # bad OSCAR_* variables fail here, in the launching process
     problems = server_args_problems(self)
     try:
         mc = self.get_model_config()
@@ -86,6 +99,7 @@ def after_post_init(result, self, *args, **kwargs):
         mc = None
     if mc is not None:
         problems += model_problems(mc, hybrid_linear=is_hybrid_linear(mc))
+        problems += format_problems(cfg, mc)
     raise_if_any(problems)
     return result
 

@@ -1,7 +1,12 @@
 """OscarInt2KVPool: SGLang's token->KV pool, with INT2 codes as the source of truth.
 
-Per local layer (see kernels/oscar_kernels/ops.py for the exact layout):
-* slot-indexed INT2 K and V: codes uint8 [N, H, D/4] and fp16 (scale, min) [N, H, D/G, 2].
+Per local layer (see kernels/oscar_kernels/ops.py for the exact layout), in the served KV format
+(runtime/kv_format.py):
+* slot-indexed quantised K and V. "token" layout: codes uint8 [N, H, D/4] and fp16 (scale, min)
+  [N, H, D/G, 2] for both. "channel" layout (the default): key codes uint8 [N, H, bits*D/8] with
+  one fp16 (scale, min) per (page, head, channel) [N/B, H, D, 2] (B = the page size; a page's keys
+  are quantised when its last position is stored, until then they are read from the ring), values
+  as in the token layout.
   Every token is written here; it is the only per-slot content, so SGLang's radix sharing,
   dedup, eviction and retraction work unchanged (a slot means the same thing to every reader).
 * request-row-indexed BF16 side buffers: sink [rows, S, H, D] (positions < S) and recent ring
@@ -35,7 +40,9 @@ from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
 from sglang.srt.mem_cache.memory_pool import KVCache
 
 from oscar_kernels import ops
-from oscar_kernels.format import Int2Format
+from oscar_kernels.format import Int2Format, code_bytes
+
+from .kv_format import ServedFormat
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +82,7 @@ class OscarInt2KVPool(KVCache):
         device: str,
         *,
         req_rows: int,
-        sink: int,
-        recent: int,
-        group_size: int,
+        kv_format: ServedFormat,
         k_clip: list[float],
         v_clip: list[float],
         k_rotation: torch.Tensor | None = None,   # [L_local, H_local, D, D] fp32 (or None)
@@ -101,10 +106,14 @@ class OscarInt2KVPool(KVCache):
         self.head_num = head_num
         self.head_dim = head_dim
         self.v_head_dim = v_head_dim
-        self.k_format = Int2Format(head_dim, min(group_size, head_dim))
-        self.v_format = Int2Format(v_head_dim, min(group_size, v_head_dim))
-        self.sink = sink
-        self.recent = recent
+        fmt = self.kv_format = kv_format
+        assert (fmt.head_dim, fmt.v_head_dim) == (head_dim, v_head_dim), (fmt, head_dim, v_head_dim)
+        self.channel = fmt.layout == "channel"
+        if self.channel and page_size != fmt.k_group:
+            raise ValueError(f"KV format {fmt.name} needs --page-size {fmt.k_group}, the pool has {page_size}")
+        self.k_format = None if self.channel else Int2Format(head_dim, fmt.k_group)
+        self.v_format = Int2Format(v_head_dim, fmt.v_group)
+        sink, recent = self.sink, self.recent = fmt.sink, fmt.recent
         self.req_rows = req_rows
         assert len(k_clip) == layer_num and len(v_clip) == layer_num
         self.k_clip = [float(c) for c in k_clip]
@@ -112,7 +121,11 @@ class OscarInt2KVPool(KVCache):
         self.info = dict(info or {})
 
         n = size + page_size  # slot 0 (and the first page) is SGLang's padding slot
+        n = -(-n // page_size) * page_size  # whole pages (channel key params are per page)
         H, D, Dv = head_num, head_dim, v_head_dim
+        first = self.start_layer
+        k_bytes = [code_bytes(fmt.k_bits[first + i], D) for i in range(layer_num)]
+        k_param_shape = (n // page_size, H, D, 2) if self.channel else (n, H, D // fmt.k_group, 2)
         with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
             def z(shape, dtype):
                 return torch.zeros(shape, dtype=dtype, device=device)
@@ -123,9 +136,9 @@ class OscarInt2KVPool(KVCache):
                 # slot-major rows; docs/format.md "Byte layout")
                 return z((shape[1], shape[0], *shape[2:]), dtype).transpose(0, 1)
 
-            self.k_codes = [head_major((n, H, D // 4), torch.uint8) for _ in range(layer_num)]
+            self.k_codes = [head_major((n, H, k_bytes[i]), torch.uint8) for i in range(layer_num)]
             self.v_codes = [head_major((n, H, Dv // 4), torch.uint8) for _ in range(layer_num)]
-            self.k_params = [head_major((n, H, self.k_format.n_groups, 2), torch.float16) for _ in range(layer_num)]
+            self.k_params = [head_major(k_param_shape, torch.float16) for _ in range(layer_num)]
             self.v_params = [head_major((n, H, self.v_format.n_groups, 2), torch.float16) for _ in range(layer_num)]
             self.sink_k = [z((req_rows, sink, H, D), HP_DTYPE) for _ in range(layer_num)]
             self.sink_v = [z((req_rows, sink, H, Dv), HP_DTYPE) for _ in range(layer_num)]
@@ -278,18 +291,7 @@ class OscarInt2KVPool(KVCache):
         """Quantise already-rotated k [T, H, D], v [T, H, Dv] into slots `loc`, and copy the
         sink / recent positions into the token's request row (see ops.store_kv)."""
         i = self.local(layer_id)
-        ops.store_kv(
-            k,
-            v,
-            loc,
-            self.k_codes[i],
-            self.k_params[i],
-            self.v_codes[i],
-            self.v_params[i],
-            k_group=self.k_format.group_size,
-            v_group=self.v_format.group_size,
-            k_clip=self.k_clip[i],
-            v_clip=self.v_clip[i],
+        side = dict(
             positions=positions,
             token_rows=token_rows,
             token_seq_lens=token_seq_lens,
@@ -301,6 +303,33 @@ class OscarInt2KVPool(KVCache):
             slot_entry=self.slot_entry if i == 0 else None,
             entry_owner=self.entry_owner if i == 0 else None,
         )
+        if self.channel:
+            ops.store_kv_channel(
+                k, v, loc, k_codes=self.k_codes[i], k_params=self.k_params[i],
+                v_codes=self.v_codes[i], v_params=self.v_params[i], v_clip=self.v_clip[i],
+                **self.kernel_format_args(layer_id), **side,
+            )
+            return
+        ops.store_kv(
+            k,
+            v,
+            loc,
+            self.k_codes[i],
+            self.k_params[i],
+            self.v_codes[i],
+            self.v_params[i],
+            k_clip=self.k_clip[i],
+            v_clip=self.v_clip[i],
+            **self.kernel_format_args(layer_id),
+            **side,
+        )
+
+    def kernel_format_args(self, layer_id: int) -> dict:
+        """The format keywords of this layer's store / decode / extend ops."""
+        fmt = self.kv_format
+        if self.channel:
+            return dict(k_bits=fmt.k_bits[layer_id], k_block=fmt.k_group, v_group=fmt.v_group)
+        return dict(k_group=fmt.k_group, v_group=fmt.v_group)
 
     def layer_buffers(self, layer_id: int) -> dict:
         """Keyword arguments shared by the decode / extend-prefix ops for one layer."""

@@ -94,6 +94,20 @@ def server_args_problems(args, env=None) -> list[str]:
             "--enable-torch-compile is not supported yet with the INT2 backend (untested); "
             "CUDA graphs are supported and on by default."
         )
+    page = getattr(args, "page_size", None)
+    try:
+        from .config import load_config
+        from .kv_format import page_size_for
+
+        need = page_size_for(load_config(env).kv_format)
+    except ValueError:  # a bad OSCAR_KV_FORMAT: load_config reports it
+        need = None
+    if need is not None and page not in (None, need):
+        p.append(
+            f"--page-size {page} does not match the KV format's key block of {need} tokens (keys are "
+            f"quantised per page): drop --page-size, or choose a format whose blocks match it "
+            f"(OSCAR_KV_FORMAT=k3c32-v2t64 for 32, k3c64-v2t64 for 64, 'token' for any page size)."
+        )
     if str(env.get("SGLANG_ENABLE_POST_CAPTURE_KV_SIZING", "")).lower() in ("1", "true", "yes"):
         p.append(
             "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING is not supported: the INT2 pool is sized once, "
@@ -152,6 +166,19 @@ def model_problems(model_config, hybrid_linear: bool = False) -> list[str]:
             p.append(f"{name}={d} is not supported by the INT2 kernels (supported: {SUPPORTED_HEAD_DIMS}). "
                      f"{INSTEAD}")
     return p
+
+
+def format_problems(cfg, model_config) -> list[str]:
+    """The KV format (OSCAR_KV_FORMAT or its default) for this model's head dims and layers."""
+    from .kv_format import KVFormatError, for_model
+
+    if getattr(model_config, "head_dim", None) is None or getattr(model_config, "num_hidden_layers", None) is None:
+        return []
+    try:
+        for_model(cfg, model_config)
+    except KVFormatError as e:
+        return [str(e)]
+    return []
 
 
 def kv_scale_problems(model) -> list[str]:

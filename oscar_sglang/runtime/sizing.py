@@ -1,8 +1,10 @@
 """Memory sizing of the INT2 KV pool: how many tokens fit and how many requests may run.
 
 Two kinds of memory (per attention-TP rank, local layers only):
-* per token: INT2 codes + fp16 (scale, min) per group, for K and V, every layer and KV head, plus
-  one int32 per token (not per layer): where the slot's BF16 side copy lives (pool.slot_entry).
+* per token: the quantised body of the KV format (runtime/kv_format.py: codes + fp16 (scale, min)
+  per group, per-channel key params amortised over their page), for K and V, every layer and KV
+  head, plus one int32 per token (not per layer): where the slot's BF16 side copy lives
+  (pool.slot_entry).
   This is SGLang's "cell size"; the token count is budget // cell size.
 * per running request (fixed): the BF16 side buffers, sink (S tokens) + recent ring (W tokens),
   K and V, every layer and KV head, plus int32 bookkeeping (own_start, sink_start and the owner
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from oscar_kernels.format import Int2Format
+from .kv_format import ServedFormat
 
 BF16_BYTES = 2
 INT32_BYTES = 4
@@ -31,14 +33,14 @@ class ModelKVShape:
     num_kv_heads: int    # KV heads held by this rank (after attention TP)
     head_dim: int
     v_head_dim: int
+    first_layer: int = 0  # the stage's first layer (per-layer key bits)
 
 
-def int2_bytes_per_token(shape: ModelKVShape, group_size: int) -> int:
-    """INT2 bytes of one token over all local layers and KV heads (K and V), plus its int32
+def int2_bytes_per_token(shape: ModelKVShape, fmt: ServedFormat) -> int:
+    """Quantised bytes of one token over all local layers and KV heads (K and V), plus its int32
     side-copy pointer (pool.slot_entry)."""
-    k = Int2Format(shape.head_dim, min(group_size, shape.head_dim)).bytes_per_row
-    v = Int2Format(shape.v_head_dim, min(group_size, shape.v_head_dim)).bytes_per_row
-    return shape.num_layers * shape.num_kv_heads * (k + v) + INT32_BYTES
+    layers = range(shape.first_layer, shape.first_layer + shape.num_layers)
+    return shape.num_kv_heads * sum(fmt.k_row_bytes(i) + fmt.v_row_bytes() for i in layers) + INT32_BYTES
 
 
 def bf16_bytes_per_token(shape: ModelKVShape) -> int:
@@ -77,7 +79,7 @@ class PoolSizingError(RuntimeError):
 @dataclass
 class PoolPlan:
     available_bytes: int
-    bytes_per_token: int              # INT2, all local layers
+    bytes_per_token: int              # quantised body, all local layers
     bf16_bytes_per_token: int
     side_bytes_per_request: int
     max_running_requests: int
@@ -112,9 +114,7 @@ def plan_pool(
     available_bytes: int,
     shape: ModelKVShape,
     *,
-    group_size: int,
-    sink: int,
-    recent: int,
+    fmt: ServedFormat,
     page_size: int = 1,
     requested_max_running_requests: int | None = None,
     default_max_running_requests: int = 256,
@@ -127,8 +127,8 @@ def plan_pool(
     side_buffer_fraction of the budget; an explicit request is lowered only past
     USER_REQUEST_MAX_FRACTION.
     """
-    per_tok = int2_bytes_per_token(shape, group_size)
-    per_req = side_bytes_per_request(shape, sink, recent)
+    per_tok = int2_bytes_per_token(shape, fmt)
+    per_req = side_bytes_per_request(shape, fmt.sink, fmt.recent)
     notes: list[str] = []
 
     if requested_max_running_requests is None:
@@ -179,15 +179,13 @@ def plan_from_max_tokens(
     max_total_num_tokens: int,
     shape: ModelKVShape,
     *,
-    group_size: int,
-    sink: int,
-    recent: int,
+    fmt: ServedFormat,
     max_running_requests: int,
     page_size: int = 1,
 ) -> PoolPlan:
     """The plan when the token count is fixed (--max-total-tokens): report-only arithmetic."""
-    per_tok = int2_bytes_per_token(shape, group_size)
-    per_req = side_bytes_per_request(shape, sink, recent)
+    per_tok = int2_bytes_per_token(shape, fmt)
+    per_req = side_bytes_per_request(shape, fmt.sink, fmt.recent)
     tokens = max_total_num_tokens // page_size * page_size
     side_total = (max_running_requests + 1) * per_req
     return PoolPlan(

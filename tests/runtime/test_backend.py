@@ -69,7 +69,10 @@ def _make(backend_cls, rows=4, slots=64, exact=False):
 
     take_pending_rows()
     rk, rv = (_signed_perm(1, H), _signed_perm(1, 1)) if exact else (_orth(1, H, D, D), _orth(1, 1, D, D))
-    pool = OscarInt2KVPool(slots, 1, H, D, D, 1, "cpu", req_rows=rows, sink=S, recent=W, group_size=128,
+    from oscar_sglang.runtime.kv_format import resolve
+
+    fmt = resolve("token", head_dim=D, v_head_dim=D, num_layers=1, group_size=128, sink=S, recent=W)
+    pool = OscarInt2KVPool(slots, 1, H, D, D, 1, "cpu", req_rows=rows, kv_format=fmt,
                            k_clip=[K_CLIP], v_clip=[V_CLIP], k_rotation=rk, v_rotation=rv)
     b = backend_cls.__new__(backend_cls)  # the metadata half (ModelRunner) is SGLang's, tested on GPU
     b.pool, b.v_head_dim, b.max_kv_splits = pool, D, 4

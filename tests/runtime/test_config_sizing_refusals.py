@@ -5,6 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from oscar_sglang.runtime import config as C
+from oscar_sglang.runtime import kv_format as KF
 from oscar_sglang.runtime import refusals as F
 from oscar_sglang.runtime import sizing as Z
 
@@ -15,6 +16,7 @@ def test_defaults():
     cfg = C.load_config({})
     assert cfg.recipe == "hadamard"
     assert (cfg.sink_tokens, cfg.recent_tokens, cfg.group_size) == (64, 256, 128)
+    assert cfg.kv_format == KF.DEFAULT_KV_FORMAT == "k3c64-v2t64"
     assert cfg.k_clip is None and cfg.v_clip is None
     assert cfg.sources == {}
 
@@ -84,24 +86,46 @@ def test_env_help_lists_every_variable():
 QWEN3_8B = Z.ModelKVShape(num_layers=36, num_kv_heads=8, head_dim=128, v_head_dim=128)
 
 
+def token_fmt(shape, G, sink=64, recent=256):
+    """The OSCAR per-token recipe (OSCAR_KV_FORMAT=token) at group G for a shape."""
+    return KF.resolve("token", head_dim=shape.head_dim, v_head_dim=shape.v_head_dim,
+                      num_layers=shape.first_layer + shape.num_layers, group_size=G, sink=sink, recent=recent)
+
+
 def test_bytes_per_token_formula():
     # per layer, per head: K and V each D/4 code bytes + D/G groups x (fp16 scale + fp16 min)
     for G, per_row in ((128, 32 + 4), (64, 32 + 8), (32, 32 + 16)):
-        assert Z.int2_bytes_per_token(QWEN3_8B, G) == 36 * 8 * 2 * per_row + 4  # + slot_entry
+        assert Z.int2_bytes_per_token(QWEN3_8B, token_fmt(QWEN3_8B, G)) == 36 * 8 * 2 * per_row + 4  # + slot_entry
     assert Z.bf16_bytes_per_token(QWEN3_8B) == 36 * 8 * 256 * 2
     # the map's worked example: Llama-3-8B, G=128 -> 18432 B/token, 7.1x
     llama = Z.ModelKVShape(32, 8, 128, 128)
-    assert Z.int2_bytes_per_token(llama, 128) == 18432 + 4
+    assert Z.int2_bytes_per_token(llama, token_fmt(llama, 128)) == 18432 + 4
     assert Z.bf16_bytes_per_token(llama) / (18432 + 4) == pytest.approx(7.11, abs=0.01)
     # head_dim 64 with the default group 128: the group is the whole head
     small = Z.ModelKVShape(2, 2, 64, 64)
-    assert Z.int2_bytes_per_token(small, 128) == 2 * 2 * 2 * (16 + 4) + 4
+    assert Z.int2_bytes_per_token(small, token_fmt(small, 128)) == 2 * 2 * 2 * (16 + 4) + 4
     assert Z.side_bytes_per_request(QWEN3_8B, 64, 256) == 36 * 8 * 320 * 256 * 2 + 4 * (2 + 320)
+
+
+def test_bytes_per_token_of_channel_formats():
+    """Per-channel keys: bits*D/8 code bytes + one (scale, min) per channel per page of B tokens
+    (4*D/B bytes per token); per-layer key bits are summed over the stage's own layers."""
+    llama = Z.ModelKVShape(32, 8, 128, 128)
+    fmt = KF.resolve("k3c64-v2t64", head_dim=128, v_head_dim=128, num_layers=32, group_size=128)
+    assert Z.int2_bytes_per_token(llama, fmt) == 32 * 8 * ((48 + 8) + (32 + 8)) + 4
+    assert fmt.body_bits_per_element() == 3.0
+    over = KF.resolve("k2c32-v2t128@0,-1=k4", head_dim=128, v_head_dim=128, num_layers=32, group_size=128)
+    per_layer = [(32 + 16) + (32 + 4)] * 32
+    per_layer[0] = per_layer[-1] = (64 + 16) + (32 + 4)
+    assert Z.int2_bytes_per_token(llama, over) == 8 * sum(per_layer) + 4
+    # a pipeline stage holding layers 16..31 pays for its own last layer only
+    stage = Z.ModelKVShape(16, 8, 128, 128, first_layer=16)
+    assert Z.int2_bytes_per_token(stage, over) == 8 * sum(per_layer[16:]) + 4
 
 
 def test_plan_default_requests_capped_by_fraction():
     avail = 55 * (1 << 30)
-    plan = Z.plan_pool(avail, QWEN3_8B, group_size=128, sink=64, recent=256,
+    plan = Z.plan_pool(avail, QWEN3_8B, fmt=token_fmt(QWEN3_8B, 128),
                        default_max_running_requests=256, side_buffer_fraction=0.06)
     per_req = Z.side_bytes_per_request(QWEN3_8B, 64, 256)
     assert plan.max_running_requests == int(0.06 * avail) // per_req - 1
@@ -118,7 +142,7 @@ def test_plan_default_requests_capped_by_fraction():
 def test_plan_small_default_not_capped_and_page_alignment():
     avail = 10 * (1 << 30)
     shape = Z.ModelKVShape(2, 2, 64, 64)
-    plan = Z.plan_pool(avail, shape, group_size=64, sink=4, recent=8, page_size=16,
+    plan = Z.plan_pool(avail, shape, fmt=token_fmt(shape, 64, 4, 8), page_size=16,
                        default_max_running_requests=7)
     assert plan.max_running_requests == 7 and not plan.notes
     assert plan.max_total_num_tokens % 16 == 0
@@ -128,10 +152,10 @@ def test_plan_small_default_not_capped_and_page_alignment():
 def test_plan_user_requests_honoured_then_capped():
     avail = 20 * (1 << 30)
     per_req = Z.side_bytes_per_request(QWEN3_8B, 64, 256)
-    plan = Z.plan_pool(avail, QWEN3_8B, group_size=128, sink=64, recent=256,
+    plan = Z.plan_pool(avail, QWEN3_8B, fmt=token_fmt(QWEN3_8B, 128),
                        requested_max_running_requests=100)
     assert plan.max_running_requests == 100 and not plan.notes  # 100 x 45 MiB < 50%
-    plan = Z.plan_pool(avail, QWEN3_8B, group_size=128, sink=64, recent=256,
+    plan = Z.plan_pool(avail, QWEN3_8B, fmt=token_fmt(QWEN3_8B, 128),
                        requested_max_running_requests=4096)
     assert plan.max_running_requests == int(0.5 * avail) // per_req - 1
     assert "lowered" in plan.notes[0]
@@ -139,11 +163,11 @@ def test_plan_user_requests_honoured_then_capped():
 
 def test_plan_refuses_when_side_buffers_do_not_fit():
     with pytest.raises(Z.PoolSizingError, match="mem-fraction-static"):
-        Z.plan_pool(10 << 20, QWEN3_8B, group_size=128, sink=64, recent=256)
+        Z.plan_pool(10 << 20, QWEN3_8B, fmt=token_fmt(QWEN3_8B, 128))
 
 
 def test_plan_from_max_tokens():
-    plan = Z.plan_from_max_tokens(1001, QWEN3_8B, group_size=128, sink=64, recent=256,
+    plan = Z.plan_from_max_tokens(1001, QWEN3_8B, fmt=token_fmt(QWEN3_8B, 128),
                                   max_running_requests=8, page_size=4)
     assert plan.max_total_num_tokens == 1000 and plan.int2_bytes_total == 1000 * plan.bytes_per_token
 

@@ -18,7 +18,10 @@ H, D, S, W, ROWS, SLOTS = 1, 64, 4, 8, 6, 80
 
 def _pool():
     take_pending_rows()
-    return OscarInt2KVPool(SLOTS, 1, H, D, D, 1, "cpu", req_rows=ROWS, sink=S, recent=W, group_size=64,
+    from oscar_sglang.runtime.kv_format import resolve
+
+    fmt = resolve("token", head_dim=D, v_head_dim=D, num_layers=1, group_size=64, sink=S, recent=W)
+    return OscarInt2KVPool(SLOTS, 1, H, D, D, 1, "cpu", req_rows=ROWS, kv_format=fmt,
                            k_clip=[1.0], v_clip=[1.0])
 
 

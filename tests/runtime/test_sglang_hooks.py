@@ -108,6 +108,40 @@ def test_server_args_resolve_to_oscar_backend(sgl, tiny_model):
     assert b.kv_cache_dtype == "auto" and b.attention_backend != "oscar_triton"
 
 
+def test_page_size_follows_the_kv_format(sgl, tiny_model, monkeypatch):
+    """Per-channel key blocks are SGLang pages: the default format sets --page-size 64, the
+    per-token recipe leaves SGLang's 1, a format with blocks of 32 sets 32; a --page-size that
+    does not match the blocks is refused, one that matches is kept."""
+    from oscar_sglang.runtime.refusals import Int2Unsupported
+
+    monkeypatch.delenv("OSCAR_KV_FORMAT", raising=False)
+    assert _prepare(sgl, tiny_model).page_size == 64
+    assert _prepare(sgl, tiny_model, "--page-size", "64").page_size == 64
+    with pytest.raises(Int2Unsupported, match="--page-size 16 does not match"):
+        _prepare(sgl, tiny_model, "--page-size", "16")
+    monkeypatch.setenv("OSCAR_KV_FORMAT", "k2c32-v2t64")
+    assert _prepare(sgl, tiny_model).page_size == 32
+    monkeypatch.setenv("OSCAR_KV_FORMAT", "token")
+    assert _prepare(sgl, tiny_model).page_size == 1
+    assert _prepare(sgl, tiny_model, "--page-size", "16").page_size == 16
+
+
+@pytest.mark.parametrize("fmt, word", [
+    ("k3c64-v2t64-tn", "token-norm"),
+    ("k3c64-v4t64", "2-bit"),
+    ("k3c64-v2t64-cal", "OSCAR_ROTATION"),
+    ("k5c64-v2t64", "5-bit keys are not supported"),
+])
+def test_unservable_formats_refused_at_start(sgl, tiny_model, monkeypatch, fmt, word):
+    from oscar_sglang.runtime.config import OscarConfigError
+    from oscar_sglang.runtime.refusals import Int2Unsupported
+
+    monkeypatch.setenv("OSCAR_KV_FORMAT", fmt)
+    with pytest.raises((Int2Unsupported, OscarConfigError)) as e:
+        _prepare(sgl, tiny_model)
+    assert word in str(e.value) and "OSCAR_KV_FORMAT" in str(e.value)
+
+
 @pytest.mark.parametrize(
     "extra, word",
     [
@@ -169,6 +203,8 @@ def kvc(sgl, tiny_model, monkeypatch):
     par = SimpleNamespace(attn_tp_size=1, attn_tp_rank=0, attn_dp_size=1)
     monkeypatch.setattr(cf, "_parallel", lambda: par)
     monkeypatch.setattr(cf, "_requested_max_running_requests", lambda: None)
+    # the per-token recipe at page size 1 (test_channel_format_pool covers the default format)
+    monkeypatch.setenv("OSCAR_KV_FORMAT", "token")
     return SimpleNamespace(
         model_config=mc, server_args=args, kv_cache_dtype_str="int2", kv_cache_dtype=torch.uint8,
         layer_info=SimpleNamespace(num_effective_layers=3, start_layer=0, end_layer=3),
@@ -177,7 +213,7 @@ def kvc(sgl, tiny_model, monkeypatch):
     )
 
 
-def _build(kvc, avail, reqs_cap=None):
+def _build(kvc, avail, reqs_cap=None, page_size=1):
     from sglang.srt.model_executor import pool_configurator as pc
 
     from oscar_sglang.runtime.configurator import Int2PoolConfigurator
@@ -185,7 +221,7 @@ def _build(kvc, avail, reqs_cap=None):
 
     conf = pc.create_memory_pool_configurator(kvc)
     assert isinstance(conf, Int2PoolConfigurator)
-    cfg = conf.calculate_pool_sizes(avail, 1)
+    cfg = conf.calculate_pool_sizes(avail, page_size)
     cfg.max_running_requests = 4096 if reqs_cap is None else reqs_cap  # SGLang's estimate
     cfg = pc.create_memory_pool_configurator(kvc).finalize_with_max_running_requests(cfg)
     sizes = SimpleNamespace(max_total_num_tokens=cfg.max_total_num_tokens, max_running_requests=cfg.max_running_requests)
@@ -207,7 +243,9 @@ def test_configurator_and_pool(kvc, monkeypatch, caplog):
     with caplog.at_level(logging.INFO, logger="oscar_sglang"):
         cfg, pool = _build(kvc, avail)
     shape = sizing.ModelKVShape(3, 2, 64, 64)
-    per_tok = sizing.int2_bytes_per_token(shape, 128)
+    per_tok = sizing.int2_bytes_per_token(shape, pool.kv_format)
+    assert pool.kv_format.name == "k2t64-v2t64-kclip-vclip-s4-w8" and pool.kv_format.k_group == 64
+    assert per_tok == 3 * 2 * 2 * (16 + 4) + 4
     per_req = sizing.side_bytes_per_request(shape, 4, 8)
     assert cfg.max_running_requests == 5
     assert cfg.max_total_num_tokens == (avail - 6 * per_req) // per_tok
@@ -230,6 +268,40 @@ def test_configurator_and_pool(kvc, monkeypatch, caplog):
         pool.set_kv_buffer(None, None, None, None)
     with pytest.raises(NotImplementedError):
         pool.get_cpu_copy([0])
+
+
+def test_channel_format_pool(kvc, monkeypatch, caplog):
+    """The default format through the configurator: keys 3-bit per channel with one (scale, min)
+    row per page of 64 slots, sizes as the plan says, no key clip, what was loaded in the log."""
+    from oscar_sglang.runtime import sizing
+    from oscar_sglang.runtime.state import RUNTIME_INFO
+
+    monkeypatch.delenv("OSCAR_KV_FORMAT")
+    monkeypatch.setenv("OSCAR_K_CLIP", "0.9")  # a per-token recipe setting: keys per channel ignore it
+    monkeypatch.setenv("OSCAR_MAX_RUNNING_REQUESTS", "3")
+    kvc.pool_page_size = 64
+    avail = 64 << 20
+    with caplog.at_level(logging.INFO, logger="oscar_sglang"):
+        cfg, pool = _build(kvc, avail, page_size=64)
+    fmt = pool.kv_format
+    assert pool.channel and fmt.name == "k3c64-v2t64" and fmt.page_size == 64
+    shape = sizing.ModelKVShape(3, 2, 64, 64)
+    per_tok = sizing.int2_bytes_per_token(shape, fmt)
+    assert per_tok == 3 * 2 * ((24 + 4) + (16 + 4)) + 4
+    per_req = sizing.side_bytes_per_request(shape, 64, 256)
+    assert cfg.max_total_num_tokens == (avail - 4 * per_req) // per_tok // 64 * 64
+    n = cfg.max_total_num_tokens + 64
+    assert pool.k_codes[1].shape == (n, 2, 24) and pool.k_params[1].shape == (n // 64, 2, 64, 2)
+    assert pool.v_codes[1].shape == (n, 2, 16) and pool.v_params[1].shape == (n, 2, 1, 2)
+    assert pool._int2_bytes() == n * per_tok
+    assert pool.k_clip == [1.0] * 3
+    assert RUNTIME_INFO["kv_format"] == "k3c64-v2t64" and RUNTIME_INFO["body_bits_per_element"] == 3.0
+    assert RUNTIME_INFO["key_layout"] == "channel" and RUNTIME_INFO["page_size"] == 64
+    assert "format k3c64-v2t64: 3-bit keys per channel over blocks of 64 tokens" in caplog.text
+    # a page size that does not match the blocks never builds a pool
+    kvc.pool_page_size = 32
+    with pytest.raises(RuntimeError, match="needs|page size is 32"):
+        _build(kvc, avail, page_size=32)
 
 
 def test_pool_slices_rotation_file_for_tp_rank(kvc, tmp_path, monkeypatch, seed):
