@@ -21,9 +21,11 @@ Every server gets the same flags (--server-args; by default the devkit's, a smal
 --mem-fraction-static, and --disable-radix-cache so that no prompt's answer depends on which
 other prompt filled the prefix cache first: INT2 radix hits read their prefix body from INT2).
 
-The rows: kv, format, default, niah (exact-match accuracy), niah_contains, trials (prompts),
-kv_tokens (the server's max_total_num_tokens at this memory fraction), body_bits_per_element
-(16 / 8, or for INT2 16 x the plugin's bytes_per_token / bf16_bytes_per_token), kld (null: a
+The rows: kv, format (for INT2 the KV format the server reported storing), default, niah
+(exact-match accuracy), niah_contains, trials (prompts), kv_tokens (what the row's format holds on
+the dummy Llama-3.1-8B at mem 0.85, side buffers included: the plugin's sizing on the budget an
+H100 server measured, LLAMA8B_KV_BUDGET; the served model's own count is kv_tokens_server),
+body_bits_per_element (16 / 8, or the plugin's body_bits_per_element), kld (null: a
 server run cannot measure it; `oscar-sglang eval fidelity` does), backend, server_args. Values
 measured elsewhere are merged with --extra-json FILE ({"<name or format>": {"kld": 0.05, ...}}),
 also without servers: --from-json RESULTS --extra-json FILE re-writes the table.
@@ -148,6 +150,29 @@ def body_bits(kv: str, oscar: dict | None) -> tuple[float | None, str | None]:
     return None, "the server reported no oscar_int2 bytes_per_token; merge it with --extra-json"
 
 
+# The issue's kv_tokens: what each row's cache would hold on the dummy Llama-3.1-8B at
+# --mem-fraction-static 0.85 on the H100, side buffers included. The KV budget is the one the INT2
+# server measured there (available_bytes in bench/results/serving/
+# 2026-11-25_0617_int2-vs-fp8-splits64_llama31-8b.json); the token count is the plugin's own
+# sizing (runtime/sizing.plan_pool, default request count) of the row's format on that budget.
+LLAMA8B_KV_BUDGET = 55_369_813_196
+LLAMA8B_KV_BUDGET_SOURCE = ("available_bytes of the int2 server, dummy Llama-3.1-8B, mem 0.85, H100, "
+                            "bench/results/serving/2026-11-25_0617_int2-vs-fp8-splits64_llama31-8b.json")
+
+
+def llama8b_kv_tokens(kv: str, fmt_name: str | None) -> int:
+    """KV tokens of the dummy Llama-3.1-8B (32 layers x 8 KV heads x 128) on LLAMA8B_KV_BUDGET."""
+    from oscar_sglang.runtime import sizing
+    from oscar_sglang.runtime.kv_format import resolve
+
+    shape = sizing.ModelKVShape(num_layers=32, num_kv_heads=8, head_dim=128, v_head_dim=128)
+    if kv != "int2":
+        per_elem = {"bf16": 2, "fp8_e4m3": 1}[kv]
+        return LLAMA8B_KV_BUDGET // (32 * 8 * 256 * per_elem)
+    fmt = resolve(fmt_name, head_dim=128, v_head_dim=128, num_layers=32, group_size=128)
+    return sizing.plan_pool(LLAMA8B_KV_BUDGET, shape, fmt=fmt, page_size=fmt.page_size or 1).max_total_num_tokens
+
+
 def build_row(cfg: Config, res: dict) -> dict:
     """One results row from a runner's result: {'niah': the harness JSON, 'server_cmd',
     'server_env', 'startup_s', 'niah_s', 'log', 'error'}."""
@@ -164,6 +189,10 @@ def build_row(cfg: Config, res: dict) -> dict:
     grid = run["grids"][cfg.name]
     oscar = grid.get("oscar_int2")
     bits, bits_note = body_bits(cfg.kv, oscar)
+    if oscar and oscar.get("kv_format"):  # the plugin says what it stored
+        row["format"] = oscar["kv_format"]
+        if oscar.get("body_bits_per_element") is not None:
+            bits, bits_note = oscar["body_bits_per_element"], "oscar_int2.body_bits_per_element (/server_info)"
     row.update(niah=grid["accuracy"], niah_contains=grid.get("accuracy_contains"),
                trials=grid["n"], errors=grid.get("errors", 0), kv_tokens=grid.get("kv_tokens"),
                backend=grid.get("attention_backend"), kv_cache_dtype=grid.get("kv_cache_dtype"),
@@ -179,8 +208,16 @@ def build_row(cfg: Config, res: dict) -> dict:
         row["kv_tokens_note"] = grid.get("kv_tokens_note") or "the server did not report it"
     if oscar:
         row["oscar_int2"] = {k: oscar.get(k) for k in (
-            "recipe", "rotation_file", "rotation_sha256", "group_size", "sink_tokens",
-            "recent_tokens", "bytes_per_token", "bf16_bytes_per_token") if k in oscar}
+            "kv_format", "kv_format_from", "recipe", "rotation_file", "rotation_sha256", "group_size",
+            "page_size", "sink_tokens", "recent_tokens", "bytes_per_token", "bf16_bytes_per_token")
+            if k in oscar}
+    if cfg.kv != "int2" or (oscar and oscar.get("kv_format")):
+        # the issue's capacity column: this format on the dummy 8B (the served model's own
+        # count stays as kv_tokens_server)
+        row["kv_tokens_server"] = row["kv_tokens"]
+        row["kv_tokens"] = llama8b_kv_tokens(cfg.kv, row["format"] if cfg.kv == "int2" else None)
+        row["kv_tokens_note"] = ("tokens of this KV format on the dummy Llama-3.1-8B at mem 0.85 "
+                                 f"(side buffers included): the plugin's sizing of {LLAMA8B_KV_BUDGET_SOURCE}")
     return row
 
 

@@ -1,15 +1,16 @@
 """What /server_info (and /get_server_info) reports about the INT2 KV cache.
 
 SGLang's /server_info includes each scheduler's get_internal_state(); the `info` hook adds an
-"oscar_int2" entry there: recipe, rotation file and sha256, group size, windows, bytes per
-token, tokens that fit, and the live pool usage.
+"oscar_int2" entry there: the KV format, recipe, rotation file and sha256, group size, windows,
+bytes per token, tokens that fit, and the live pool usage.
 """
 from __future__ import annotations
 
 from .state import hooks_ok
 
 _STATIC_KEYS = (
-    "kv_cache_dtype", "recipe", "rotation_file", "rotation_sha256", "v_rotation_file",
+    "kv_cache_dtype", "kv_format", "kv_format_from", "key_layout", "key_bits",
+    "body_bits_per_element", "page_size", "recipe", "rotation_file", "rotation_sha256", "v_rotation_file",
     "rotation_model_id", "served_model_id", "group_size", "group_size_from", "sink_tokens", "recent_tokens",
     "k_clip", "v_clip", "v_rotation_in", "v_absorb_note", "layers", "kv_heads", "attn_tp", "env", "bytes_per_token",
     "bf16_bytes_per_token", "compression_vs_bf16", "side_bytes_per_request",

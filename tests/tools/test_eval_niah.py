@@ -382,7 +382,8 @@ def test_bench_writes_the_acceptance_json(stub, tmp_path):
     cfgs = b.parse_configs("bf16,fp8_e4m3,int2,hd:OSCAR_ROTATION=hadamard")
     ns = SimpleNamespace(seed=3, concurrency=4, min_trials=100, max_tokens=16, lengths="400,800",
                          depths=None, trials=None, progress=False)
-    oscar = {"bytes_per_token": 3604, "bf16_bytes_per_token": 23040, "group_size": 64}
+    oscar = {"bytes_per_token": 3604, "bf16_bytes_per_token": 23040, "group_size": 64,
+             "kv_format": "k3c64-v2t64", "body_bits_per_element": 3.0}
 
     def runner(cfg, i):
         if cfg.name == "hd":
@@ -396,7 +397,7 @@ def test_bench_writes_the_acceptance_json(stub, tmp_path):
                 "startup_s": 1.0, "niah_s": 2.0, "log": f"logs/server_{cfg.name}.log"}
 
     extra = tmp_path / "extra.json"
-    extra.write_text(json.dumps({"default": {"kld": 0.05}, "bf16": {"kld": 0.0},
+    extra.write_text(json.dumps({"k3c64-v2t64": {"kld": 0.05}, "bf16": {"kld": 0.0},
                                  "nonesuch": {"kld": 9}}))
     out = tmp_path / "niah_server_h100.json"
     meta = {"date": "2026-11-25T06:00:00+00:00", "device": "stub", "model": "fake-model",
@@ -411,18 +412,25 @@ def test_bench_writes_the_acceptance_json(stub, tmp_path):
         assert keys <= set(r), keys - set(r)
     by = {r["name"]: r for r in data["rows"]}
     assert [r["kv"] for r in data["rows"]] == ["bf16", "fp8_e4m3", "int2", "int2"]
-    assert by["int2"]["default"] and by["int2"]["format"] == "default"
+    # the format is the one the server reported storing
+    assert by["int2"]["default"] and by["int2"]["format"] == "k3c64-v2t64"
     assert by["bf16"]["format"] is None and not by["bf16"]["default"]
     for name in ("bf16", "fp8_e4m3", "int2"):
         r = by[name]
         assert r["trials"] == 100 and r["errors"] == 0  # 2 lengths x 10 depths x 5 trials
         assert 0.0 <= r["niah"] <= r["niah_contains"] <= 1.0
-        assert r["kv_tokens"] == 123456 and r["backend"] == "oscar_triton"
+        # kv_tokens: the format on the dummy Llama-3.1-8B at mem 0.85 (the served model's own count
+        # stays as kv_tokens_server)
+        assert r["kv_tokens_server"] == 123456 and r["backend"] == "oscar_triton"
+        assert r["kv_tokens"] == b.llama8b_kv_tokens(r["kv"], r["format"]) and "Llama-3.1-8B" in r["kv_tokens_note"]
         assert r["server_args"].startswith("python -m x --port 3100")
         assert r["niah_command"].startswith("oscar-sglang eval niah --url")
     assert len({by[n]["prompts_sha256"] for n in ("bf16", "fp8_e4m3", "int2")}) == 1  # paired
     assert by["bf16"]["body_bits_per_element"] == 16.0
-    assert by["int2"]["body_bits_per_element"] == pytest.approx(2.5028, abs=1e-4)
+    assert by["int2"]["body_bits_per_element"] == 3.0
+    # FP8 holds 2x BF16's tokens; the 3-bit default 2.5x FP8's, all from one budget
+    kv = {n: by[n]["kv_tokens"] for n in ("bf16", "fp8_e4m3", "int2")}
+    assert kv["fp8_e4m3"] == 2 * kv["bf16"] and kv["int2"] > 2.4 * kv["fp8_e4m3"]
     assert by["int2"]["kld"] == 0.05 and "kld_note" not in by["int2"]
     assert by["bf16"]["kld"] == 0.0 and by["fp8_e4m3"]["kld"] is None and by["fp8_e4m3"]["kld_note"]
     assert by["hd"]["niah"] is None and "server exited" in by["hd"]["error"]
@@ -539,7 +547,10 @@ def test_bench_main_end_to_end_with_stand_in_servers(tmp_path, monkeypatch):
     assert data["model"] == "fake-model" and data["command"].startswith("python bench/niah_server.py")
     for r in data["rows"]:
         assert r["niah"] == 1.0 and r["niah_contains"] == 1.0 and r["trials"] == 100
-        assert r["kv_tokens"] == 4242 and r["backend"] == "triton" and "error" not in r
+        # bf16: the 8B capacity, the server's own count kept; int2 without a plugin report: the
+        # server's count only
+        server_tokens = r["kv_tokens_server"] if r["kv"] == "bf16" else r["kv_tokens"]
+        assert server_tokens == 4242 and r["backend"] == "triton" and "error" not in r
         assert (tmp_path / "out" / r["log"]).read_text().startswith("$ ")
         assert (tmp_path / "out" / "niah" / f"niah_{r['name']}.png").is_file()
     assert data["rows"][1]["body_bits_per_element"] is None and data["rows"][1]["body_bits_note"]
