@@ -106,9 +106,9 @@ def attend_channel_kernel(
     QD: tl.constexpr = D // 4
     QDV: tl.constexpr = DV // 4
     b = tl.program_id(0)
-    split = tl.program_id(2)
     if SPLIT:
         kvh = tl.program_id(1)
+        split = tl.program_id(2)
     else:
         pid1 = tl.program_id(1)
         kvh = pid1 // num_mb
@@ -117,6 +117,7 @@ def attend_channel_kernel(
         n_tok = tl.load(qo_indptr + b + 1) - tok0
         if mb * BLOCK_M >= n_tok * GQA:
             return
+        split = tl.program_id(2)  # always 0
 
     kv_start = tl.load(kv_indptr + b)
     kv_len = tl.load(kv_indptr + b + 1) - kv_start
@@ -157,18 +158,16 @@ def attend_channel_kernel(
         hq = kvh * GQA + rows % GQA
         rmask = rows < GQA
         tok = b.to(tl.int64)
+        tok_col = tok  # a scalar: the addresses below are decode's own
     else:
         rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
         t = rows // GQA
         hq = kvh * GQA + rows % GQA
         rmask = t < n_tok
         tok = (tok0 + t).to(tl.int64)
-    # per-row offsets (tok is a scalar in decode, a vector in extend)
-    q_row = tok * stride_qt + hq * stride_qh
-    o_row = tok * stride_ot + hq * stride_oh
-    l_row = tok * stride_lt + hq * stride_lh
+        tok_col = tok[:, None]
     dq = tl.arange(0, QD)
-    qb = Q + q_row[:, None] + dq[None, :]
+    qb = Q + tok_col * stride_qt + hq[:, None] * stride_qh + dq[None, :]
     q0, q1, q2, q3 = load_q_quarters(qb, rmask, QD, PV_DT)
 
     m_i, l_i, a0, a1, a2, a3 = empty_softmax_state(BLOCK_M, QDV)
@@ -253,12 +252,12 @@ def attend_channel_kernel(
     has = l_i > 0
     inv_l = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)
     lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * LN2, float("-inf"))
-    ob = Out + o_row[:, None] + split * stride_os + dv[None, :]
+    ob = Out + tok_col * stride_ot + hq[:, None] * stride_oh + split * stride_os + dv[None, :]
     tl.store(ob, a0 * inv_l[:, None], mask=rmask[:, None])
     tl.store(ob + QDV, a1 * inv_l[:, None], mask=rmask[:, None])
     tl.store(ob + 2 * QDV, a2 * inv_l[:, None], mask=rmask[:, None])
     tl.store(ob + 3 * QDV, a3 * inv_l[:, None], mask=rmask[:, None])
-    tl.store(Lse + l_row + split * stride_ls, lse, mask=rmask)
+    tl.store(Lse + tok * stride_lt + hq * stride_lh + split * stride_ls, lse, mask=rmask)
 
 
 def check_channel_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_bits, k_block, v_group):
@@ -344,10 +343,11 @@ def extend_prefix_attention_channel(
     q, qo_indptr, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
     kv_indptr, kv_indices, req_rows, own_start, *, k_bits, k_block, v_group, sm_scale,
     max_len_extend, sink_start=None, logit_cap=0.0, o=None, lse=None, block_m=None,
-    num_warps=4, num_stages=2,
+    num_warps=None, num_stages=2,
 ):
     """See ops.extend_prefix_attention_channel; block_m / num_warps / num_stages are tuning knobs
-    (block_m is rounded up to >= 16 and >= the GQA group, as extend_prefix.py does)."""
+    (block_m is rounded up to >= 16 and >= the GQA group, as extend_prefix.py does; num_warps
+    default: 8 at head_dim 128, where 4 warps spill registers at sm_90 with 64 rows, else 4)."""
     check_channel_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_bits, k_block, v_group)
     sink_start = own_start if sink_start is None else sink_start
     T, Hq, D = q.shape
@@ -372,6 +372,6 @@ def extend_prefix_attention_channel(
         GQA=gqa, D=D, DV=v_codes.shape[-1] * 4, BITS=k_bits, BLK=k_block, GV=v_group,
         S=sink_k.shape[1], W=ring_k.shape[1], BLOCK_M=bm, BLOCK_B=EXTEND_BLOCK_B, SPLIT=False,
         HAS_NSPLITS=False, MIN_CHUNK=1, LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE, NB16=0,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps or (8 if D >= 128 else 4), num_stages=num_stages,
     )
     return o, lse
