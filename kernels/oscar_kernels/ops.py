@@ -219,6 +219,50 @@ def decode_attention_channel(
     return _ch.decode_attention_channel(**args)
 
 
+def extend_prefix_attention_channel(
+    q: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    k_codes: torch.Tensor,
+    k_params: torch.Tensor,
+    v_codes: torch.Tensor,
+    v_params: torch.Tensor,
+    sink_k: torch.Tensor,
+    sink_v: torch.Tensor,
+    ring_k: torch.Tensor,
+    ring_v: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    req_rows: torch.Tensor,
+    own_start: torch.Tensor,
+    *,
+    k_bits: int,
+    k_block: int,
+    v_group: int,
+    sm_scale: float,
+    max_len_extend: int,
+    sink_start: torch.Tensor | None = None,
+    logit_cap: float = 0.0,
+    o: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """extend_prefix_attention for per-channel keys: E_b new query tokens of each request against
+    its cached prefix (no mask).
+
+    q [T, Hq, D] (rotated), tokens of request b at rows qo_indptr[b]:qo_indptr[b+1]; prefix of
+    request b = kv_indptr[b]:kv_indptr[b+1] (its length is the reader's len for the source rule).
+    Pool tensors, sink / ring / req_rows / own_start / sink_start and the supported shapes as
+    decode_attention_channel (same checks). max_len_extend: the most new tokens of any request
+    (sizes the grid). Returns (o [T, Hq, Dv] float32, lse [T, Hq] float32, natural log); the
+    tokens of a request with an empty prefix get o = 0, lse = -inf, so the caller can merge with
+    attention over the new tokens. o / lse (optional): preallocated float32 outputs to write into.
+    Call it before storing the new tokens: the prefix's last W positions are read from the ring.
+    """
+    args = dict(locals())  # before the import below adds a local
+    from .triton import attend_channel as _ch
+
+    return _ch.extend_prefix_attention_channel(**args)
+
+
 def store_kv_channel(
     k: torch.Tensor,
     v: torch.Tensor,

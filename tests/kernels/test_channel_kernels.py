@@ -53,7 +53,7 @@ class ChannelPool:
         self.k, self.v, self.slots = [], [], []
         self.rows, self.own_start, self.sink_start = request_rows(n_rows, owns, sinks)
         for b, L in enumerate(lens):
-            pg = torch.tensor([perm.pop() for _ in range(pages[b])])
+            pg = torch.tensor([perm.pop() for _ in range(pages[b])], dtype=torch.long)
             sl = (pg.repeat_interleave(B) * B + torch.arange(B).repeat(pages[b]))[:L]
             self.slots.append(sl)
             k, v = rotated_kv(L, hkv, D), rotated_kv(L, hkv, D)
@@ -169,6 +169,126 @@ def test_decode_channel_rejects_unsupported(seed):
         ops.decode_attention_channel(q, o, args[0], args[1][:, :, :32], *args[2:], **kw, sm_scale=0.1)
     with pytest.raises(ValueError, match="head_dim 32"):
         ops.decode_attention_channel(q[..., :32], o, *args, **kw, sm_scale=0.1)
+
+
+
+# ----------------------------------------------------------------------------- extend-prefix
+
+# (prefix len, own_start, sink_start, new tokens) with B = 32, S = 4, W = 32 (64 for B = 64):
+#   padding request, empty prefix (o = 0, lse = -inf); prefix shorter than the sink; prefix ending
+#   mid-block (the incomplete last block from the ring, body hole after the sink); the most new
+#   tokens (several query blocks at block_m = 16); own_start inside the sink; radix hits whose
+#   side copies were not carried over (own_start = sink_start = 64, positions 0-3 from the body)
+#   or whose sink was (sink_start 0)
+EXT_32 = [(0, 0, 0, 3), (3, 0, 0, 2), (75, 0, 0, 5), (96, 0, 0, 20), (75, 2, 2, 1),
+          (100, 64, 64, 6), (130, 64, 0, 9)]
+EXT_64 = [(0, 0, 0, 4), (2, 0, 0, 3), (150, 0, 0, 13), (140, 64, 64, 2), (200, 64, 0, 7)]
+
+
+def run_extend(pool, q, ext, sm, block_m=None, **kw):
+    """The extend-prefix kernel with NaN-filled outputs; block_m given: the launcher's knob."""
+    T, Hq, D = q.shape
+    qo_indptr = torch.tensor([0] + torch.tensor(ext).cumsum(0).tolist(), dtype=torch.int32).to(DEV)
+    o = torch.full((T, Hq, D), float("nan"), device=DEV)
+    lse = torch.full((T, Hq), float("nan"), device=DEV)
+    if block_m is None:
+        res = ops.extend_prefix_attention_channel(
+            q.to(DEV), qo_indptr, *pool.args(), **pool.kw(), sm_scale=sm, max_len_extend=max(ext),
+            o=o, lse=lse, **kw)
+    else:
+        from oscar_kernels.triton import attend_channel
+
+        res = attend_channel.extend_prefix_attention_channel(
+            q.to(DEV), qo_indptr, *pool.args(), **pool.kw(), sm_scale=sm, max_len_extend=max(ext),
+            o=o, lse=lse, block_m=block_m, **kw)
+    assert res[0] is o and res[1] is lse
+    return o.cpu(), lse.cpu(), qo_indptr.cpu()
+
+
+def check_extend(o, lse, qo_indptr, prefix, q, request_kv, sm, scores=None):
+    """Each request's rows vs float64 attention over the reader's view of its prefix."""
+    assert not o.isnan().any() and not lse.isnan().any()
+    for b, L in enumerate(prefix):
+        t0, t1 = int(qo_indptr[b]), int(qo_indptr[b + 1])
+        if L == 0:
+            assert torch.all(o[t0:t1] == 0) and torch.all(lse[t0:t1] == float("-inf")), b
+            continue
+        K, V = request_kv(b)
+        o_ref, lse_ref = ref.attention(q[t0:t1].float(), K, V, sm_scale=sm)
+        assert rel_err(o[t0:t1], o_ref) <= REL_TOL, (b, rel_err(o[t0:t1], o_ref))
+        assert (lse[t0:t1].double() - lse_ref).abs().max() <= REL_TOL * max(1.0, lse_ref.abs().max()), b
+
+
+@pytest.mark.parametrize("D,bits,B,vg,gqa,block_m", [
+    (64, 2, 32, 64, 1, 16),
+    (64, 4, 32, 32, 3, 16),  # 16 rows = 5 1/3 tokens: a token's heads straddle query blocks
+    (128, 3, 32, 128, 2, None),
+    (64, 3, 64, 64, 2, 16),
+    (128, 2, 64, 64, 4, None),
+])
+def test_extend_prefix_channel_matches_reference(seed, D, bits, B, vg, gqa, block_m):
+    hkv = 2
+    reqs = EXT_32 if B == 32 else EXT_64
+    prefix, owns, sinks, ext = map(list, zip(*reqs))
+    pool = ChannelPool(channel_fmt(D, bits, B, vg), prefix, owns, sinks, hkv=hkv)
+    q = (torch.randn(sum(ext), hkv * gqa, D) * 2).bfloat16()
+    sm = 1 / math.sqrt(D)
+    o, lse, qo_indptr = run_extend(pool, q, ext, sm, block_m)
+    check_extend(o, lse, qo_indptr, prefix, q, pool.request_kv, sm)
+
+
+def test_extend_prefix_channel_logit_cap_and_merge(seed):
+    """Logit cap (tanh of the scaled scores, as SGLang); the caller's LSE merge with causal
+    attention over the new tokens equals attention over prefix + new tokens."""
+    D, gqa, cap, hkv, sm = 64, 2, 5.0, 1, 0.125
+    prefix, ext = [0, 110, 40], [2, 4, 3]
+    pool = ChannelPool(channel_fmt(D, 3, 32, 64), prefix, [0, 0, 0], [0, 0, 0], hkv=hkv)
+    q = (torch.randn(sum(ext), hkv * gqa, D) * 4).bfloat16()
+    o, lse, qo = run_extend(pool, q, ext, sm, logit_cap=cap)
+    assert not o.isnan().any()
+    for b, L in enumerate(prefix):
+        t0, t1 = int(qo[b]), int(qo[b + 1])
+        if L == 0:
+            assert torch.all(o[t0:t1] == 0) and torch.all(lse[t0:t1] == float("-inf"))
+            continue
+        K, V = pool.request_kv(b)
+        s = torch.einsum("thd,lhd->htl", q[t0:t1].double(), K.double().repeat_interleave(gqa, 1)) * sm
+        s = cap * torch.tanh(s / cap)
+        lse_ref = torch.logsumexp(s, -1).T
+        o_ref = torch.einsum("htl,lhd->thd", torch.softmax(s, -1), V.double().repeat_interleave(gqa, 1))
+        assert rel_err(o[t0:t1], o_ref) <= REL_TOL
+        assert (lse[t0:t1].double() - lse_ref).abs().max() <= REL_TOL * max(1.0, lse_ref.abs().max())
+    b, L = 2, prefix[2]  # no cap: merge with the new tokens' own attention
+    o, lse, qo = run_extend(pool, q, ext, sm)
+    t0, t1 = int(qo[b]), int(qo[b + 1])
+    K, V = pool.request_kv(b)
+    kn, vn = torch.randn(t1 - t0, hkv, D), torch.randn(t1 - t0, hkv, D)
+    o_new, lse_new = ref.attention(q[t0:t1].float(), kn, vn, sm_scale=sm, causal_offset=0)
+    om, _ = ref.merge_attention_states(o[t0:t1].double(), lse[t0:t1].double(), o_new, lse_new)
+    o_all, _ = ref.attention(q[t0:t1].float(), torch.cat([K, kn]), torch.cat([V, vn]), sm_scale=sm,
+                             causal_offset=L)
+    assert rel_err(om, o_all) <= REL_TOL
+
+
+def test_extend_prefix_channel_rejects_unsupported(seed):
+    pool = ChannelPool(channel_fmt(64, 2, 32, 64), [1, 40], [0, 0], [0, 0], hkv=1)
+    q = torch.randn(3, 2, 64).bfloat16().to(DEV)
+    qo = torch.tensor([0, 1, 3], dtype=torch.int32).to(DEV)
+    args, kw = pool.args(), pool.kw()
+    with pytest.raises(ValueError, match="k_codes must be uint8"):
+        ops.extend_prefix_attention_channel(q, qo, *args, **dict(kw, k_bits=4), sm_scale=0.1,
+                                            max_len_extend=2)
+    with pytest.raises(ValueError, match="not a page size"):
+        ops.extend_prefix_attention_channel(q, qo, *args, **dict(kw, k_block=16), sm_scale=0.1,
+                                            max_len_extend=2)
+    with pytest.raises(ValueError, match="kv_indptr has 2 entries"):
+        ops.extend_prefix_attention_channel(q, qo, *args[:8], args[8][:2], *args[9:], **kw,
+                                            sm_scale=0.1, max_len_extend=2)
+    # no tokens: nothing launched, empty outputs
+    o, lse = ops.extend_prefix_attention_channel(q[:0], qo[:1], *args, **kw, sm_scale=0.1,
+                                                 max_len_extend=0)
+    assert o.shape == (0, 2, 64) and lse.shape == (0, 2)
+
 
 
 # ------------------------------------------------------------------------------------ store
@@ -322,6 +442,42 @@ def test_store_then_decode_end_to_end(seed):
         V = ref.format_request_kv(case.v[n].float(), fmt, "v")
         o_ref, _ = ref.attention(q[b:b + 1].float(), K, V, sm_scale=0.125)
         assert rel_err(o[b].cpu(), o_ref[0]) <= REL_TOL, n
+
+
+
+def test_store_then_extend_prefix_end_to_end(seed):
+    """Keys stored chunk by chunk by the store kernel, then the next chunk's extend-prefix (before
+    that chunk is stored, as the backend orders it): equals float64 attention over the reader's
+    view of the stored positions (reference.format_request_kv). After call 1 request A's prefix
+    ends mid-block (its incomplete block from the ring), C has none; after call 2 A ends mid-block
+    again and Bq's last block was completed by a single decode token."""
+    D, bits, B, vg, gqa, sm = 64, 3, 32, 64, 2, 0.125
+    case = StoreCase(D, bits, B, vg, torch.bfloat16, torch.bfloat16)
+    fmt = channel_fmt(D, bits, B, vg)
+    names = [r[0] for r in case.reqs]
+    rows = torch.tensor([r[1] for r in case.reqs], dtype=torch.int32).to(DEV)
+    starts = torch.zeros(7, dtype=torch.int32).to(DEV)
+    hkv = case.pool["k_codes"].shape[1]
+    p = case.pool
+    for i in range(2):
+        case.call(i)
+        lens = [case.done[n] for n in names]
+        ext = [3, 1, 6, 2]
+        kv_indptr = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+        kv_indices = torch.cat([case.slots[n][:L] for n, L in zip(names, lens)]).int()
+        qo = torch.tensor([0] + torch.tensor(ext).cumsum(0).tolist(), dtype=torch.int32)
+        q = (torch.randn(sum(ext), hkv * gqa, D) * 2).bfloat16()
+        o, lse = ops.extend_prefix_attention_channel(
+            q.to(DEV), qo.to(DEV), p["k_codes"], p["k_params"], p["v_codes"], p["v_params"],
+            p["sink_k"], p["sink_v"], p["ring_k"], p["ring_v"], kv_indptr.to(DEV), kv_indices.to(DEV),
+            rows, starts, k_bits=bits, k_block=B, v_group=vg, sm_scale=sm, max_len_extend=max(ext))
+
+        def request_kv(b):
+            n = names[b]
+            return (ref.format_request_kv(case.k[n][:lens[b]].float(), fmt, "k"),
+                    ref.format_request_kv(case.v[n][:lens[b]].float(), fmt, "v"))
+
+        check_extend(o.cpu(), lse.cpu(), qo, lens, q, request_kv, sm)
 
 
 def test_store_channel_rejects_unsupported(seed):

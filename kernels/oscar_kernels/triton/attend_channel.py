@@ -1,8 +1,15 @@
-"""Split-K decode over per-channel keys (KVFormat k_layout="channel", docs/format.md "KVFormat").
+"""Decode and extend-prefix attention over per-channel keys (KVFormat k_layout="channel",
+docs/format.md "KVFormat"): one kernel, two modes, as attend.attend_kernel.
 
-Stage 1 of decode for the channel layout; stage 2 (LSE merge) and the split plan are decode.py's,
-unchanged. One program = (request b, KV head h, split s), rows = the GQA group of h (padded to
->= 16 for tl.dot), exactly as attend.py's decode path.
+* Decode (SPLIT=True): stage 1 of split-K decode; stage 2 (LSE merge) and the split plan are
+  decode.py's, unchanged. One program = (request b, KV head h, split s), rows = the GQA group of h
+  (padded to >= 16 for tl.dot), exactly as attend.py's decode path.
+* Extend-prefix (SPLIT=False): E_b new tokens of request b against its cached prefix, no mask.
+  Grid (B, Hkv * num_mb, 1): one program = (request b, KV head h, query block mb), rows = BLOCK_M
+  (token, query head) pairs, row m -> token qo_indptr[b] + m // GQA, head h * GQA + m % GQA; no
+  splits: the program walks the sink, the ring and every body block, and writes o [T, Hq, Dv]
+  and its natural-log lse [T, Hq] (output split strides 0). A program that saw no key (empty
+  prefix) writes o = 0, lse = -inf.
 
 Key positions come from the same three sources as attend.py (source_ranges): BF16 sink, BF16
 ring (read by attend._bf16_source_loop) and the quantised body, positions
@@ -19,14 +26,16 @@ ring (read by attend._bf16_source_loop) and the quantised body, positions
 Body tiles walk whole blocks: the blocks holding [0, min(sink_lo, ring_lo)), then those holding
 [sink_hi, ring_lo) (a block shared by both lists is walked once); positions of a block that are
 not body positions (sink hole, ring, past the request) are masked. Every walked block holds at
-least one body position, so no tile is fully masked. Splits NB16..n-1 share the body blocks in
-equal contiguous chunks; the split count is num_splits_of over the body's key count, as in the
-merge kernel, so decode.merge_splits needs no change.
+least one body position, so no tile is fully masked. Decode: splits NB16..n-1 share the body
+blocks in equal contiguous chunks; the split count is num_splits_of over the body's key count, as
+in the merge kernel, so decode.merge_splits needs no change. Extend: one program walks them all.
 
 A body position must lie in a complete block (the format's reader rule,
 reference.format_source_masks): the ring holds >= one block, so only a request whose own_start
 is past the start of its incomplete block could violate it; SGLang's paged radix hits are
-page-aligned. The kernel does not check this.
+page-aligned. The kernel does not check this. Extend-prefix reads the prefix as a reader of
+kv_len keys, so it runs before the new tokens are stored (the backend's order): their store
+overwrites ring entries of the prefix and may complete its last block.
 """
 from __future__ import annotations
 
@@ -40,6 +49,7 @@ from .attend import (
     source_ranges, split_ranges,
 )
 from .decode import BLOCK_B, MIN_CHUNK, default_max_splits, merge_splits, plan_decode
+from .extend_prefix import extend_outputs
 
 CHANNEL_HEAD_DIMS = (64, 128)
 CHANNEL_KEY_BITS = (2, 3, 4)
@@ -66,7 +76,9 @@ def _key_quarter(kc, kc2, hb, J: tl.constexpr, BITS: tl.constexpr, QD: tl.conste
     return c
 
 
-@triton.jit
+# num_mb (query blocks per KV head, extend only) follows the longest new-token run of the batch: a
+# runtime argument, as in attend.attend_kernel (a constexpr would compile a kernel per chunk length)
+@triton.jit(do_not_specialize=["num_mb"])
 def attend_channel_kernel(
     Q, stride_qt, stride_qh,
     Out, stride_ot, stride_oh, stride_os,
@@ -79,18 +91,33 @@ def attend_channel_kernel(
     SV, stride_svr, stride_svp, stride_svh,
     RK, stride_rkr, stride_rkp, stride_rkh,
     RV, stride_rvr, stride_rvp, stride_rvh,
-    kv_indptr, kv_indices, req_rows, own_start, sink_start, num_kv_splits,
-    sm_scale_log2, logit_cap, MAX_SPLITS,
+    kv_indptr, kv_indices, qo_indptr, req_rows, own_start, sink_start, num_kv_splits,
+    sm_scale_log2, logit_cap, MAX_SPLITS, num_mb,
     GQA: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BITS: tl.constexpr, BLK: tl.constexpr,
     GV: tl.constexpr, S: tl.constexpr, W: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr, HAS_NSPLITS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, HAS_NSPLITS: tl.constexpr,
     MIN_CHUNK: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, NB16: tl.constexpr,
 ):
+    """SPLIT (decode): grid (B, Hkv, max splits), one query token per request (token b), rows =
+    the GQA group; qo_indptr / num_mb unused. Not SPLIT (extend-prefix): grid (B, Hkv * num_mb, 1),
+    rows = BLOCK_M (token, query head) pairs of query block mb of request b's tokens
+    qo_indptr[b]:qo_indptr[b+1], one program walks sink, ring and every body block; the split
+    arguments are unused and the output split strides are 0."""
     QD: tl.constexpr = D // 4
     QDV: tl.constexpr = DV // 4
     b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
+    if SPLIT:
+        kvh = tl.program_id(1)
+        split = tl.program_id(2)
+    else:
+        pid1 = tl.program_id(1)
+        kvh = pid1 // num_mb
+        mb = pid1 % num_mb
+        tok0 = tl.load(qo_indptr + b)
+        n_tok = tl.load(qo_indptr + b + 1) - tok0
+        if mb * BLOCK_M >= n_tok * GQA:
+            return
+        split = tl.program_id(2)  # always 0
 
     kv_start = tl.load(kv_indptr + b)
     kv_len = tl.load(kv_indptr + b + 1) - kv_start
@@ -98,11 +125,17 @@ def attend_channel_kernel(
     own = tl.load(own_start + row)  # per-request state is indexed by request row
     sink_own = tl.load(sink_start + row)
     sink_lo, sink_hi, ring_lo, n_body = source_ranges(kv_len, own, sink_own, S, W)
-    n_splits = num_splits_of(n_body, b, num_kv_splits, HAS_NSPLITS, MAX_SPLITS, MIN_CHUNK, NB16)
-    if split >= n_splits:
-        return
-    _, _, s_lo, s_hi, r_lo, r_hi = split_ranges(
-        split, n_splits, n_body, sink_lo, sink_hi, ring_lo, kv_len, BLK, NB16)
+    if SPLIT:
+        n_splits = num_splits_of(n_body, b, num_kv_splits, HAS_NSPLITS, MAX_SPLITS, MIN_CHUNK, NB16)
+        if split >= n_splits:
+            return
+        _, _, s_lo, s_hi, r_lo, r_hi = split_ranges(
+            split, n_splits, n_body, sink_lo, sink_hi, ring_lo, kv_len, BLK, NB16)
+    else:
+        s_lo = sink_lo
+        s_hi = sink_hi
+        r_lo = ring_lo
+        r_hi = kv_len
 
     # body blocks: list A holds [0, hi_a), list B [sink_hi, ring_lo); see module docstring
     hi_a = tl.minimum(sink_lo, ring_lo)
@@ -110,18 +143,31 @@ def attend_channel_kernel(
     start_b = tl.maximum(sink_hi // BLK, n_a)
     n_b = tl.where(ring_lo > sink_hi, tl.maximum(tl.cdiv(ring_lo, BLK) - start_b, 0), 0)
     n_blk = n_a + n_b
-    # splits NB16.. share the blocks (num_splits_of leaves >= 1 of them); BF16 splits get none
-    chunk = tl.cdiv(n_blk, n_splits - NB16)
-    j_lo = tl.where(split >= NB16, tl.minimum((split - NB16) * chunk, n_blk), 0)
-    j_hi = tl.where(split >= NB16, tl.minimum(j_lo + chunk, n_blk), 0)
+    if SPLIT:
+        # splits NB16.. share the blocks (num_splits_of leaves >= 1 of them); BF16 splits get none
+        chunk = tl.cdiv(n_blk, n_splits - NB16)
+        j_lo = tl.where(split >= NB16, tl.minimum((split - NB16) * chunk, n_blk), 0)
+        j_hi = tl.where(split >= NB16, tl.minimum(j_lo + chunk, n_blk), 0)
+    else:
+        j_lo = 0
+        j_hi = n_blk
 
-    # ---- query rows (decode: one token per request) ------------------------------------------
-    rows = tl.arange(0, BLOCK_M)
-    hq = kvh * GQA + rows % GQA
-    rmask = rows < GQA
-    tok = b.to(tl.int64)
+    # ---- query rows: (token, query head) pairs, row m -> token m // GQA, head kvh * GQA + m % GQA
+    if SPLIT:  # decode: one token per request, rows = the GQA group
+        rows = tl.arange(0, BLOCK_M)
+        hq = kvh * GQA + rows % GQA
+        rmask = rows < GQA
+        tok = b.to(tl.int64)
+        tok_col = tok  # a scalar: the addresses below are decode's own
+    else:
+        rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+        t = rows // GQA
+        hq = kvh * GQA + rows % GQA
+        rmask = t < n_tok
+        tok = (tok0 + t).to(tl.int64)
+        tok_col = tok[:, None]
     dq = tl.arange(0, QD)
-    qb = Q + tok * stride_qt + hq[:, None] * stride_qh + dq[None, :]
+    qb = Q + tok_col * stride_qt + hq[:, None] * stride_qh + dq[None, :]
     q0, q1, q2, q3 = load_q_quarters(qb, rmask, QD, PV_DT)
 
     m_i, l_i, a0, a1, a2, a3 = empty_softmax_state(BLOCK_M, QDV)
@@ -206,7 +252,7 @@ def attend_channel_kernel(
     has = l_i > 0
     inv_l = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)
     lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * LN2, float("-inf"))
-    ob = Out + tok * stride_ot + hq[:, None] * stride_oh + split * stride_os + dv[None, :]
+    ob = Out + tok_col * stride_ot + hq[:, None] * stride_oh + split * stride_os + dv[None, :]
     tl.store(ob, a0 * inv_l[:, None], mask=rmask[:, None])
     tl.store(ob + QDV, a1 * inv_l[:, None], mask=rmask[:, None])
     tl.store(ob + 2 * QDV, a2 * inv_l[:, None], mask=rmask[:, None])
@@ -220,11 +266,11 @@ def check_channel_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, 
 
     D = q.shape[-1]
     if D not in CHANNEL_HEAD_DIMS:
-        raise ValueError(f"channel-key decode: head_dim {D} is not supported {CHANNEL_HEAD_DIMS}")
+        raise ValueError(f"channel-key attention: head_dim {D} is not supported {CHANNEL_HEAD_DIMS}")
     if k_bits not in CHANNEL_KEY_BITS:
-        raise ValueError(f"channel-key decode: {k_bits}-bit keys are not supported {CHANNEL_KEY_BITS}")
+        raise ValueError(f"channel-key attention: {k_bits}-bit keys are not supported {CHANNEL_KEY_BITS}")
     if k_block not in PAGE_SIZES:
-        raise ValueError(f"channel-key decode: key block {k_block} is not a page size {PAGE_SIZES}")
+        raise ValueError(f"channel-key attention: key block {k_block} is not a page size {PAGE_SIZES}")
     N, H = k_codes.shape[:2]
     if k_codes.dtype != torch.uint8 or k_codes.shape[-1] != code_bytes(k_bits, D):
         raise ValueError(f"k_codes must be uint8 [N, H, {code_bytes(k_bits, D)}] for {k_bits}-bit keys "
@@ -236,7 +282,7 @@ def check_channel_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, 
                          f"got {k_params.dtype} {tuple(k_params.shape)} (N = {N})")
     Dv = v_codes.shape[-1] * 4
     if Dv not in CHANNEL_HEAD_DIMS or sink_k.shape[-1] != D:
-        raise ValueError(f"channel-key decode: value dim {Dv} / sink dim {sink_k.shape[-1]} do not fit "
+        raise ValueError(f"channel-key attention: value dim {Dv} / sink dim {sink_k.shape[-1]} do not fit "
                          f"head_dim {D} (2-bit values only)")
     if Dv % v_group or v_group < Dv // 4 or tuple(v_params.shape[1:]) != (H, Dv // v_group, 2):
         raise ValueError(f"v_params {tuple(v_params.shape)}: value group {v_group} must divide {Dv} "
@@ -276,14 +322,56 @@ def decode_attention_channel(
         attn_logits, attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
         attn_lse, attn_lse.stride(0), attn_lse.stride(1), attn_lse.stride(2),
         *pool_launch_args(k_codes, kp, v_codes, vp, sink_k, sink_v, ring_k, ring_v),
-        kv_indptr, kv_indices, req_rows, own_start, sink_start,
+        kv_indptr, kv_indices, kv_indptr, req_rows, own_start, sink_start,  # qo_indptr: unused
         num_kv_splits if num_kv_splits is not None else kv_indptr,
-        sm_scale * LOG2E, float(logit_cap), int(max_kv_splits),
+        sm_scale * LOG2E, float(logit_cap), int(max_kv_splits), 1,
         GQA=gqa, D=D, DV=v_codes.shape[-1] * 4, BITS=k_bits, BLK=k_block, GV=v_group,
         S=sink_k.shape[1], W=ring_k.shape[1], BLOCK_M=max(16, triton.next_power_of_2(gqa)),
-        BLOCK_B=BLOCK_B, HAS_NSPLITS=num_kv_splits is not None, MIN_CHUNK=min_chunk,
+        BLOCK_B=BLOCK_B, SPLIT=True, HAS_NSPLITS=num_kv_splits is not None, MIN_CHUNK=min_chunk,
         LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE, NB16=nb16,
         num_warps=num_warps, num_stages=num_stages,
     )
     return merge_splits(o, attn_logits, attn_lse, kv_indptr, req_rows, own_start, sink_start,
                         num_kv_splits, max_kv_splits, nb16, min_chunk, sink_k.shape[1], ring_k.shape[1])
+
+
+EXTEND_BLOCK_M = 64  # (token, query head) rows per extend program
+EXTEND_BLOCK_B = 64  # BF16 sink / ring keys per extend tile
+
+
+def extend_prefix_attention_channel(
+    q, qo_indptr, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
+    kv_indptr, kv_indices, req_rows, own_start, *, k_bits, k_block, v_group, sm_scale,
+    max_len_extend, sink_start=None, logit_cap=0.0, o=None, lse=None, block_m=None,
+    num_warps=None, num_stages=2,
+):
+    """See ops.extend_prefix_attention_channel; block_m / num_warps / num_stages are tuning knobs
+    (block_m is rounded up to >= 16 and >= the GQA group, as extend_prefix.py does; num_warps
+    default: 8 at head_dim 128, where 4 warps spill registers at sm_90 with 64 rows, else 4)."""
+    check_channel_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_bits, k_block, v_group)
+    sink_start = own_start if sink_start is None else sink_start
+    T, Hq, D = q.shape
+    B = qo_indptr.shape[0] - 1
+    Hkv = k_codes.shape[1]
+    gqa = Hq // Hkv
+    o, lse = extend_outputs(q, qo_indptr, kv_indptr, v_codes, o, lse)
+    if T == 0 or B == 0:
+        return o, lse
+    bm = max(block_m or EXTEND_BLOCK_M, 16, triton.next_power_of_2(gqa))
+    num_mb = triton.cdiv(max(1, int(max_len_extend)) * gqa, bm)
+    kp = as_param_words(k_params)
+    vp = as_param_words(v_params)
+    attend_channel_kernel[(B, Hkv * num_mb, 1)](
+        q, q.stride(0), q.stride(1),
+        o, o.stride(0), o.stride(1), 0,
+        lse, lse.stride(0), lse.stride(1), 0,
+        *pool_launch_args(k_codes, kp, v_codes, vp, sink_k, sink_v, ring_k, ring_v),
+        kv_indptr, kv_indices, qo_indptr, req_rows, own_start, sink_start,
+        kv_indptr,  # num_kv_splits: unused
+        sm_scale * LOG2E, float(logit_cap), 1, num_mb,
+        GQA=gqa, D=D, DV=v_codes.shape[-1] * 4, BITS=k_bits, BLK=k_block, GV=v_group,
+        S=sink_k.shape[1], W=ring_k.shape[1], BLOCK_M=bm, BLOCK_B=EXTEND_BLOCK_B, SPLIT=False,
+        HAS_NSPLITS=False, MIN_CHUNK=1, LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE, NB16=0,
+        num_warps=num_warps or (8 if D >= 128 else 4), num_stages=num_stages,
+    )
+    return o, lse
