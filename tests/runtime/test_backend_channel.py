@@ -1,0 +1,191 @@
+"""The oscar_triton backend on the default layout, per-channel keys over page blocks (TRITON_INTERPRET
+on CPU, tiny shapes), against a float64 reference (oscar_kernels.reference.format_request_kv).
+
+Format k3c32-v2t32-s4-w32: 3-bit keys per channel over pages of B = 32 slots, 2-bit values in
+groups of 32, sink 4, ring 32 (one block). Slots are page-aligned as SGLang's paged allocator
+gives them (position p of a request at page * 32 + p % 32). Scenario, one layer, GQA 4/2, D 64:
+  1. request A prefills 62 tokens in two chunks, 40 then 22: block 0 completes inside chunk 1,
+     chunk 1 ends inside block 1 (chunk 2 reads that block from the ring), and block 1
+     completes only in decode (3.);
+  2. request B shares A's first page (a page-aligned radix hit of 32 tokens) and prefills 10
+     more; A's sink copies and its ring copies of positions 30, 31 are still intact and carry
+     over (sink_start 0, own_start 30);
+  3. both decode 3 tokens as one batch: A's position 63 completes block 1 inside a decode step;
+  4. both take one more token as a batched extend with their whole cache as prefix.
+Every output is compared with softmax attention in float64 over what the format says each
+reader sees (BF16 sink / ring copies where valid, the complete blocks' quantised keys elsewhere,
+exact values for the new tokens of an extend); stored codes and params are bit-exact with the
+reference quantiser.
+"""
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from oscar_kernels import reference as ref
+from oscar_kernels.format import KVFormat
+
+from .test_backend import Hq, H, D, _close, _heavy, _reference, _rot, _signed_perm, backend_cls  # noqa: F401
+
+B, S, W = 32, 4, 32
+FMT = KVFormat(D, k_bits=3, k_layout="channel", k_group=B, v_group=32, sink=S, window=W)
+
+
+def _make(backend_cls, rows=4, pages=8):
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+
+    from oscar_sglang.runtime.kv_format import resolve
+    from oscar_sglang.runtime.pool import OscarInt2KVPool, take_pending_rows
+
+    take_pending_rows()
+    fmt = resolve(FMT.name, head_dim=D, v_head_dim=D, num_layers=1, group_size=128)
+    assert (fmt.layout, fmt.k_bits, fmt.k_group, fmt.sink, fmt.recent) == ("channel", (3,), B, S, W)
+    rk, rv = _signed_perm(1, H), _signed_perm(1, 1)
+    pool = OscarInt2KVPool((pages - 1) * B, B, H, D, D, 1, "cpu", req_rows=rows, kv_format=fmt,
+                           k_clip=[0.9], v_clip=[1.0], k_rotation=rk, v_rotation=rv)
+    b = backend_cls.__new__(backend_cls)
+    b.pool, b.v_head_dim, b.max_kv_splits = pool, D, 4
+    b._prepare_rotations(torch.bfloat16)
+    b.extend_attention_fwd = extend_attention_fwd
+    b._zero_kv_indptr = torch.zeros(rows + 1, dtype=torch.int32)
+    layer = SimpleNamespace(layer_id=0, tp_q_head_num=Hq, tp_k_head_num=H, qk_head_dim=D, v_head_dim=D,
+                            scaling=1 / math.sqrt(D), logit_cap=0.0, logit_capping_method="tanh",
+                            k_scale=None, v_scale=None, sliding_window_size=-1)
+    return b, pool, layer, rk[0], rv[0, 0]
+
+
+def _seen(x_rot, which, kv_len, own, sink_start):
+    """What a reader of kv_len keys sees of rotated K or V (float64)."""
+    return ref.format_request_kv(x_rot.float(), FMT, which, kv_len, own_start=own,
+                                 sink_start=sink_start).double()
+
+
+def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, seed):
+    from oscar_sglang.runtime.pool import note_new_rows
+
+    b, pool, layer, Rk, Rv = _make(backend_cls)
+    assert pool.channel and pool.k_codes[0].shape[-1] == 3 * D // 8
+    req_to_token = torch.zeros(4, 128, dtype=torch.int64)
+    rowA, rowB = 1, 2
+    LA, LB_new, share = 62, 10, 32
+    kA, vA = _heavy(LA + 4, D), _heavy(LA + 4, D)
+    qA = torch.randn(LA + 4, Hq, D).bfloat16().float()
+    kB, vB = torch.cat([kA[:share], _heavy(LB_new + 4, D)]), torch.cat([vA[:share], _heavy(LB_new + 4, D)])
+    qB = torch.randn(share + LB_new + 4, Hq, D).bfloat16().float()
+    # page-aligned slots: A on pages 1, 2, 3; B shares page 1, then pages 5, 6
+    slotsA = torch.arange(B, B + LA + 4)
+    slotsB = torch.cat([slotsA[:share], torch.arange(5 * B, 5 * B + LB_new + 4)])
+    req_to_token[rowA, : LA + 4] = slotsA
+    req_to_token[rowB, : share + LB_new + 4] = slotsB
+    assert torch.equal(slotsA % B, torch.arange(LA + 4) % B) and torch.equal(slotsB % B, torch.arange(len(slotsB)) % B)
+    kAr, vAr, kBr, vBr = _rot(kA, Rk), _rot(vA, Rv), _rot(kB, Rk), _rot(vB, Rv)
+    RvT = Rv.double().T
+    b.req_to_token = req_to_token
+    state = {rowA: (0, 0), rowB: (30, 0)}  # (own_start, sink_start) each reader should have
+    g = Hq // H
+
+    def extend(reqs):
+        """reqs: (row, k, v, q, start, end, new_request) -> outputs [T, Hq, D] float32."""
+        ext = torch.tensor([e - s for _, _, _, _, s, e, _ in reqs])
+        pre = torch.tensor([s for _, _, _, _, s, _, _ in reqs])
+        rows = torch.tensor([r for r, *_ in reqs])
+        fb = SimpleNamespace(
+            batch_size=len(reqs), req_pool_indices=rows, seq_lens=pre + ext, extend_seq_lens=ext,
+            extend_prefix_lens=pre, extend_prefix_lens_cpu=pre.tolist(),
+            positions=torch.cat([torch.arange(s, e) for *_, s, e, _ in reqs]),
+            out_cache_loc=torch.cat([req_to_token[r, s:e] for r, _, _, _, s, e, _ in reqs]),
+            forward_mode=SimpleNamespace(is_extend=lambda: True),
+        )
+        for r, *_, s, e, new in reqs:
+            if new:  # the alloc hook queued its row and radix-hit length
+                note_new_rows([r], [s])
+        b.forward_metadata = SimpleNamespace(
+            qo_indptr=torch.cat([torch.zeros(1, dtype=torch.int64), ext.cumsum(0)]),
+            kv_indptr=torch.cat([torch.zeros(1, dtype=torch.int32), pre.cumsum(0).int()]),
+            kv_indices=torch.cat([req_to_token[r, :s] for r, _, _, _, s, _, _ in reqs] + [torch.zeros(0, dtype=torch.int64)]),
+            max_extend_len=int(ext.max()),
+        )
+        b._prepare_forward(fb)
+        cat = lambda i: torch.cat([x[i][x[4]:x[5]] for x in reqs])  # noqa: E731
+        o = b.forward_extend(cat(3).reshape(-1, Hq * D), cat(1).reshape(-1, H * D), cat(2).reshape(-1, H * D), layer, fb)
+        return o.float().reshape(-1, Hq, D)
+
+    def check_extend(o, req, kr, vr):
+        row, k, v, q, s, e, _ = req
+        own, ss = state[row]
+        qr = torch.einsum("thgd,hde->thge", q.reshape(-1, H, g, D), Rk).reshape(-1, Hq, D)
+        if s:
+            Kp, Vp = _seen(kr[:s], "k", s, own, ss), _seen(vr[:s], "v", s, own, ss) @ RvT
+        for i, t in enumerate(range(s, e)):
+            if s:
+                sp = torch.einsum("hd,nhd->hn", qr[t].double(), Kp.repeat_interleave(g, 1))
+                sn = torch.einsum("hd,nhd->hn", q[t].double(), k[s: t + 1].double().repeat_interleave(g, 1))
+                vv = torch.cat([Vp, v[s: t + 1].double()]).repeat_interleave(g, 1)
+                want = torch.einsum("hn,nhd->hd", torch.softmax(torch.cat([sp, sn], 1) / math.sqrt(D), -1), vv)
+            else:
+                want = _reference(q[t].double(), [k[: t + 1].double()], [v[: t + 1].double()])
+            _close(o[i], want)
+
+    # 1. A: chunk 1 ends inside block 1 (positions 32..39 have no key codes yet), chunk 2 reads
+    # that incomplete block from the ring
+    a1, a2 = (rowA, kA, vA, qA, 0, 40, True), (rowA, kA, vA, qA, 40, LA, False)
+    check_extend(extend([a1]), a1, kAr, vAr)
+    codes, params, _ = ref.quantize_key_blocks(kAr[:40].float(), 3, B)
+    assert torch.equal(pool.k_codes[0][slotsA[:32]], codes) and torch.equal(pool.k_params[0][1], params[0])
+    check_extend(extend([a2]), a2, kAr, vAr)
+    assert torch.equal(pool.k_params[0][2], torch.zeros_like(pool.k_params[0][2]))  # block 1 incomplete
+    # values: per-token 2-bit rows at every stored slot
+    vc, vp = ref.quantize_rows(vAr[:LA].float(), 2, 32)
+    assert torch.equal(pool.v_codes[0][slotsA[:LA]], vc) and torch.equal(pool.v_params[0][slotsA[:LA]], vp)
+
+    # 2. B: page-aligned radix hit on A's first page; sink and ring positions 30, 31 carry over
+    bx = (rowB, kB, vB, qB, share, share + LB_new, True)
+    o = extend([bx])
+    assert (pool.own_start[rowB].item(), pool.sink_start[rowB].item()) == state[rowB]
+    check_extend(o, bx, kBr, vBr)
+
+    # 3. decode 3 steps, batch [A, B]; A's position 63 completes block 1
+    lens = torch.tensor([LA, share + LB_new])
+    seqs = [(rowA, kA, vA, kAr, vAr, qA), (rowB, kB, vB, kBr, vBr, qB)]
+    for step in range(3):
+        lens = lens + 1
+        pos = lens - 1
+        rows = torch.tensor([rowA, rowB])
+        fb = SimpleNamespace(batch_size=2, req_pool_indices=rows, seq_lens=lens, positions=pos,
+                             out_cache_loc=torch.stack([req_to_token[r, p] for r, p in zip(rows.tolist(), pos.tolist())]),
+                             forward_mode=SimpleNamespace(is_extend=lambda: False))
+        b.forward_metadata = SimpleNamespace(
+            kv_indptr=torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0).int()]),
+            kv_indices=torch.cat([req_to_token[r, :n] for r, n in zip(rows.tolist(), lens.tolist())]),
+            num_kv_splits=torch.tensor([4, 3], dtype=torch.int32),
+            attn_logits=torch.empty(2, Hq, 4, D), attn_lse=torch.empty(2, Hq, 4),
+        )
+        b._prepare_forward(fb)
+        pick = lambda i: torch.stack([s[i][p] for s, p in zip(seqs, pos.tolist())])  # noqa: E731
+        o = b.forward_decode(pick(5).reshape(2, Hq * D), pick(1).reshape(2, H * D), pick(2).reshape(2, H * D), layer, fb)
+        o = o.float().reshape(2, Hq, D)
+        for i, (row, _, _, kr, vr, q) in enumerate(seqs):
+            n = int(lens[i])
+            own, ss = state[row]
+            qr = torch.einsum("hgd,hde->hge", q[n - 1].reshape(H, g, D), Rk).reshape(Hq, D)
+            want = _reference(qr.double(), [_seen(kr[:n], "k", n, own, ss)], [_seen(vr[:n], "v", n, own, ss)])
+            _close(o[i], want @ RvT)
+    codes, params, _ = ref.quantize_key_blocks(kAr[:64].float(), 3, B)
+    assert torch.equal(pool.k_codes[0][slotsA[32:64]], codes[32:]) and torch.equal(pool.k_params[0][2], params[1])
+
+    # 4. one more token each as a batched extend (mixed-chunk style): prefix = the whole cache
+    nA, nB = LA + 3, share + LB_new + 3
+    ma, mb = (rowA, kA, vA, qA, nA, nA + 1, False), (rowB, kB, vB, qB, nB, nB + 1, False)
+    o = extend([ma, mb])
+    check_extend(o[:1], ma, kAr, vAr)
+    check_extend(o[1:], mb, kBr, vBr)
+
+
+def test_channel_pool_refuses_a_page_size_that_is_not_the_block(backend_cls):
+    from oscar_sglang.runtime.kv_format import resolve
+    from oscar_sglang.runtime.pool import OscarInt2KVPool
+
+    fmt = resolve(FMT.name, head_dim=D, v_head_dim=D, num_layers=1, group_size=128)
+    with pytest.raises(ValueError, match="needs --page-size 32"):
+        OscarInt2KVPool(128, 16, H, D, D, 1, "cpu", req_rows=2, kv_format=fmt, k_clip=[1.0], v_clip=[1.0])
