@@ -291,6 +291,20 @@ def test_extend_prefix_channel_rejects_unsupported(seed):
 
 
 
+def test_extend_prefix_channel_does_not_recompile_per_chunk_length():
+    """num_mb follows the batch's new-token counts: a runtime argument, never specialised (as a
+    constexpr every new chunk length compiled a new kernel in the server)."""
+    import inspect
+
+    from oscar_kernels.triton import attend_channel
+
+    kernel = attend_channel.attend_channel_kernel
+    fn = getattr(kernel, "fn", kernel)  # the interpreter wraps the JITFunction
+    assert inspect.signature(fn).parameters["num_mb"].annotation is inspect.Parameter.empty
+    opts = getattr(kernel, "kwargs", None) or {"do_not_specialize": kernel.do_not_specialize}
+    assert "num_mb" in opts["do_not_specialize"]
+
+
 # ------------------------------------------------------------------------------------ store
 
 
