@@ -53,8 +53,8 @@ ENV_VARS: dict[str, tuple[str | None, str]] = {
     ),
     "OSCAR_GROUP_SIZE": (
         None,
-        "INT2 quantisation group along head_dim (32, 64 or 128, capped at head_dim); default: the "
-        "group the rotation file was calibrated with, else 128",
+        "OSCAR_KV_FORMAT=token only: INT2 group along head_dim (32, 64 or 128, capped at "
+        "head_dim); default: the group the rotation file was calibrated with, else 128",
     ),
     "OSCAR_MAX_RUNNING_REQUESTS": (
         None,
