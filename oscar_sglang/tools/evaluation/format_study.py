@@ -4,6 +4,12 @@ For every format: needle-in-a-haystack accuracy with the needle inside the quant
 KLD / top-1 agreement vs the unquantised model on held-out essays (teacher forcing), next to the
 format's body_bits_per_element. Writes one JSON (default bench/results/niah_cpu_formats.json).
 
+Besides KVFormat names, ``fp8_e4m3`` is SGLang's ``--kv-cache-dtype fp8_e4m3`` without checkpoint
+scales (emulation.CastKV: K and V cast to float8_e4m3fn and back at every position, unrotated,
+no BF16 sink or ring, 8 bits). ``-cal`` formats (e.g. the old served recipe
+``k2t64-v2t64-cal-kclip-vclip``) take their rotation file, and its per-layer clip ratios with
+``kclip`` / ``vclip``, from ``--rotation``.
+
 NIAH protocol (the server's): the prompt is prefilled once in BF16 (the same for every format,
 so it is computed once per case), then each format decodes greedily through the emulated cache
 (evaluation.emulation with EmulationConfig.kv_format: sink and ring from the format, per-channel
@@ -47,14 +53,17 @@ def parse_args(argv=None):
                     "KLD/top-1 vs the unquantised model, per format (see the module docstring).")
     p.add_argument("--model", default="smollm2", help="model for load_causal_lm (default: smollm2)")
     p.add_argument("--formats", nargs="+", default=list(DEFAULT_FORMATS), metavar="NAME",
-                   help="KVFormat names, space-separated ('bf16': no quantisation; names may "
-                        "hold commas: k2c64-v2t64@0,-1=k4)")
+                   help="KVFormat names, space-separated ('bf16': no quantisation; 'fp8_e4m3': "
+                        "SGLang's FP8 KV cache, scale 1.0, every position; names may hold "
+                        "commas: k2c64-v2t64@0,-1=k4)")
     p.add_argument("--merge", action="store_true",
                    help="add the formats' rows to the existing --out JSON (same cases and "
                         "windows; e.g. sink/window variants of the best format of a first run)")
     p.add_argument("--max-minutes", type=float, default=0,
                    help="stop starting new rounds of NIAH cases (one per depth) after this long")
-    p.add_argument("--rotation", default=None, help="calibrated rotation file for '-cal' formats")
+    p.add_argument("--rotation", default=None,
+                   help="calibrated rotation file for '-cal' formats (its clip ratios serve "
+                        "'kclip' / 'vclip'), e.g. rotation_zoo/SmolLM2-135M-Instruct.oscar.g64.safetensors")
     p.add_argument("--length", type=int, default=1024, help="NIAH context length in tokens")
     p.add_argument("--depths", default="0.1,0.25,0.4,0.55,0.7",
                    help="needle depths (fractions of the haystack)")
@@ -74,12 +83,25 @@ def parse_args(argv=None):
 def _formats(names, head_dim):
     from oscar_kernels.format import KVFormat
 
+    from .emulation import CAST_FORMATS
+
     out = []
     for n in names:
         n = n.strip()
         if n:
-            out.append(None if n == BF16 else KVFormat.parse(n, head_dim))
+            out.append(None if n == BF16 else CAST_FORMATS[n] if n in CAST_FORMATS
+                       else KVFormat.parse(n, head_dim))
     return out
+
+
+def _check_rotation(names, rotation):
+    """A '-cal' format needs --rotation (checked before the model loads); the file must exist."""
+    cal = [n for n in names if "cal" in n.strip().split("@")[0].split("-")[2:]]
+    if cal and not rotation:
+        raise SystemExit(f"{', '.join(cal)}: a calibrated rotation needs --rotation FILE "
+                         "(e.g. rotation_zoo/SmolLM2-135M-Instruct.oscar.g64.safetensors)")
+    if cal and not Path(rotation).is_file():
+        raise SystemExit(f"--rotation {rotation}: no such file")
 
 
 def _label(fmt):
@@ -240,11 +262,13 @@ def run(args, write) -> dict:
     from tqdm import tqdm
 
     from ..models import load_causal_lm, model_identity
+    from .emulation import CastKV
     from .niah import is_correct
 
     if args.threads:
         torch.set_num_threads(args.threads)
     t_start = time.time()
+    _check_rotation(args.formats, args.rotation)  # fail before the model loads
     model, tok = load_causal_lm(args.model)
     st = Study(model, tok, args)
     fmts = _formats(args.formats, st.D)
@@ -286,7 +310,12 @@ def run(args, write) -> dict:
                    "kld": fid[label]["kld"], "top1": fid[label]["top1"], "ppl": fid[label]["ppl"],
                    "sink": None if f is None else f.sink, "recent": None if f is None else f.window,
                    "rotation": "none" if f is None else f.rotation}
-            if f is not None:
+            if isinstance(f, CastKV):
+                row.update(kv_dtype=str(f.dtype).replace("torch.", ""), kv_scale=1.0,
+                           bytes_per_token_per_layer=f.bytes_per_token(st.Hk, head_dim=st.D))
+            elif f is not None:
+                if f.rotation == "calibrated":
+                    row.update(rotation_file=args.rotation)
                 row.update(k_layout=f.k_layout, k_bits=f.k_bits, v_bits=f.v_bits,
                            k_block_or_group=f.k_group, v_group=f.v_group, token_norm=f.token_norm,
                            bytes_per_token_per_layer=f.bytes_per_token(st.Hk, 0, st.L))
