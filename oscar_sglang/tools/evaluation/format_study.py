@@ -141,11 +141,11 @@ class Study:
 
     def cases(self):
         from ..data import essay_paths, read_texts
-        from .niah import TokenCounter, build_cases
+        from .niah import TokenCounter
 
         depths = [float(d) for d in self.args.depths.split(",")]
         texts = read_texts(essay_paths())
-        cases = build_cases(texts, TokenCounter(self.tok), [self.args.length], depths,
+        cases = study_cases(texts, TokenCounter(self.tok), self.args.length, depths,
                             self.args.trials, self.args.seed)
         return cases, depths
 
@@ -250,6 +250,52 @@ class Study:
         return {k: v.summary() for k, v in sums.items()}, windows.shape
 
 
+def study_cases(texts, counter, length: int, depths, trials: int, seed: int = 0):
+    """The study's NIAH cases: ONE haystack (the essays joined from the first, cut to
+    ``length - PROMPT_OVERHEAD_TOKENS`` tokens) shared by every case, needle numbers drawn from
+    ``random.Random(seed)`` depth by depth, trial by trial. These are the cases of
+    bench/results/niah_cpu_formats.json (niah.build_cases at f92b9a6, its first run). niah.build_cases,
+    the server grid's, has since given every trial its own haystack and other numbers; the study
+    keeps its own so that --merge adds rows on the cases the file was measured on."""
+    import random
+
+    from .niah import NEEDLE, PROMPT_OVERHEAD_TOKENS, QUESTION, NiahCase, insert_needle
+
+    rng = random.Random(seed)
+    budget = length - PROMPT_OVERHEAD_TOKENS
+    hay = counter.truncate("\n\n".join(texts), budget)
+    if counter.count(hay) < budget * 0.9:
+        raise ValueError(f"the essays are shorter than the {length}-token context asked for")
+    cases = []
+    for d in depths:
+        for t in range(trials):
+            number = str(rng.randrange(1_000_000, 10_000_000))
+            prompt = ("Read the text below and answer the question after it.\n\n"
+                      f"{insert_needle(hay, NEEDLE.format(number=number), d)}\n\n{QUESTION}")
+            cases.append(NiahCase(length, d, t, number, prompt))
+    return cases
+
+
+def _check_same_cases(base: dict, cases) -> None:
+    """--merge: the cases rebuilt now must be the file's. Its prompts' fingerprint when it has
+    one; else every stored answer must score against the rebuilt needles as its row says."""
+    from .niah import is_correct, prompts_sha256
+
+    if base["niah"].get("prompts_sha256"):
+        if base["niah"]["prompts_sha256"] != prompts_sha256(cases):
+            raise SystemExit("--merge: the NIAH prompts differ from the file's (prompts_sha256)")
+        return
+    for r in base["rows"]:
+        ans = base.get("answers", {}).get(r["format"])
+        if ans is None or r.get("niah") is None:
+            continue
+        ok = sum(is_correct(a, c.number) for a, c in zip(ans, cases))
+        if len(ans) != len(cases) or ok != round(r["niah"] * r["trials"]):
+            raise SystemExit(f"--merge: the stored {r['format']} answers score {ok}/{len(cases)} "
+                             f"against the needles rebuilt now, the file says "
+                             f"{round(r['niah'] * r['trials'])}/{r['trials']}: other NIAH cases")
+
+
 def _case_order(cases, depths):
     """Trial-major order: every complete round covers each depth once, so a run stopped by
     --max-minutes after whole rounds has the same trials at every depth."""
@@ -263,7 +309,7 @@ def run(args, write) -> dict:
 
     from ..models import load_causal_lm, model_identity
     from .emulation import CastKV
-    from .niah import is_correct
+    from .niah import is_correct, prompts_sha256
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -286,6 +332,7 @@ def run(args, write) -> dict:
                 or base["niah"]["depths"] != depths:
             raise SystemExit(f"--merge: {args.out} used other NIAH settings: {base['niah']}")
         cases = cases[: base["rows"][0]["trials"]]
+        _check_same_cases(base, cases)
     first = FID_FIRST
     bar = tqdm(total=args.fid_windows * (1 + len(fmts)) + len(cases) * (1 + len(fmts)),
                desc="format study", unit="step")
@@ -331,7 +378,8 @@ def run(args, write) -> dict:
                      "needle_tokens_min_start": min((a for a, _b, _p in positions), default=None),
                      "needle_tokens_max_end": max((b for _a, b, _p in positions), default=None),
                      "prompt_tokens_min": min((p for *_x, p in positions), default=None),
-                     "prompt_tokens_max": max((p for *_x, p in positions), default=None)},
+                     "prompt_tokens_max": max((p for *_x, p in positions), default=None),
+                     "prompts_sha256": prompts_sha256(done)},
             "fidelity": {"windows": int(wshape[0]), "length": int(wshape[1]), "scored_from": first,
                          "positions": fid[_label(fmts[0])]["positions"], "texts": "held-out essays",
                          "ppl_ref": fid[_label(fmts[0])]["ppl_ref"]},
@@ -381,6 +429,10 @@ def _merged(base: dict, new: dict) -> dict:
     if base["fidelity"] != new["fidelity"]:
         raise SystemExit("--merge: other fidelity windows or settings")
     out = dict(base)
+    bn, nn = base.get("niah") or {}, new.get("niah") or {}
+    if not bn.get("prompts_sha256") and nn.get("prompts_sha256") and nn["trials"] == bn.get("trials"):
+        # an older file (checked by re-scoring its answers): record the prompts' fingerprint
+        out["niah"] = {**bn, "prompts_sha256": nn["prompts_sha256"]}
     out["rows"] = base["rows"] + new["rows"]
     out["answers"] = {**base["answers"], **new["answers"]}
     cmds = base["command"] if isinstance(base["command"], list) else [base["command"]]
