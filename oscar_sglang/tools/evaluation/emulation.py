@@ -17,6 +17,10 @@ format's body (oscar_kernels.reference.format_fake_quant: per-channel key blocks
 position 0, K / V bits per layer, token-norm) and sink / recent are the format's; the recipe
 then only supplies the rotations.
 
+With ``EmulationConfig.kv_format`` a ``CastKV`` (e.g. ``FP8_E4M3``) the cache is a plain dtype
+cast at every position (SGLang's ``--kv-cache-dtype fp8_e4m3`` without checkpoint scales): sink
+and ring are 0, so every key a query reads (causal) is the cast copy; the recipe must not rotate.
+
 Only unpadded sequences are supported (we build the causal mask ourselves; positions of the
 queries are the last Tq of the Lk keys, which also covers generation with a KV cache).
 """
@@ -33,6 +37,45 @@ from .quantizers import channel_groups, token_groups
 from .recipes import Recipe
 
 ATTN_NAME = "oscar_kv_emulation"
+
+
+@dataclass(frozen=True)
+class CastKV:
+    """A KV cache that stores K and V as a plain cast to ``dtype``, at every position.
+
+    SGLang's ``--kv-cache-dtype fp8_e4m3`` on a checkpoint without KV scales: set_kv_buffer
+    stores ``cache_k.to(torch.float8_e4m3fn)`` (scale 1.0, the post-RoPE K and V as the model
+    computes them, no rotation) and the attention kernels read it back with descale 1.0. No BF16
+    sink or ring (``sink = window = 0``): every key a query reads, its own included, is the cast
+    copy. Duck-types the KVFormat fields the format study reads (name, sink, window, rotation,
+    body_bits_per_element, bytes_per_token).
+    """
+
+    name: str
+    dtype: torch.dtype
+    bits: int
+    sink: int = 0
+    window: int = 0
+    rotation: str = "none"
+
+    def body_bits_per_element(self, num_layers: int | None = None) -> float:
+        return float(self.bits)
+
+    def bytes_per_token(self, num_kv_heads: int, layer: int = 0, num_layers: int | None = None,
+                        head_dim: int | None = None) -> float:
+        if head_dim is None:
+            raise ValueError(f"{self.name}: bytes_per_token needs head_dim")
+        return num_kv_heads * 2 * head_dim * self.bits / 8
+
+    def cast(self, x: torch.Tensor) -> torch.Tensor:
+        """x -> what the cache reads back (float32): ``x.to(dtype)`` then back, as SGLang's
+        store and load do with scale 1.0 (torch's cast: round to nearest even; out of the
+        dtype's range gives NaN for float8_e4m3fn, as on the server)."""
+        return x.to(self.dtype).to(torch.float32 if x.dtype != torch.float64 else torch.float64)
+
+
+FP8_E4M3 = CastKV("fp8_e4m3", torch.float8_e4m3fn, 8)
+CAST_FORMATS = {FP8_E4M3.name: FP8_E4M3}
 
 
 @dataclass
@@ -62,6 +105,11 @@ class EmulationConfig:
             if mine is not None and mine != theirs:
                 raise ValueError(f"{name}={mine} contradicts the format {f.name} ({theirs})")
         self.sink, self.recent = f.sink, f.window
+        if isinstance(f, CastKV):
+            if self.recipe.rotation != "identity":
+                raise ValueError(f"{f.name} stores K and V unrotated: the recipe's rotation must be "
+                                 f"identity, not {self.recipe.rotation!r}")
+            self.memo = None  # a cast is cheap and position-wise: nothing to memoise
 
 
 def int2_mask(q_pos: torch.Tensor, kv_len: int, sink: int, recent: int) -> torch.Tensor:
@@ -74,6 +122,13 @@ def int2_mask(q_pos: torch.Tensor, kv_len: int, sink: int, recent: int) -> torch
 def quantized_kv(kr: torch.Tensor, vr: torch.Tensor, cfg: EmulationConfig, layer: int):
     """Rotated K, V [B, Hk, L, D] -> what their INT2 (or INT4) copies read back as."""
     r, G = cfg.recipe, cfg.group_size
+    if isinstance(cfg.kv_format, CastKV):
+        kq, vq = cfg.kv_format.cast(kr), cfg.kv_format.cast(vr)
+        if not r.quantize_k:
+            kq = kr.to(cfg.hp_dtype).float()
+        if not r.quantize_v:
+            vq = vr.to(cfg.hp_dtype).float()
+        return kq, vq
     if cfg.kv_format is not None:
         return _format_kv(kr, vr, cfg, layer)
     if r.k_layout == "channel":

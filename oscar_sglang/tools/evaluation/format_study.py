@@ -4,6 +4,12 @@ For every format: needle-in-a-haystack accuracy with the needle inside the quant
 KLD / top-1 agreement vs the unquantised model on held-out essays (teacher forcing), next to the
 format's body_bits_per_element. Writes one JSON (default bench/results/niah_cpu_formats.json).
 
+Besides KVFormat names, ``fp8_e4m3`` is SGLang's ``--kv-cache-dtype fp8_e4m3`` without checkpoint
+scales (emulation.CastKV: K and V cast to float8_e4m3fn and back at every position, unrotated,
+no BF16 sink or ring, 8 bits). ``-cal`` formats (e.g. the old served recipe
+``k2t64-v2t64-cal-kclip-vclip``) take their rotation file, and its per-layer clip ratios with
+``kclip`` / ``vclip``, from ``--rotation``.
+
 NIAH protocol (the server's): the prompt is prefilled once in BF16 (the same for every format,
 so it is computed once per case), then each format decodes greedily through the emulated cache
 (evaluation.emulation with EmulationConfig.kv_format: sink and ring from the format, per-channel
@@ -47,14 +53,17 @@ def parse_args(argv=None):
                     "KLD/top-1 vs the unquantised model, per format (see the module docstring).")
     p.add_argument("--model", default="smollm2", help="model for load_causal_lm (default: smollm2)")
     p.add_argument("--formats", nargs="+", default=list(DEFAULT_FORMATS), metavar="NAME",
-                   help="KVFormat names, space-separated ('bf16': no quantisation; names may "
-                        "hold commas: k2c64-v2t64@0,-1=k4)")
+                   help="KVFormat names, space-separated ('bf16': no quantisation; 'fp8_e4m3': "
+                        "SGLang's FP8 KV cache, scale 1.0, every position; names may hold "
+                        "commas: k2c64-v2t64@0,-1=k4)")
     p.add_argument("--merge", action="store_true",
                    help="add the formats' rows to the existing --out JSON (same cases and "
                         "windows; e.g. sink/window variants of the best format of a first run)")
     p.add_argument("--max-minutes", type=float, default=0,
                    help="stop starting new rounds of NIAH cases (one per depth) after this long")
-    p.add_argument("--rotation", default=None, help="calibrated rotation file for '-cal' formats")
+    p.add_argument("--rotation", default=None,
+                   help="calibrated rotation file for '-cal' formats (its clip ratios serve "
+                        "'kclip' / 'vclip'), e.g. rotation_zoo/SmolLM2-135M-Instruct.oscar.g64.safetensors")
     p.add_argument("--length", type=int, default=1024, help="NIAH context length in tokens")
     p.add_argument("--depths", default="0.1,0.25,0.4,0.55,0.7",
                    help="needle depths (fractions of the haystack)")
@@ -74,12 +83,25 @@ def parse_args(argv=None):
 def _formats(names, head_dim):
     from oscar_kernels.format import KVFormat
 
+    from .emulation import CAST_FORMATS
+
     out = []
     for n in names:
         n = n.strip()
         if n:
-            out.append(None if n == BF16 else KVFormat.parse(n, head_dim))
+            out.append(None if n == BF16 else CAST_FORMATS[n] if n in CAST_FORMATS
+                       else KVFormat.parse(n, head_dim))
     return out
+
+
+def _check_rotation(names, rotation):
+    """A '-cal' format needs --rotation (checked before the model loads); the file must exist."""
+    cal = [n for n in names if "cal" in n.strip().split("@")[0].split("-")[2:]]
+    if cal and not rotation:
+        raise SystemExit(f"{', '.join(cal)}: a calibrated rotation needs --rotation FILE "
+                         "(e.g. rotation_zoo/SmolLM2-135M-Instruct.oscar.g64.safetensors)")
+    if cal and not Path(rotation).is_file():
+        raise SystemExit(f"--rotation {rotation}: no such file")
 
 
 def _label(fmt):
@@ -119,11 +141,11 @@ class Study:
 
     def cases(self):
         from ..data import essay_paths, read_texts
-        from .niah import TokenCounter, build_cases
+        from .niah import TokenCounter
 
         depths = [float(d) for d in self.args.depths.split(",")]
         texts = read_texts(essay_paths())
-        cases = build_cases(texts, TokenCounter(self.tok), [self.args.length], depths,
+        cases = study_cases(texts, TokenCounter(self.tok), self.args.length, depths,
                             self.args.trials, self.args.seed)
         return cases, depths
 
@@ -228,6 +250,53 @@ class Study:
         return {k: v.summary() for k, v in sums.items()}, windows.shape
 
 
+def study_cases(texts, counter, length: int, depths, trials: int, seed: int = 0):
+    """The study's NIAH cases: ONE haystack (the essays joined from the first, cut to
+    ``length - PROMPT_OVERHEAD_TOKENS`` tokens) shared by every case, needle numbers drawn from
+    ``random.Random(seed)`` depth by depth, trial by trial. These are the cases of
+    bench/results/niah_cpu_formats.json (niah.build_cases at f92b9a6, its first run). niah.build_cases,
+    the server grid's, has since given every trial its own haystack and other numbers; the study
+    keeps its own so that --merge adds rows on the cases the file was measured on."""
+    import random
+
+    from .niah import NEEDLE, PROMPT_OVERHEAD_TOKENS, QUESTION, NiahCase, insert_needle
+
+    rng = random.Random(seed)
+    budget = length - PROMPT_OVERHEAD_TOKENS
+    hay = counter.truncate("\n\n".join(texts), budget)
+    if counter.count(hay) < budget * 0.9:
+        raise ValueError(f"the essays are shorter than the {length}-token context asked for")
+    cases = []
+    for d in depths:
+        for t in range(trials):
+            number = str(rng.randrange(1_000_000, 10_000_000))
+            prompt = ("Read the text below and answer the question after it.\n\n"
+                      f"{insert_needle(hay, NEEDLE.format(number=number), d)}\n\n{QUESTION}")
+            cases.append(NiahCase(length, d, t, number, prompt))
+    return cases
+
+
+def _check_same_cases(base: dict, cases) -> None:
+    """--merge: the cases rebuilt now must be the file's. Its prompts' fingerprint when it has
+    one; else every stored answer must score against the rebuilt needles as its row says."""
+    from .niah import is_correct, prompts_sha256
+
+    if base["niah"].get("prompts_sha256"):
+        if base["niah"]["prompts_sha256"] != prompts_sha256(cases):
+            raise SystemExit("--merge: the NIAH prompts differ from the file's (prompts_sha256)")
+        return
+    for r in base["rows"]:
+        ans = base.get("answers", {}).get(r["format"])
+        if ans is None or r.get("niah") is None:
+            continue
+        # a row stopped by --max-minutes holds whole rounds: the first `trials` cases
+        ok = sum(is_correct(a, c.number) for a, c in zip(ans, cases))
+        if len(ans) != r["trials"] or len(ans) > len(cases) or ok != round(r["niah"] * r["trials"]):
+            raise SystemExit(f"--merge: the stored {r['format']} answers score {ok}/{len(ans)} "
+                             f"against the needles rebuilt now, the file says "
+                             f"{round(r['niah'] * r['trials'])}/{r['trials']}: other NIAH cases")
+
+
 def _case_order(cases, depths):
     """Trial-major order: every complete round covers each depth once, so a run stopped by
     --max-minutes after whole rounds has the same trials at every depth."""
@@ -240,11 +309,13 @@ def run(args, write) -> dict:
     from tqdm import tqdm
 
     from ..models import load_causal_lm, model_identity
-    from .niah import is_correct
+    from .emulation import CastKV
+    from .niah import is_correct, prompts_sha256
 
     if args.threads:
         torch.set_num_threads(args.threads)
     t_start = time.time()
+    _check_rotation(args.formats, args.rotation)  # fail before the model loads
     model, tok = load_causal_lm(args.model)
     st = Study(model, tok, args)
     fmts = _formats(args.formats, st.D)
@@ -262,6 +333,7 @@ def run(args, write) -> dict:
                 or base["niah"]["depths"] != depths:
             raise SystemExit(f"--merge: {args.out} used other NIAH settings: {base['niah']}")
         cases = cases[: base["rows"][0]["trials"]]
+        _check_same_cases(base, cases)
     first = FID_FIRST
     bar = tqdm(total=args.fid_windows * (1 + len(fmts)) + len(cases) * (1 + len(fmts)),
                desc="format study", unit="step")
@@ -286,7 +358,12 @@ def run(args, write) -> dict:
                    "kld": fid[label]["kld"], "top1": fid[label]["top1"], "ppl": fid[label]["ppl"],
                    "sink": None if f is None else f.sink, "recent": None if f is None else f.window,
                    "rotation": "none" if f is None else f.rotation}
-            if f is not None:
+            if isinstance(f, CastKV):
+                row.update(kv_dtype=str(f.dtype).replace("torch.", ""), kv_scale=1.0,
+                           bytes_per_token_per_layer=f.bytes_per_token(st.Hk, head_dim=st.D))
+            elif f is not None:
+                if f.rotation == "calibrated":
+                    row.update(rotation_file=args.rotation)
                 row.update(k_layout=f.k_layout, k_bits=f.k_bits, v_bits=f.v_bits,
                            k_block_or_group=f.k_group, v_group=f.v_group, token_norm=f.token_norm,
                            bytes_per_token_per_layer=f.bytes_per_token(st.Hk, 0, st.L))
@@ -302,7 +379,8 @@ def run(args, write) -> dict:
                      "needle_tokens_min_start": min((a for a, _b, _p in positions), default=None),
                      "needle_tokens_max_end": max((b for _a, b, _p in positions), default=None),
                      "prompt_tokens_min": min((p for *_x, p in positions), default=None),
-                     "prompt_tokens_max": max((p for *_x, p in positions), default=None)},
+                     "prompt_tokens_max": max((p for *_x, p in positions), default=None),
+                     "prompts_sha256": prompts_sha256(done)},
             "fidelity": {"windows": int(wshape[0]), "length": int(wshape[1]), "scored_from": first,
                          "positions": fid[_label(fmts[0])]["positions"], "texts": "held-out essays",
                          "ppl_ref": fid[_label(fmts[0])]["ppl_ref"]},
@@ -352,6 +430,10 @@ def _merged(base: dict, new: dict) -> dict:
     if base["fidelity"] != new["fidelity"]:
         raise SystemExit("--merge: other fidelity windows or settings")
     out = dict(base)
+    bn, nn = base.get("niah") or {}, new.get("niah") or {}
+    if not bn.get("prompts_sha256") and nn.get("prompts_sha256") and nn["trials"] == bn.get("trials"):
+        # an older file (checked by re-scoring its answers): record the prompts' fingerprint
+        out["niah"] = {**bn, "prompts_sha256": nn["prompts_sha256"]}
     out["rows"] = base["rows"] + new["rows"]
     out["answers"] = {**base["answers"], **new["answers"]}
     cmds = base["command"] if isinstance(base["command"], list) else [base["command"]]

@@ -142,7 +142,12 @@ def load_rotation_file_for_eval(path: str, num_layers: int, num_kv_heads: int, h
 
 def format_recipe(fmt, rotation_file: str | None = None) -> Recipe:
     """The Recipe that supplies a KVFormat's rotations (the format itself goes into
-    EmulationConfig.kv_format). ``rotation_file``: the calibrated file for rotation='calibrated'."""
+    EmulationConfig.kv_format). ``rotation_file``: the calibrated file for rotation='calibrated'.
+    A format stored unrotated (rotation 'none': emulation.CastKV, e.g. fp8_e4m3) gets the identity."""
+    if fmt.rotation == "none":
+        if rotation_file:
+            raise ValueError(f"format {fmt.name} stores K and V unrotated: no rotation file")
+        return Recipe(fmt.name, rotation="identity")
     if fmt.rotation == "calibrated":
         if not rotation_file:
             raise ValueError(f"format {fmt.name} uses a calibrated rotation: give its file")
