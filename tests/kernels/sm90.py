@@ -9,6 +9,8 @@ runtime's divisibility specialisation, ints equal to 1 become constants), then c
     python -m tests.kernels.sm90 decode [--int2-stages N] [--fused-merge]   # fast decode, B=8, L=4096
     python -m tests.kernels.sm90 extend                                    # extend_fast, 32K + 4096
     python -m tests.kernels.sm90 fit                                       # every (head_dim, group)
+    python -m tests.kernels.sm90 channel [--bits 3] [--batch 64] [--num-warps N] [--num-stages N]
+                                         # channel-key decode (D=128, GQA 4, L=32K) + ptxas spills
 
 Each prints one JSON object.
 """
@@ -114,6 +116,25 @@ def _report(k) -> dict:
             "dynamic_smem": int(k.metadata.shared)}
 
 
+def _ptxas_spills(k) -> dict:
+    """ptxas -v of the kernel's PTX for sm_90a: registers, spill store / load bytes, stack frame."""
+    import tempfile
+
+    import triton
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "k.ptx"
+        src.write_text(k.asm["ptx"])
+        res = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", str(src), "-o", str(src) + ".o"],
+                             check=True, capture_output=True, text=True)
+    log = res.stdout + res.stderr
+    m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    r = re.search(r"Used (\d+) registers", log)
+    return {"ptxas_regs": int(r.group(1)), "stack": int(m.group(1)), "spill_stores": int(m.group(2)),
+            "spill_loads": int(m.group(3))}
+
+
 def _pool(N, D, G, rows):
     import torch
 
@@ -195,6 +216,35 @@ def fit() -> dict:
     return {"limit": H100_SMEM_PER_BLOCK, "kernels": out}
 
 
+def channel(bits=3, batch=64, L=32768, D=128, block=64, v_group=64, **knobs) -> dict:
+    """Stage 1 of ops.decode_attention_channel as the served format launches it (Llama-8B: Hq=32,
+    Hkv=8, GQA 4, sink 64, ring 256, page blocks of `block`, 2-bit values in groups of v_group),
+    default split plan; `knobs` go to the launcher (num_warps, num_stages, ...)."""
+    import torch
+
+    from oscar_kernels.format import code_bytes
+    from oscar_kernels.triton import attend_channel as ch, decode as dec
+
+    B, N = batch, batch * L + block
+    pool = dict(k_codes=torch.zeros(HKV, N, code_bytes(bits, D), dtype=torch.uint8).transpose(0, 1),
+                k_params=torch.zeros(HKV, N // block, D, 2, dtype=torch.float16).transpose(0, 1),
+                v_codes=torch.zeros(HKV, N, D // 4, dtype=torch.uint8).transpose(0, 1),
+                v_params=torch.zeros(HKV, N, D // v_group, 2, dtype=torch.float16).transpose(0, 1),
+                **{n: torch.zeros(B + 1, S_, HKV, D, dtype=torch.bfloat16)
+                   for n, S_ in (("sink_k", SINK), ("sink_v", SINK), ("ring_k", WINDOW), ("ring_v", WINDOW))})
+    meta = dict(kv_indptr=torch.arange(0, B * L + 1, L, dtype=torch.int32),
+                kv_indices=torch.arange(block, B * L + block, dtype=torch.int32),
+                req_rows=torch.arange(B, dtype=torch.int32) + 1, own_start=torch.zeros(B + 1, dtype=torch.int32))
+    q = torch.zeros(B, HQ, D, dtype=torch.bfloat16)
+    o = torch.zeros(B, HQ, D, dtype=torch.float32)
+    calls = _capture(lambda: ch.decode_attention_channel(
+        q, o, **pool, **meta, k_bits=bits, k_block=block, v_group=v_group, sm_scale=D ** -0.5,
+        max_kv_splits=18, **knobs), [(ch, "attend_channel_kernel"), (dec, "_merge_splits_kernel")])
+    (fn, a, k), = [c for c in calls if c[0] is not dec._merge_splits_kernel]
+    c = _compile(fn, a, k)
+    return {**_report(c), **_ptxas_spills(c), "bits": bits, "batch": batch, "knobs": {k_: str(v) for k_, v in knobs.items()}}
+
+
 def main(argv: list[str]) -> int:
     os.environ.pop("TRITON_INTERPRET", None)  # compile for real (before anything imports triton)
     what, rest = argv[0], argv[1:]
@@ -205,6 +255,9 @@ def main(argv: list[str]) -> int:
         res = extend()
     elif what == "fit":
         res = fit()
+    elif what == "channel":
+        opt = {rest[i][2:].replace("-", "_"): int(rest[i + 1]) for i in range(0, len(rest), 2)}
+        res = channel(**opt)
     else:
         raise SystemExit(f"unknown: {what}")
     print(json.dumps(res))

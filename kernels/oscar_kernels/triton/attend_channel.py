@@ -168,7 +168,10 @@ def attend_channel_kernel(
         tok_col = tok[:, None]
     dq = tl.arange(0, QD)
     qb = Q + tok_col * stride_qt + hq[:, None] * stride_qh + dq[None, :]
-    q0, q1, q2, q3 = load_q_quarters(qb, rmask, QD, PV_DT)
+    if SPLIT:  # rows >= GQA repeat heads of the group (rows % GQA): valid, never stored
+        q0, q1, q2, q3 = load_q_quarters(qb, rows >= 0, QD, PV_DT)
+    else:
+        q0, q1, q2, q3 = load_q_quarters(qb, rmask, QD, PV_DT)
 
     m_i, l_i, a0, a1, a2, a3 = empty_softmax_state(BLOCK_M, QDV)
 
