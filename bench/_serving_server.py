@@ -66,6 +66,12 @@ CONFIGS: Dict[str, ServingConfig] = {
         ["--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "triton",
          "--triton-attention-num-kv-splits", "64"],
     ),
+    # the OSCAR per-token recipe (the default until 2026-11-25), same kernels' family and splits
+    "int2-token-splits64": ServingConfig(
+        "int2-token-splits64", "INT2 KV (OSCAR per-token recipe), oscar_triton, 64 KV splits",
+        ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton",
+         "--triton-attention-num-kv-splits", "64"], {"OSCAR_KV_FORMAT": "token"},
+    ),
     # int2 with the V rotation applied by the backend every step instead of folded into W_v / W_o
     "int2-vruntime": ServingConfig(
         "int2-vruntime", "INT2 KV, oscar_triton, V rotation at run time",

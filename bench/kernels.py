@@ -37,7 +37,8 @@ from triton.testing import do_bench
 
 import _results
 
-from oscar_kernels import Int2Format, ops
+from oscar_kernels import Int2Format, KVFormat, ops
+from oscar_kernels.format import code_bytes
 from oscar_kernels import reference as ref
 from oscar_kernels.triton import attend_fast as int2_fast
 from oscar_kernels.triton import decode as int2_decode
@@ -315,6 +316,56 @@ class Int2Case:
         return run
 
 
+def channel_bytes(B, L, fmt):
+    """Bytes the per-channel decode reads (KVFormat fmt): key codes at fmt.k_bits, one (scale, min)
+    FP16 pair per channel per page block, 2-bit value codes + per-token value params, the BF16 sink
+    and ring rows, one int32 index per body position."""
+    n_bf = min(L, fmt.sink + fmt.window)
+    n_body = L - n_bf
+    k_row = code_bytes(fmt.k_bits, D) + 4 * D / fmt.k_group
+    v_row = D // 4 + 4 * (D // fmt.v_group)
+    return int(B * (HKV * (n_body * (k_row + v_row) + n_bf * 2 * D * 2) + n_body * 4))
+
+
+class ChannelCase:
+    """The served per-channel layout (runtime/kv_format.py): pages of fmt.k_group slots, request b
+    owns whole contiguous pages (page 0 = padding, as SGLang's paged allocator)."""
+
+    def __init__(self, B, L, fmt):
+        self.B, self.L, self.fmt = B, L, fmt
+        blk = fmt.k_group
+        self.bytes = channel_bytes(B, L, fmt)
+        self.copies = n_copies(self.bytes)
+        N = B * L * self.copies + blk
+        u8 = lambda *s: head_major(torch.randint(0, 256, (N, HKV, *s), dtype=torch.uint8, device=DEV))  # noqa: E731
+        self.k_codes, self.v_codes = u8(code_bytes(fmt.k_bits, D)), u8(D // 4)
+        kp = torch.stack([torch.full((N // blk, HKV, D), 0.02), torch.full((N // blk, HKV, D), -0.03)], -1)
+        vp = torch.stack([torch.full((N, HKV, D // fmt.v_group), 0.02), torch.full((N, HKV, D // fmt.v_group), -0.03)], -1)
+        self.k_params, self.v_params = head_major(kp.half().to(DEV)), head_major(vp.half().to(DEV))
+        R = B * self.copies + 1
+        side = lambda S: torch.randn(R, S, HKV, D, device=DEV).bfloat16()  # noqa: E731
+        self.sink_k, self.sink_v = side(max(fmt.sink, 1)), side(max(fmt.sink, 1))
+        self.ring_k, self.ring_v = side(fmt.window), side(fmt.window)
+        self.indices = contiguous_indices(B, L, self.copies, offset=blk)
+        self.indptr = torch.arange(0, B * L + 1, L, dtype=torch.int32, device=DEV)
+        self.rows = [torch.arange(B, dtype=torch.int32, device=DEV) + 1 + c * B for c in range(self.copies)]
+        self.own = torch.zeros(R, dtype=torch.int32, device=DEV)
+        self.q = [torch.randn(B, HQ, D, device=DEV).bfloat16() for _ in range(self.copies)]
+        self.o = torch.empty(B, HQ, D, dtype=torch.bfloat16, device=DEV)
+
+    def fn(self, **kw):
+        f, state = self.fmt, [0]
+
+        def run():
+            c = state[0] = (state[0] + 1) % self.copies
+            ops.decode_attention_channel(
+                self.q[c], self.o, self.k_codes, self.k_params, self.v_codes, self.v_params,
+                self.sink_k, self.sink_v, self.ring_k, self.ring_v, self.indptr, self.indices[c],
+                self.rows[c], self.own, k_bits=f.k_bits, k_block=f.k_group, v_group=f.v_group,
+                sm_scale=D ** -0.5, **kw)
+        return run
+
+
 class Bf16Case:
     def __init__(self, B, L):
         self.B, self.L = B, L
@@ -582,6 +633,10 @@ def main():
     ap.add_argument("--out", help="write the markdown table here")
     ap.add_argument("--json", help="write the result JSON here (default: bench/results/kernels/<UTC date_time>.json)")
     ap.add_argument("--tune", action="store_true", help="also sweep INT2 decode tile/split settings")
+    ap.add_argument("--channel-formats", default="k3c64-v2t64,k2c64-v2t64",
+                    help="served per-channel KV formats also timed at every decode shape, same run "
+                    "(comma list of KVFormat names; '' = none). Default k3c64-v2t64 (the default) "
+                    "and k2c64-v2t64")
     ap.add_argument("--quick", action="store_true", help="two shapes only")
     ap.add_argument("--shapes", help="comma list of BxL, e.g. 8x32768,64x32768 (default: all)")
     ap.add_argument("--fast", action=argparse.BooleanOptionalAction, default=True,
@@ -614,6 +669,7 @@ def main():
     if args.shapes:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     shapes = [] if args.extend_only else shapes
+    channel_formats = {n: KVFormat.parse(n, head_dim=D) for n in filter(None, args.channel_formats.split(","))}
     bf_splits = [int(s) for s in args.bf16_splits.split(",")]
     rows, raw = [], {"copy_gbs": copy_gbs, "device": dev_name, "decode": [], "tune": []}
     for B, L in shapes:
@@ -679,7 +735,17 @@ def main():
             raw["tune"].append({"B": B, "L": L, "results": {str(k): v for k, v in tuned.items()}})
         del ic
         torch.cuda.empty_cache()
-        r = dict(B=B, L=L, bf16_ms=bf[best_s], bf16_splits=best_s, bf16_all=bf, int2_ms=t_int2,
+        chan = {}
+        for name in channel_formats:  # the served per-channel layouts, same run, same shape
+            cc = ChannelCase(B, L, channel_formats[name])
+            t = bench_graph(cc.fn(), cc.copies)
+            chan[name] = dict(ms=t, bytes=cc.bytes, gbs=cc.bytes / t / 1e6, pct_copy=100 * cc.bytes / t / 1e6 / copy_gbs,
+                              speedup_vs_bf16=bf[best_s] / t)
+            log(f"  channel {name} B={B} L={L}: {t * 1e3:.1f} us, {cc.bytes / 1e6:.1f} MB, "
+                f"{chan[name]['gbs']:.0f} GB/s ({chan[name]['pct_copy']:.0f}% of copy), {bf[best_s] / t:.2f}x SGLang BF16")
+            del cc
+            torch.cuda.empty_cache()
+        r = dict(B=B, L=L, bf16_ms=bf[best_s], bf16_splits=best_s, bf16_all=bf, int2_ms=t_int2, channel=chan,
                  flashinfer_ms=min(fi.values()) if fi else None, flashinfer_all={str(k): v for k, v in fi.items()},
                  int2_bytes=int2_bytes(B, L, GROUP), bf16_bytes=bf_b,
                  int2_tuned_ms=min(tuned.values()) if tuned else None)
@@ -730,6 +796,10 @@ def main():
     acc.append(("INT2 faster than SGLang BF16 at B=1 for every L >= 8K", ok2))
     ok3 = all(r["best_gbs"] >= 0.75 * copy_gbs for r in rows if r["B"] * r["L"] >= 262144)
     acc.append(("INT2 >= 75% of copy bandwidth on its bytes when B*L >= 256K", ok3))
+    for name in channel_formats:  # issue 18: the served per-channel layout keeps the bandwidth
+        at = [r["channel"][name]["pct_copy"] >= 80 for r in rows if (r["B"], r["L"]) == (8, 32768)]
+        if at:
+            acc.append((f"{name} decode >= 80% of copy bandwidth at B=8, L=32K", all(at)))
     acc = [] if args.extend_only else acc
     for name, ok in acc:
         log(f"ACCEPTANCE {'PASS' if ok else 'FAIL'}: {name}")
@@ -756,6 +826,14 @@ def main():
             f"| {100 * r['int2_gbs'] / copy_gbs:.0f}% | **{r['speedup']:.2f}x** |"
             + (f" {r['fast_ms'] * 1e3:.1f} us | {r['fast_gbs']:.0f} | {100 * r['fast_gbs'] / copy_gbs:.0f}% "
                f"| **{r['fast_speedup']:.2f}x** |" if "fast_ms" in r else ""))
+    if rows and channel_formats:
+        md += ["", "Per-channel key layouts (the served formats; pages of 64, sink 64 + ring 256 BF16), same run:", "",
+               "| B | L | " + " | ".join(f"{n} | GB/s | % of copy | vs BF16" for n in channel_formats) + " |",
+               "|---:|---:|" + "---:|---:|---:|---:|" * len(channel_formats)]
+        for r in rows:
+            md.append(f"| {r['B']} | {r['L'] // 1024}K | " + " | ".join(
+                f"{c['ms'] * 1e3:.1f} us | {c['gbs']:.0f} | {c['pct_copy']:.0f}% | {c['speedup_vs_bf16']:.2f}x"
+                for c in (r["channel"][n] for n in channel_formats)) + " |")
     fi_rows = [r for r in rows if r.get("flashinfer_ms")]
     if fi_rows:  # the second BF16 baseline, same run
         md += ["", "| B | L | FlashInfer BF16 decode (best of CUDA-core / tensor-core) | FlashInfer GB/s | "

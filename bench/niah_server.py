@@ -75,6 +75,13 @@ BASES = ("bf16", "fp8_e4m3", "int2")
 DEFAULT_SERVER_ARGS = ("--sampling-backend pytorch --grammar-backend none "
                        "--disable-prefill-cuda-graph --mem-fraction-static 0.3 "
                        "--cuda-graph-max-bs-decode 32 --disable-radix-cache")
+# --parallel: servers side by side on one GPU. --mem-fraction-static is then a share of what was
+# free when each started, so every server caps its own pool (SmolLM2 needs little) instead.
+PARALLEL_SERVER_ARGS = ("--sampling-backend pytorch --grammar-backend none "
+                        "--disable-prefill-cuda-graph --mem-fraction-static 0.9 "
+                        "--max-total-tokens 131072 --max-running-requests 64 "
+                        "--cuda-graph-max-bs-decode 32 --disable-radix-cache")
+PORT_STRIDE = 2000
 KLD_NOTE = ("not measured through a server: teacher-forced KLD vs the unquantised model comes "
             "from `oscar-sglang eval fidelity`; merge it with --extra-json")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -265,9 +272,13 @@ def write_results(path: Path, meta: dict, rows: list[dict]) -> Path:
 
 def run_all(configs: list[Config], runner: Callable[[Config, int], dict], path: Path, meta: dict,
             extras: list[dict] = (), deadline_s: float | None = None,
-            clock: Callable[[], float] = time.monotonic) -> list[dict]:
+            clock: Callable[[], float] = time.monotonic, parallel: int = 1) -> list[dict]:
     """Run each configuration, write the JSON after each one; a configuration that would end
-    after the deadline (judged by the longest one so far) is recorded as skipped."""
+    after the deadline (judged by the longest one so far) is recorded as skipped. parallel > 1:
+    that many configurations at once (their servers share the GPU; see --parallel); no deadline
+    skipping then, the file is rewritten as each one ends (rows in --configs order)."""
+    if parallel > 1:
+        return _run_parallel(configs, runner, path, meta, extras, parallel)
     t0, rows, longest = clock(), [], 0.0
     for i, cfg in enumerate(configs):
         start = clock()
@@ -276,11 +287,7 @@ def run_all(configs: list[Config], runner: Callable[[Config, int], dict], path: 
             row = {**build_row(cfg, {}), "error": f"skipped: it would end past --deadline-s "
                                                   f"{deadline_s:g} (elapsed {start - t0:.0f} s)"}
         else:
-            try:
-                res = runner(cfg, i)
-            except Exception as e:  # one broken server must not lose the other rows
-                res = {"error": f"{type(e).__name__}: {e}"}
-            row = build_row(cfg, res)
+            row = build_row(cfg, _run_one(runner, cfg, i))
             longest = max(longest, clock() - start)
         for ex in extras:
             merge_extra([row], ex)
@@ -288,6 +295,36 @@ def run_all(configs: list[Config], runner: Callable[[Config, int], dict], path: 
         left = unmatched_keys(rows, extras) if i == len(configs) - 1 else []
         write_results(path, {**meta, **({"extra_unmatched": left} if left else {})}, rows)
     return rows
+
+
+def _run_one(runner, cfg: Config, i: int) -> dict:
+    try:
+        return runner(cfg, i)
+    except Exception as e:  # one broken server must not lose the other rows
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def _run_parallel(configs, runner, path, meta, extras, parallel: int) -> list[dict]:
+    import concurrent.futures as cf
+    import threading
+
+    done: dict[int, dict] = {}
+    lock = threading.Lock()
+
+    def one(i: int, cfg: Config) -> None:
+        row = build_row(cfg, _run_one(runner, cfg, i))
+        for ex in extras:
+            merge_extra([row], ex)
+        with lock:
+            done[i] = row
+            rows = [done[j] for j in sorted(done)]
+            left = unmatched_keys(rows, extras) if len(done) == len(configs) else []
+            write_results(path, {**meta, **({"extra_unmatched": left} if left else {})}, rows)
+
+    with cf.ThreadPoolExecutor(parallel) as ex:
+        for f in [ex.submit(one, i, c) for i, c in enumerate(configs)]:
+            f.result()
+    return [done[i] for i in range(len(configs))]
 
 
 # ----------------------------------------------------------------------------- real servers
@@ -399,12 +436,10 @@ def niah_argv(cfg: Config, url: str, args, tokenizer: str, out_dir: Path) -> lis
 
 
 def real_runner(args, out: Path, model_path: str, served_name: str):
-    from oscar_sglang.tools import cli
-
     server_args = shlex.split(args.server_args)
 
     def run(cfg: Config, i: int) -> dict:
-        port = args.port + i
+        port = args.port + i * PORT_STRIDE  # SGLang takes more ports above its own (nccl: +100..1000)
         cmd = server_command(cfg, model_path, served_name, port, server_args)
         log = out / "logs" / f"server_{cfg.name}.log"
         res = {"server_cmd": cmd, "log": str(log.relative_to(out))}
@@ -413,13 +448,16 @@ def real_runner(args, out: Path, model_path: str, served_name: str):
             res["startup_s"] = round(srv.wait_ready(args.startup_timeout), 1)
             t0 = time.monotonic()
             argv = niah_argv(cfg, srv.url + "/v1", args, model_path, out / "niah")
-            rc = cli.main(argv)
+            # its own process: configurations may run side by side (--parallel)
+            with open(out / "logs" / f"niah_{cfg.name}.log", "w") as hlog:
+                rc = subprocess.run([sys.executable, "-m", "oscar_sglang.tools.cli", *argv],
+                                    stdout=hlog, stderr=subprocess.STDOUT).returncode
             res["niah_s"] = round(time.monotonic() - t0, 1)
             path = out / "niah" / f"niah_{cfg.name}.json"
             if path.is_file():
                 res["niah"] = json.loads(path.read_text())
             if rc != 0:
-                res["error"] = f"oscar-sglang {shlex.join(argv)} exited {rc}; see the log"
+                res["error"] = f"oscar-sglang {shlex.join(argv)} exited {rc}; see logs/niah_{cfg.name}.log"
         print(f"== {cfg.name}: up in {res['startup_s']} s, NIAH {res.get('niah_s')} s", flush=True)
         return res
 
@@ -445,8 +483,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="the HF copy of the embedded model for the bf16/fp8 servers and the "
                    "tokenizer (default: the dequantised copy of the embedded GGUF that "
                    "oscar_sglang.tools.models makes and `oscar-sglang serve` serves)")
-    p.add_argument("--server-args", default=DEFAULT_SERVER_ARGS,
-                   help=f"flags for every server (default: {DEFAULT_SERVER_ARGS})")
+    p.add_argument("--server-args", default=None,
+                   help=f"flags for every server (default: {DEFAULT_SERVER_ARGS}; with --parallel: "
+                   f"{PARALLEL_SERVER_ARGS})")
+    p.add_argument("--parallel", type=int, default=1,
+                   help="run this many configurations at once, each server on its own ports "
+                   "(accuracy does not depend on the co-tenants; kv_tokens comes from the plugin's "
+                   "sizing, not from these servers). Default 1")
     p.add_argument("--port", type=int, default=31000, help="first port (one per configuration)")
     p.add_argument("--seed", type=int, default=0, help="the harness's seed (same for all)")
     p.add_argument("--min-trials", type=int, default=200,
@@ -470,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--print-commands", action="store_true",
                    help="print each configuration's server command and environment, and exit")
     args = p.parse_args(argv)
+    if args.server_args is None:
+        args.server_args = PARALLEL_SERVER_ARGS if args.parallel > 1 else DEFAULT_SERVER_ARGS
 
     out = Path(args.out)
     json_path = Path(args.json) if args.json else (
@@ -500,7 +545,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_commands:
         for i, cfg in enumerate(configs):
             envs = " ".join(f"{k}={shlex.quote(v)}" for k, v in cfg.env.items())
-            cmd = server_command(cfg, model_path, served, args.port + i, shlex.split(args.server_args))
+            cmd = server_command(cfg, model_path, served, args.port + i * PORT_STRIDE,
+                                 shlex.split(args.server_args))
             print(f"{cfg.name}: {envs + ' ' if envs else ''}{shlex.join(cmd)}")
         return 0
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -512,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
                       "kld": KLD_NOTE,
                       "prompts_sha256": "equal across rows = the same prompts (paired)"}}
     rows = run_all(configs, real_runner(args, out, model_path, served), json_path, meta,
-                   extras, args.deadline_s)
+                   extras, args.deadline_s, parallel=args.parallel)
     for r in rows:
         print(f"{r['name']:>16}  kv {r['kv']:<9} niah {r['niah']}  contains {r['niah_contains']}  "
               f"trials {r['trials']}  kv_tokens {r['kv_tokens']}  backend {r['backend']}"

@@ -460,6 +460,29 @@ def test_bench_deadline_skips_what_would_not_finish(tmp_path):
     assert json.loads((tmp_path / "r.json").read_text())["rows"][2]["kv"] == "int2"
 
 
+def test_bench_parallel_runs_side_by_side_and_keeps_the_order(tmp_path):
+    """--parallel: configurations overlap (a barrier only opens when 3 runners are inside at
+    once), rows keep the --configs order, a failing runner still gives its row."""
+    import threading
+
+    b = load_bench()
+    barrier = threading.Barrier(3, timeout=30)
+
+    def runner(cfg, i):
+        barrier.wait()  # raises BrokenBarrierError if the three never overlap
+        if cfg.name == "fp8_e4m3":
+            raise RuntimeError("server exited with 1")
+        return {"error": f"no harness in this test ({i})"}
+
+    rows = b.run_all(b.parse_configs("bf16,fp8_e4m3,int2"), runner, tmp_path / "r.json", {},
+                     deadline_s=1, parallel=3)
+    assert [r["name"] for r in rows] == ["bf16", "fp8_e4m3", "int2"]
+    assert rows[0]["error"].endswith("(0)") and rows[2]["error"].endswith("(2)")
+    assert rows[1]["error"] == "RuntimeError: server exited with 1"
+    saved = json.loads((tmp_path / "r.json").read_text())["rows"]
+    assert [r["name"] for r in saved] == ["bf16", "fp8_e4m3", "int2"]
+
+
 HEALTH_SERVER = """
 import subprocess, sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -520,9 +543,11 @@ ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 """
 
 
-def test_bench_main_end_to_end_with_stand_in_servers(tmp_path, monkeypatch):
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_bench_main_end_to_end_with_stand_in_servers(tmp_path, monkeypatch, parallel):
     """main() with the server command swapped for a stdlib stand-in (no GPU here): servers are
-    started, waited for, asked, stopped; the JSON and logs land where the device run puts them."""
+    started, waited for, asked, stopped; the JSON and logs land where the device run puts them
+    (one after another, or side by side with --parallel)."""
     import socket
 
     b = load_bench()
@@ -539,10 +564,10 @@ def test_bench_main_end_to_end_with_stand_in_servers(tmp_path, monkeypatch):
     monkeypatch.setattr(b, "embedded_model", lambda: ("chars", "fake-model"))
     monkeypatch.setenv("OUT", str(tmp_path / "out"))
     rc = b.main(["--configs", "bf16,int2", "--port", str(port), "--min-trials", "100",
-                 "--concurrency", "8", "--startup-timeout", "60"])
+                 "--concurrency", "8", "--startup-timeout", "60", "--parallel", str(parallel)])
     assert rc == 0
     data = json.loads((tmp_path / "out" / "niah_server_h100.json").read_text())
-    assert [s[:2] for s in started] == [("bf16", port), ("int2", port + 1)]
+    assert sorted(s[:2] for s in started) == [("bf16", port), ("int2", port + b.PORT_STRIDE)]
     assert "--disable-radix-cache" in started[0][2]
     assert data["model"] == "fake-model" and data["command"].startswith("python bench/niah_server.py")
     for r in data["rows"]:
