@@ -40,6 +40,7 @@ import _results
 from oscar_kernels import Int2Format, KVFormat, ops
 from oscar_kernels.format import code_bytes
 from oscar_kernels import reference as ref
+from oscar_kernels.triton import attend_channel
 from oscar_kernels.triton import attend_fast as int2_fast
 from oscar_kernels.triton import decode as int2_decode
 
@@ -358,7 +359,8 @@ class ChannelCase:
 
         def run():
             c = state[0] = (state[0] + 1) % self.copies
-            ops.decode_attention_channel(
+            # tuning knobs (num_warps, num_stages, ...) exist on the Triton launcher only
+            (attend_channel.decode_attention_channel if kw else ops.decode_attention_channel)(
                 self.q[c], self.o, self.k_codes, self.k_params, self.v_codes, self.v_params,
                 self.sink_k, self.sink_v, self.ring_k, self.ring_v, self.indptr, self.indices[c],
                 self.rows[c], self.own, k_bits=f.k_bits, k_block=f.k_group, v_group=f.v_group,
@@ -641,6 +643,8 @@ def main():
     ap.add_argument("--shapes", help="comma list of BxL, e.g. 8x32768,64x32768 (default: all)")
     ap.add_argument("--fast", action=argparse.BooleanOptionalAction, default=True,
                     help="also time the fast INT2 decode kernel (attend_fast.py, OSCAR_INT2_DECODE_KERNEL=fast)")
+    ap.add_argument("--tune-channel", action="store_true", help="also time the per-channel decode at a few "
+                    "num_warps / num_stages settings")
     ap.add_argument("--tune-fast", action="store_true", help="also sweep a few settings of the fast kernel")
     ap.add_argument("--skip-store-extend", action="store_true", help="decode only (no store / extend timings)")
     ap.add_argument("--extend-only", action="store_true", help="only the extend-prefix check and timings "
@@ -670,6 +674,7 @@ def main():
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     shapes = [] if args.extend_only else shapes
     channel_formats = {n: KVFormat.parse(n, head_dim=D) for n in filter(None, args.channel_formats.split(","))}
+    channel_tune = [dict(num_warps=w, num_stages=st) for w, st in ((4, 3), (8, 2), (2, 2))] if args.tune_channel else []
     bf_splits = [int(s) for s in args.bf16_splits.split(",")]
     rows, raw = [], {"copy_gbs": copy_gbs, "device": dev_name, "decode": [], "tune": []}
     for B, L in shapes:
@@ -743,6 +748,13 @@ def main():
                               speedup_vs_bf16=bf[best_s] / t)
             log(f"  channel {name} B={B} L={L}: {t * 1e3:.1f} us, {cc.bytes / 1e6:.1f} MB, "
                 f"{chan[name]['gbs']:.0f} GB/s ({chan[name]['pct_copy']:.0f}% of copy), {bf[best_s] / t:.2f}x SGLang BF16")
+            for knobs in channel_tune:
+                try:
+                    tt = bench_graph(cc.fn(**knobs), cc.copies)
+                    log(f"  tune channel {name} B={B} L={L} {knobs}: {tt * 1e3:.1f} us ({cc.bytes / tt / 1e6 / copy_gbs:.0%} of copy)")
+                    raw["tune"].append({"B": B, "L": L, "channel": name, "knobs": str(knobs), "ms": tt})
+                except Exception as e:  # a setting that does not compile / fit: report, go on
+                    log(f"  tune channel {knobs} failed: {type(e).__name__}: {str(e)[:200]}")
             del cc
             torch.cuda.empty_cache()
         r = dict(B=B, L=L, bf16_ms=bf[best_s], bf16_splits=best_s, bf16_all=bf, int2_ms=t_int2, channel=chan,

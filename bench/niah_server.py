@@ -327,6 +327,62 @@ def _run_parallel(configs, runner, path, meta, extras, parallel: int) -> list[di
     return [done[i] for i in range(len(configs))]
 
 
+# ----------------------------------------------------------------------------- report
+
+
+def report_table(data: dict) -> str:
+    """The markdown Pareto table of a results file (docs/accuracy.md is made from it)."""
+    rows = data["rows"]
+    bf = next((r["niah"] for r in rows if r["kv"] == "bf16" and r.get("niah") is not None), None)
+    out = ["| configuration | KV | format | body bits / element | KV tokens (dummy Llama-3.1-8B, mem 0.85) "
+           "| NIAH (exact) | NIAH / BF16 | KLD | prompts |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(rows, key=lambda r: (-(r["body_bits_per_element"] or 0), r["name"])):
+        n = r.get("niah")
+        ratio = f"{n / bf:.2f}" if n is not None and bf else "-"
+        kld = f"{r['kld']:.4f}" if r.get("kld") is not None else "-"
+        name = f"**{r['name']}** (default)" if r.get("default") else r["name"]
+        bits = f"{r['body_bits_per_element']:.3g}" if r.get("body_bits_per_element") is not None else "-"
+        tokens = f"{r['kv_tokens']:,}" if r.get("kv_tokens") is not None else "-"
+        out.append(f"| {name} | {r['kv']} | {r.get('format') or '-'} | {bits} | {tokens} | "
+                   f"{n if n is not None else r.get('error', '-')} | {ratio} | {kld} | {r.get('trials') or '-'} |")
+    return "\n".join(out)
+
+
+def report_plot(data: dict, png: Path) -> Path:
+    """NIAH vs body bits per element and vs KV tokens; BF16 and FP8 as reference lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in data["rows"] if r.get("niah") is not None]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    for ax, key, label in ((axes[0], "body_bits_per_element", "bits per K/V element (scales included)"),
+                           (axes[1], "kv_tokens", "KV tokens, dummy Llama-3.1-8B on one H100 (mem 0.85)")):
+        for r in rows:
+            if r["kv"] != "int2":
+                ax.axhline(r["niah"], ls="--" if r["kv"] == "bf16" else ":", color="grey")
+                ax.annotate(f"{r['kv']} {r['niah']:.3f}", (0.01, r["niah"]), xycoords=("axes fraction", "data"),
+                            va="bottom", fontsize=8, color="grey")
+                if key == "kv_tokens":
+                    ax.plot(r[key], r["niah"], "s", color="grey")
+                continue
+            ax.plot(r[key], r["niah"], "*" if r.get("default") else "o", ms=12 if r.get("default") else 6,
+                    color="C3" if r.get("default") else "C0")
+            ax.annotate(r["name"], (r[key], r["niah"]), textcoords="offset points", xytext=(4, 3), fontsize=7)
+        ax.set_xlabel(label)
+        ax.set_ylabel(f"NIAH exact match ({rows[0]['trials']} prompts)")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"Served KV formats, {data['model']}, {data['device']}, {data['date'][:16]}")
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
+
+
 # ----------------------------------------------------------------------------- real servers
 
 
@@ -509,6 +565,9 @@ def main(argv: list[str] | None = None) -> int:
                    '{"default": {"kld": 0.05}, "bf16": {"kld": 0.0}} (repeatable)')
     p.add_argument("--from-json", default=None, metavar="RESULTS",
                    help="start no server: re-write RESULTS's rows with --extra-json merged")
+    p.add_argument("--report", default=None, metavar="RESULTS",
+                   help="start no server: print RESULTS's markdown Pareto table (and --plot it)")
+    p.add_argument("--plot", default=None, metavar="PNG", help="with --report: NIAH vs bits and vs KV tokens")
     p.add_argument("--progress", action="store_true", help="show the harness's progress bars")
     p.add_argument("--print-commands", action="store_true",
                    help="print each configuration's server command and environment, and exit")
@@ -526,6 +585,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(e))
     command = "python bench/niah_server.py " + shlex.join(sys.argv[1:] if argv is None else argv)
 
+    if args.report:
+        data = json.loads(Path(args.report).read_text())
+        print(report_table(data))
+        if args.plot:
+            print(f"wrote {report_plot(data, Path(args.plot))}")
+        return 0
     if args.from_json:
         prev = json.loads(Path(args.from_json).read_text())
         rows = prev.pop("rows")

@@ -483,6 +483,26 @@ def test_bench_parallel_runs_side_by_side_and_keeps_the_order(tmp_path):
     assert [r["name"] for r in saved] == ["bf16", "fp8_e4m3", "int2"]
 
 
+def test_bench_report_table_and_plot(tmp_path):
+    """--report: the Pareto table (NIAH / BF16 from the bf16 row, the default marked) and a plot."""
+    b = load_bench()
+    rows = [dict(name="bf16", kv="bf16", format=None, default=False, body_bits_per_element=16.0,
+                 kv_tokens=400, niah=0.8, trials=200, kld=0.0),
+            dict(name="int2", kv="int2", format="k3c64-v2t64", default=True, body_bits_per_element=3.0,
+                 kv_tokens=2000, niah=0.72, trials=200, kld=0.0046),
+            dict(name="bad", kv="int2", format=None, default=False, body_bits_per_element=None,
+                 kv_tokens=None, niah=None, trials=None, kld=None, error="server exited with 1")]
+    data = {"date": "2026-11-25T10:00:00", "device": "cpu", "model": "m", "rows": rows}
+    (tmp_path / "r.json").write_text(json.dumps(data))
+    table = b.report_table(data)
+    line = next(x for x in table.splitlines() if "(default)" in x)
+    assert "| 0.72 | 0.90 | 0.0046 | 200 |" in line and "2,000" in line
+    assert "server exited with 1" in table
+    png = tmp_path / "p.png"
+    assert b.main(["--report", str(tmp_path / "r.json"), "--plot", str(png)]) == 0
+    assert png.stat().st_size > 10_000
+
+
 HEALTH_SERVER = """
 import subprocess, sys
 from http.server import BaseHTTPRequestHandler, HTTPServer

@@ -200,10 +200,12 @@ def attend_channel_kernel(
         blk = tl.where(jb < n_a, jb, jb - n_a + start_b)
         p = blk * BLK + offs
         body = (p < ring_lo) & ((p < sink_lo) | (p >= sink_hi))
-        # masked lanes read slot 0 (any pool row) and get -inf scores, zero value params
-        slot = tl.load(idx_base + p, mask=body, other=0).to(tl.int64)
-        # blocks are pages: the block's first position (always < kv_len) names its page
+        # blocks are pages: the block's first position (always < kv_len) names its page, and its
+        # positions are the page's BLK consecutive slots, so the tile's addresses are affine
+        # (vectorised loads, no per-token index gather). Masked lanes read their page's own
+        # slots and get -inf scores and zero value params.
         page = (tl.load(idx_base + blk * BLK) // BLK).to(tl.int64)
+        slot = page * BLK + offs
         kcb = KCh + slot[:, None] * stride_kcn
         kc = tl.load(kcb + dq[None, :]).to(tl.int32)
         kc2 = kc
