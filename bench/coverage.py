@@ -276,9 +276,11 @@ def run_server(model: Path, kv: str, row: dict, port: int, args, log_dir: Path) 
 
     cmd = server_command(model, kv, row, port, args.server_args)
     log = log_dir / f"{row['name']}_{kv}.log"
-    res = {"command": shlex.join(cmd), "log": str(log)}
-    print(f"== {row['name']} {kv}: {res['command']}", file=sys.stderr, flush=True)
-    with Server(cmd, {}, log, port) as srv:
+    env = row.get("env", {}) if kv == "int2" else {}  # plugin settings (e.g. OSCAR_KV_FORMAT)
+    res = {"command": shlex.join(cmd), "env": env, "log": str(log)}
+    print(f"== {row['name']} {kv}: {' '.join(f'{k}={v}' for k, v in env.items())} {res['command']}",
+          file=sys.stderr, flush=True)
+    with Server(cmd, env, log, port) as srv:
         try:
             res["startup_s"] = round(wait_up(srv, args.startup_timeout), 1)
         except RuntimeError as e:
