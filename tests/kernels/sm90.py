@@ -135,6 +135,36 @@ def _ptxas_spills(k) -> dict:
             "spill_loads": int(m.group(3))}
 
 
+def _sass_loops(k) -> list:
+    """Loops of the kernel's SASS (a backward branch to an earlier address): for each, its
+    instruction count, MMAs (HMMA) and warp-level sync-free body, largest first. A loop's
+    instruction count per iteration is the cost of one tile (the INT2 / body loop has the most)."""
+    import tempfile
+
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([str(tool), "-sass", f.name], check=True, capture_output=True, text=True).stdout
+    ins = []  # (address, text)
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(2)))
+    loops = []
+    for i, (addr, txt) in enumerate(ins):
+        b = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", txt)
+        if b and int(b.group(1), 16) < addr:
+            body = [t for a, t in ins if int(b.group(1), 16) <= a <= addr]
+            loops.append({"instructions": len(body), "hmma": sum("HMMA" in t for t in body),
+                          "lop3": sum("LOP3" in t for t in body), "prmt": sum("PRMT" in t for t in body),
+                          "i2f": sum("I2F" in t for t in body), "ldg": sum("LDG" in t or "LDGSTS" in t for t in body),
+                          "shfl": sum("SHFL" in t for t in body), "mufu": sum("MUFU" in t for t in body)})
+    return sorted(loops, key=lambda l: -l["instructions"])
+
+
 def _pool(N, D, G, rows):
     import torch
 
@@ -165,7 +195,8 @@ def decode(int2_stages=None, fused_merge=False) -> dict:
         sm_scale=D ** -0.5, max_kv_splits=ms, attn_logits=torch.zeros(B, HQ, ms, D),
         attn_lse=torch.zeros(B, HQ, ms), **kw), [(attend_fast, "attend_fast_kernel"), (dec, "_merge_splits_kernel")])
     (fn, a, k), = [c for c in calls if c[0] is not dec._merge_splits_kernel]
-    return _report(_compile(fn, a, k))
+    c = _compile(fn, a, k)
+    return {**_report(c), "loops": _sass_loops(c)[:3]}
 
 
 def extend() -> dict:
@@ -242,7 +273,7 @@ def channel(bits=3, batch=64, L=32768, D=128, block=64, v_group=64, **knobs) -> 
         max_kv_splits=18, **knobs), [(ch, "attend_channel_kernel"), (dec, "_merge_splits_kernel")])
     (fn, a, k), = [c for c in calls if c[0] is not dec._merge_splits_kernel]
     c = _compile(fn, a, k)
-    return {**_report(c), **_ptxas_spills(c), "bits": bits, "batch": batch, "knobs": {k_: str(v) for k_, v in knobs.items()}}
+    return {**_report(c), **_ptxas_spills(c), "loops": _sass_loops(c)[:3], "bits": bits, "batch": batch, "knobs": {k_: str(v) for k_, v in knobs.items()}}
 
 
 def main(argv: list[str]) -> int:
