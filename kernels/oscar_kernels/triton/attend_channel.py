@@ -44,15 +44,20 @@ import triton.language as tl
 
 from ..format import PAGE_SIZES, code_bytes
 from .attend import (
-    LN2, LOG2E, PV_DTYPE, _bf16_source_loop, _cap_and_scale, _online_softmax, _pick4, _unpack_params,
+    INT2_STAGES, LN2, LOG2E, PV_DTYPE, USE_ASM, _bf16_source_loop, _cap_and_scale, _online_softmax, _pick4, _unpack_params,
     as_param_words, empty_softmax_state, load_q_quarters, num_splits_of, pool_launch_args,
     source_ranges, split_ranges,
 )
+from .attend_fast import _quarter_v, _v_scale
 from .decode import BLOCK_B, MIN_CHUNK, default_max_splits, merge_splits, plan_decode
 from .extend_prefix import extend_outputs
 
 CHANNEL_HEAD_DIMS = (64, 128)
 CHANNEL_KEY_BITS = (2, 3, 4)
+# Decode warps per key width: the transposed body's [64 keys, 8 rows] tiles are one warp's MMAs
+# (attend_fast); 3-bit keys build their codes in 32-bit registers and spill at one warp (sm_90
+# ptxas: 480 B), so they take two. Offline SASS only (tests/kernels/sm90.py): not yet timed.
+DECODE_NUM_WARPS = {2: 1, 3: 2, 4: 1}
 
 
 @triton.jit
@@ -76,6 +81,156 @@ def _key_quarter(kc, kc2, hb, J: tl.constexpr, BITS: tl.constexpr, QD: tl.conste
     return c
 
 
+# Decode body (SPLIT): both products transposed as in attend_fast (keys / value dims fill the
+# MMA's 16-row side, the GQA rows its 8-column side: BLOCK_M = 8 at GQA <= 8), code operands made
+# with the bf16 exponent trick instead of int -> float conversions: bits 0x4300 | x are 128 + x,
+# so a masked code field ORed under that exponent is BODY_OFS + code * scale exactly (one lop3 per
+# two codes, attend_fast._quarter_v; 4-bit nibbles and 3-bit codes below). The offsets are removed
+# per row: for keys through the (q * s) . m row constant, for values after the loop (attend_fast).
+BODY_OFS = tl.constexpr(128.0)
+
+
+@triton.jit
+def _k_scale_ch(J: tl.constexpr, BITS: tl.constexpr):
+    """Scale of key quarter J's operand (its code field's place value)."""
+    if BITS == 2:
+        r = _v_scale(J)
+    else:
+        r = 1.0
+    return r
+
+
+@triton.jit
+def _key_operand(kc, kc2, hb, J: tl.constexpr, BITS: tl.constexpr, QD: tl.constexpr, DT: tl.constexpr,
+                 USE_ASM: tl.constexpr):
+    """Key quarter J as an MMA operand [BLK, D/4] in DT: BODY_OFS + code * _k_scale_ch(J, BITS)
+    with USE_ASM (bf16), the exact code without (interpreter). kc / kc2 / hb: _key_quarter's."""
+    if USE_ASM:
+        if BITS == 2:
+            r = _quarter_v(kc.to(tl.uint16), J, DT, USE_ASM)
+        elif BITS == 4:
+            src = kc if J % 2 == 0 else kc2
+            if J // 2 == 0:
+                r = tl.inline_asm_elementwise(
+                    "{.reg .b32 m; mov.b32 m, 0x43004300; lop3.b32 $0, $1, 0x000F000F, m, 0xEA;}",
+                    "=r,r", [src.to(tl.uint16)], dtype=tl.bfloat16, is_pure=True, pack=2)
+            else:
+                r = tl.inline_asm_elementwise(
+                    "{.reg .b32 m, w; mov.b32 m, 0x43004300; shr.b32 w, $1, 4; lop3.b32 $0, w, 0x000F000F, m, 0xEA;}",
+                    "=r,r", [src.to(tl.uint16)], dtype=tl.bfloat16, is_pure=True, pack=2)
+        else:
+            c = _key_quarter(kc.to(tl.int32), kc2, hb.to(tl.int32), J, BITS, QD)
+            r = (c | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        return r.to(DT)
+    else:
+        return _key_quarter(kc.to(tl.int32), kc2.to(tl.int32), hb.to(tl.int32), J, BITS, QD).to(DT)
+
+
+@triton.jit
+def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, start_b, ring_lo, sink_lo, sink_hi,
+                 idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
+                 sm_scale_log2, logit_cap,
+                 D: tl.constexpr, DV: tl.constexpr, BITS: tl.constexpr, BLK: tl.constexpr, GV: tl.constexpr,
+                 BLOCK_M: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, USE_ASM: tl.constexpr,
+                 STAGES: tl.constexpr):
+    """Decode's quantised body blocks [j_lo, j_hi) (see _key_operand's note), continuing the BF16
+    loops' softmax state (row-major a0..a3 [rows, Dv/4]); returns it in the same form."""
+    QD: tl.constexpr = D // 4
+    QDV: tl.constexpr = DV // 4
+    OFS: tl.constexpr = BODY_OFS if USE_ASM else 0.0
+    QSC = 1.0 if LOGIT_CAP else sm_scale_log2
+    # q^T quarters [D/4, rows] in fp32, the softmax scale folded in (unless capped)
+    q0t = tl.trans(q0.to(tl.float32) * QSC)
+    q1t = tl.trans(q1.to(tl.float32) * QSC)
+    q2t = tl.trans(q2.to(tl.float32) * QSC)
+    q3t = tl.trans(q3.to(tl.float32) * QSC)
+    # value accumulators transposed [Dv/4, rows], in operand units (attend_fast): a'_j = vs_j a_j;
+    # per quarter the per-row sums sum(p * mn), sum(p * sc) of its value group, added after the loop
+    a0 = tl.trans(a0 * _v_scale(0) if USE_ASM else a0)
+    a1 = tl.trans(a1 * _v_scale(1) if USE_ASM else a1)
+    a2 = tl.trans(a2 * _v_scale(2) if USE_ASM else a2)
+    a3 = tl.trans(a3 * _v_scale(3) if USE_ASM else a3)
+    zero = tl.zeros([BLOCK_M], tl.float32)
+    bm0, bm1, bm2, bm3 = zero, zero, zero, zero
+    bs0, bs1, bs2, bs3 = zero, zero, zero, zero
+    offs = tl.arange(0, BLK)
+    dq = tl.arange(0, QD)
+    dv = tl.arange(0, QDV)
+    for jb in tl.range(j_lo, j_hi, num_stages=STAGES):
+        blk = tl.where(jb < n_a, jb, jb - n_a + start_b)
+        p = blk * BLK + offs
+        body = (p < ring_lo) & ((p < sink_lo) | (p >= sink_hi))
+        slot = tl.load(idx_base + p, mask=body, other=0).to(tl.int64)
+        page = (tl.load(idx_base + blk * BLK) // BLK).to(tl.int64)
+        kcb = KCh + slot[:, None] * stride_kcn
+        kc = tl.load(kcb + dq[None, :])
+        kc2 = kc
+        hb = kc
+        if BITS == 3:
+            hb = tl.load(kcb + QD + (dq % (QD // 2))[None, :])
+        if BITS == 4:
+            kc2 = tl.load(kcb + QD + dq[None, :])
+        kpb = KPh + page * stride_kpn + dq
+        vct = tl.load(VCh + slot[None, :] * stride_vcn + dv[:, None])
+        # scores s^T [keys, rows] = sum_j op_j @ (q_j * s_j / ks_j)^T + row constant
+        qc = tl.zeros([QD, BLOCK_M], tl.float32)  # per-dim terms of the row constant
+        part = tl.zeros([BLK, BLOCK_M], tl.float32)
+        for j in tl.static_range(4):
+            sc, mn = _unpack_params(tl.load(kpb + j * QD))
+            qjt = _pick4(j, q0t, q1t, q2t, q3t)
+            ksc = sc * (1.0 / _k_scale_ch(j, BITS)) if USE_ASM else sc
+            qs = (qjt * ksc[:, None]).to(PV_DT)
+            part = tl.dot(_key_operand(kc, kc2, hb, j, BITS, QD, PV_DT, USE_ASM), qs, part)
+            # (q s) . m, minus the offset's share OFS * sum(qs) (from the rounded qs: exact removal)
+            qc += qjt * mn[:, None] - OFS * qs.to(tl.float32)
+        st = part + tl.sum(qc, 0)[None, :]
+        if LOGIT_CAP:
+            st = _cap_and_scale(st, sm_scale_log2, logit_cap, LOGIT_CAP)
+        st = tl.where(body[:, None], st, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(st, 0))
+        alpha = tl.exp2(m_i - m_new)
+        pt = tl.exp2(st - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(pt, 0)
+        m_i = m_new
+        al = alpha[None, :]
+        v16 = vct.to(tl.uint16)
+        for j in tl.static_range(4):
+            if (j * QDV) % GV == 0:  # first quarter of a value group: p * scale, row sums
+                vsc, vmn = _unpack_params(tl.load(VPh + slot * stride_vpn + (j * QDV) // GV))
+                # masked lanes read slot 0: whatever it holds must not reach the output (0 * NaN)
+                vsc = tl.where(body, vsc, 0.0)
+                vmn = tl.where(body, vmn, 0.0)
+                pst = (pt * vsc[:, None]).to(PV_DT)
+                gmn = tl.sum(pt * vmn[:, None], 0)
+                gsc = tl.sum(pst.to(tl.float32), 0)
+            if USE_ASM:
+                op = _quarter_v(v16, j, PV_DT, USE_ASM)
+            else:
+                op = ((vct >> (2 * j)) & 3).to(PV_DT)
+            if j == 0:
+                a0 = tl.dot(op, pst, a0 * al)
+                bm0 = bm0 * alpha + gmn
+                bs0 = bs0 * alpha + gsc
+            elif j == 1:
+                a1 = tl.dot(op, pst, a1 * al)
+                bm1 = bm1 * alpha + gmn
+                bs1 = bs1 * alpha + gsc
+            elif j == 2:
+                a2 = tl.dot(op, pst, a2 * al)
+                bm2 = bm2 * alpha + gmn
+                bs2 = bs2 * alpha + gsc
+            else:
+                a3 = tl.dot(op, pst, a3 * al)
+                bm3 = bm3 * alpha + gmn
+                bs3 = bs3 * alpha + gsc
+    # a_j = (a'_j - OFS * sum(p sc)) / vs_j + sum(p mn), back to row-major [rows, Dv/4]
+    a0 = tl.trans((a0 - OFS * bs0[None, :]) * (1.0 / _v_scale(0) if USE_ASM else 1.0) + bm0[None, :])
+    a1 = tl.trans((a1 - OFS * bs1[None, :]) * (1.0 / _v_scale(1) if USE_ASM else 1.0) + bm1[None, :])
+    a2 = tl.trans((a2 - OFS * bs2[None, :]) * (1.0 / _v_scale(2) if USE_ASM else 1.0) + bm2[None, :])
+    a3 = tl.trans((a3 - OFS * bs3[None, :]) * (1.0 / _v_scale(3) if USE_ASM else 1.0) + bm3[None, :])
+    return m_i, l_i, a0, a1, a2, a3
+
+
 # num_mb (query blocks per KV head, extend only) follows the longest new-token run of the batch: a
 # runtime argument, as in attend.attend_kernel (a constexpr would compile a kernel per chunk length)
 @triton.jit(do_not_specialize=["num_mb"])
@@ -97,6 +252,7 @@ def attend_channel_kernel(
     GV: tl.constexpr, S: tl.constexpr, W: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, HAS_NSPLITS: tl.constexpr,
     MIN_CHUNK: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, NB16: tl.constexpr,
+    USE_ASM: tl.constexpr = False, STAGES: tl.constexpr = 2,
 ):
     """SPLIT (decode): grid (B, Hkv, max splits), one query token per request (token b), rows =
     the GQA group; qo_indptr / num_mb unused. Not SPLIT (extend-prefix): grid (B, Hkv * num_mb, 1),
@@ -196,6 +352,12 @@ def attend_channel_kernel(
     VCh = VC + kvh64 * stride_vch
     VPh = VP + kvh64 * stride_vph
     idx_base = kv_indices + kv_start
+    if SPLIT:
+        m_i, l_i, a0, a1, a2, a3 = _decode_body(
+            q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, start_b, ring_lo, sink_lo, sink_hi,
+            idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
+            sm_scale_log2, logit_cap, D, DV, BITS, BLK, GV, BLOCK_M, LOGIT_CAP, PV_DT, USE_ASM, STAGES)
+        j_hi = j_lo  # the extend loop below walks nothing
     for jb in range(j_lo, j_hi):
         blk = tl.where(jb < n_a, jb, jb - n_a + start_b)
         p = blk * BLK + offs
@@ -307,10 +469,13 @@ def decode_attention_channel(
     q, o, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
     kv_indptr, kv_indices, req_rows, own_start, *, k_bits, k_block, v_group, sm_scale,
     sink_start=None, num_kv_splits=None, max_kv_splits=None, attn_logits=None, attn_lse=None,
-    logit_cap=0.0, min_chunk=None, bf16_keys_per_split=None, num_warps=4, num_stages=2,
+    logit_cap=0.0, min_chunk=None, bf16_keys_per_split=None, num_warps=None, num_stages=2,
+    num_int2_stages=None,
 ):
     """See ops.decode_attention_channel; min_chunk / bf16_keys_per_split / num_warps /
     num_stages are tuning knobs (decode.py's meaning)."""
+    import torch
+
     check_channel_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_bits, k_block, v_group)
     sink_start = own_start if sink_start is None else sink_start
     B, Hq, D = q.shape
@@ -331,10 +496,11 @@ def decode_attention_channel(
         num_kv_splits if num_kv_splits is not None else kv_indptr,
         sm_scale * LOG2E, float(logit_cap), int(max_kv_splits), 1,
         GQA=gqa, D=D, DV=v_codes.shape[-1] * 4, BITS=k_bits, BLK=k_block, GV=v_group,
-        S=sink_k.shape[1], W=ring_k.shape[1], BLOCK_M=max(16, triton.next_power_of_2(gqa)),
+        S=sink_k.shape[1], W=ring_k.shape[1], BLOCK_M=max(8, triton.next_power_of_2(gqa)),
         BLOCK_B=BLOCK_B, SPLIT=True, HAS_NSPLITS=num_kv_splits is not None, MIN_CHUNK=min_chunk,
         LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE, NB16=nb16,
-        num_warps=num_warps, num_stages=num_stages,
+        USE_ASM=USE_ASM and q.dtype == torch.bfloat16, STAGES=num_int2_stages or INT2_STAGES,
+        num_warps=num_warps or DECODE_NUM_WARPS[k_bits], num_stages=num_stages,
     )
     return merge_splits(o, attn_logits, attn_lse, kv_indptr, req_rows, own_start, sink_start,
                         num_kv_splits, max_kv_splits, nb16, min_chunk, sink_k.shape[1], ring_k.shape[1])
