@@ -644,7 +644,7 @@ def main():
     ap.add_argument("--fast", action=argparse.BooleanOptionalAction, default=True,
                     help="also time the fast INT2 decode kernel (attend_fast.py, OSCAR_INT2_DECODE_KERNEL=fast)")
     ap.add_argument("--tune-channel", action="store_true", help="also time the per-channel decode at a few "
-                    "num_warps / num_stages settings")
+                    "num_warps / body-loop pipeline depths")
     ap.add_argument("--tune-fast", action="store_true", help="also sweep a few settings of the fast kernel")
     ap.add_argument("--skip-store-extend", action="store_true", help="decode only (no store / extend timings)")
     ap.add_argument("--extend-only", action="store_true", help="only the extend-prefix check and timings "
@@ -674,7 +674,8 @@ def main():
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     shapes = [] if args.extend_only else shapes
     channel_formats = {n: KVFormat.parse(n, head_dim=D) for n in filter(None, args.channel_formats.split(","))}
-    channel_tune = [dict(num_warps=w, num_stages=st) for w, st in ((4, 3), (8, 2), (2, 2))] if args.tune_channel else []
+    channel_tune = ([dict(num_warps=w) for w in (1, 2, 4)] + [dict(num_int2_stages=st) for st in (2, 3)]
+                    if args.tune_channel else [])
     bf_splits = [int(s) for s in args.bf16_splits.split(",")]
     rows, raw = [], {"copy_gbs": copy_gbs, "device": dev_name, "decode": [], "tune": []}
     for B, L in shapes:
