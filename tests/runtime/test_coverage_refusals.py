@@ -13,24 +13,32 @@ from tests import ROOT
 
 MODELS = ROOT / "launch" / "models"
 MATRIX = json.loads((MODELS / "matrix.json").read_text())["rows"]
-# what each refused row's message must name (why), besides what to use instead
-WHY = {"sliding-window": "sliding_window=4096", "hybrid-linear": "linear-attention"}
+# what each refused row's message must name (why), and what to use instead
+WHY = {"sliding-window": "sliding_window=4096", "hybrid-linear": "linear-attention",
+       "hd256-mha": "head_dim 256"}
+INSTEAD = {"hd256-mha": "OSCAR_KV_FORMAT=token"}
 
 
-@pytest.mark.parametrize("config", sorted({r["config"] for r in MATRIX}))
-def test_matrix_rows_are_refused_exactly_when_expected(config):
+@pytest.mark.parametrize("name", [r["name"] for r in MATRIX])
+def test_matrix_rows_are_refused_exactly_when_expected(name):
+    """The model's refusals and its KV format's (the row's plugin env, e.g. OSCAR_KV_FORMAT)."""
     from sglang.srt.configs.model_config import ModelConfig
 
-    mc = ModelConfig(str(MODELS / config))
+    from oscar_sglang.runtime.config import load_config
+
+    r = next(r for r in MATRIX if r["name"] == name)
+    mc = ModelConfig(str(MODELS / r["config"]))
     problems = F.model_problems(mc, hybrid_linear=F.is_hybrid_linear(mc))
-    rows = [r for r in MATRIX if r["config"] == config]
-    for r in rows:
-        if r["expect"] == "served":
-            assert problems == [], (r["name"], problems)
-        else:
-            assert problems, r["name"]
-            assert any(WHY[r["kind"]] in p for p in problems), problems
-            assert all(F.INSTEAD in p for p in problems)
+    problems += F.format_problems(load_config(r.get("env", {})), mc)
+    if r["expect"] == "served":
+        assert problems == [], (r["name"], problems)
+    else:
+        assert problems, r["name"]
+        assert any(WHY[r["kind"]] in p for p in problems), problems
+        # every message says what to do instead: another KV cache, or another KV format
+        assert all(F.INSTEAD in p or "use OSCAR_KV_FORMAT=" in p for p in problems), problems
+        if r["kind"] in INSTEAD:
+            assert any(INSTEAD[r["kind"]] in p for p in problems), problems
     with pytest.raises(F.Int2Unsupported) if problems else contextlib.nullcontext():
         F.raise_if_any(problems)
 
