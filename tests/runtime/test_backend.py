@@ -108,6 +108,23 @@ def _reference(q, keys, vals):
     return torch.einsum("hn,nhd->hd", p, v.repeat_interleave(g, 1))
 
 
+def _decode_batch(b, req_to_token, rows, lens, splits=(4, 3)):
+    """One decode step's ForwardBatch stand-in and metadata (the last position of each row's
+    lens), prepared on backend b as SGLang would; -> the batch."""
+    pos = lens - 1
+    fb = SimpleNamespace(batch_size=len(rows), req_pool_indices=rows, seq_lens=lens, positions=pos,
+                         out_cache_loc=torch.stack([req_to_token[r, p] for r, p in zip(rows.tolist(), pos.tolist())]),
+                         forward_mode=SimpleNamespace(is_extend=lambda: False))
+    b.forward_metadata = SimpleNamespace(
+        kv_indptr=torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0).int()]),
+        kv_indices=torch.cat([req_to_token[r, :n] for r, n in zip(rows.tolist(), lens.tolist())]),
+        num_kv_splits=torch.tensor(splits, dtype=torch.int32),
+        attn_logits=torch.empty(len(rows), Hq, max(splits), D), attn_lse=torch.empty(len(rows), Hq, max(splits)),
+    )
+    b._prepare_forward(fb)
+    return fb
+
+
 def _rot(x, R):  # x [n, H, D] -> rotated like the backend (fp32 GEMM, result in x's dtype)
     return torch.einsum("thd,hde->the", x.float(), R.expand(H, D, D) if R.dim() == 2 else R).to(x.dtype)
 
@@ -214,16 +231,7 @@ def test_extend_chunks_radix_share_and_decode(backend_cls, seed):
         lens = lens + 1
         pos = lens - 1
         rows = torch.tensor([rowA, rowB])
-        fb = SimpleNamespace(batch_size=2, req_pool_indices=rows, seq_lens=lens, positions=pos,
-                             out_cache_loc=torch.stack([req_to_token[r, p] for r, p in zip(rows.tolist(), pos.tolist())]),
-                             forward_mode=SimpleNamespace(is_extend=lambda: False))
-        b.forward_metadata = SimpleNamespace(
-            kv_indptr=torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0).int()]),
-            kv_indices=torch.cat([req_to_token[r, :n] for r, n in zip(rows.tolist(), lens.tolist())]),
-            num_kv_splits=torch.tensor([4, 3], dtype=torch.int32),
-            attn_logits=torch.empty(2, Hq, 4, D), attn_lse=torch.empty(2, Hq, 4),
-        )
-        b._prepare_forward(fb)
+        fb = _decode_batch(b, req_to_token, rows, lens)
         q = torch.stack([qA[pos[0]], qB[pos[1]]])
         k = torch.stack([src[0][0][pos[0]], src[1][0][pos[1]]])
         v = torch.stack([src[0][1][pos[0]], src[1][1][pos[1]]])

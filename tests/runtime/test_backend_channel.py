@@ -26,7 +26,9 @@ import torch
 from oscar_kernels import reference as ref
 from oscar_kernels.format import KVFormat
 
-from .test_backend import Hq, H, D, _close, _heavy, _reference, _rot, _signed_perm, backend_cls  # noqa: F401
+from .test_backend import (  # noqa: F401
+    Hq, H, D, _close, _decode_batch, _heavy, _reference, _rot, _signed_perm, backend_cls,
+)
 
 B, S, W = 32, 4, 32
 FMT = KVFormat(D, k_bits=3, k_layout="channel", k_group=B, v_group=32, sink=S, window=W)
@@ -152,16 +154,7 @@ def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, 
         lens = lens + 1
         pos = lens - 1
         rows = torch.tensor([rowA, rowB])
-        fb = SimpleNamespace(batch_size=2, req_pool_indices=rows, seq_lens=lens, positions=pos,
-                             out_cache_loc=torch.stack([req_to_token[r, p] for r, p in zip(rows.tolist(), pos.tolist())]),
-                             forward_mode=SimpleNamespace(is_extend=lambda: False))
-        b.forward_metadata = SimpleNamespace(
-            kv_indptr=torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0).int()]),
-            kv_indices=torch.cat([req_to_token[r, :n] for r, n in zip(rows.tolist(), lens.tolist())]),
-            num_kv_splits=torch.tensor([4, 3], dtype=torch.int32),
-            attn_logits=torch.empty(2, Hq, 4, D), attn_lse=torch.empty(2, Hq, 4),
-        )
-        b._prepare_forward(fb)
+        fb = _decode_batch(b, req_to_token, rows, lens)
         pick = lambda i: torch.stack([s[i][p] for s, p in zip(seqs, pos.tolist())])  # noqa: E731
         o = b.forward_decode(pick(5).reshape(2, Hq * D), pick(1).reshape(2, H * D), pick(2).reshape(2, H * D), layer, fb)
         o = o.float().reshape(2, Hq, D)

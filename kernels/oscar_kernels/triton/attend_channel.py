@@ -39,6 +39,7 @@ overwrites ring entries of the prefix and may complete its last block.
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -429,8 +430,6 @@ def attend_channel_kernel(
 
 def check_channel_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_bits, k_block, v_group):
     """Clear errors for shapes, bits and blocks this kernel does not handle."""
-    import torch
-
     D = q.shape[-1]
     if D not in CHANNEL_HEAD_DIMS:
         raise ValueError(f"channel-key attention: head_dim {D} is not supported {CHANNEL_HEAD_DIMS}")
@@ -474,8 +473,6 @@ def decode_attention_channel(
 ):
     """See ops.decode_attention_channel; min_chunk / bf16_keys_per_split / num_warps /
     num_stages are tuning knobs (decode.py's meaning)."""
-    import torch
-
     check_channel_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_bits, k_block, v_group)
     sink_start = own_start if sink_start is None else sink_start
     B, Hq, D = q.shape
