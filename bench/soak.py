@@ -743,27 +743,87 @@ async def _managed(name: str, args, i: int, stop_all) -> dict:
     return row
 
 
-def _write(out: Path, meta: dict, rows: list[dict], args) -> None:
+def kv_kind(row: dict) -> str | None:
+    """int2 / bf16 / fp8_e4m3 of a row: from the server's command when this script started it,
+    else from the name (int2..., bf16..., fp8...)."""
+    cmd = row.get("server_command") or ""
+    if "--kv-cache-dtype int2" in cmd:
+        return "int2"
+    if "--kv-cache-dtype fp8_e4m3" in cmd:
+        return "fp8_e4m3"
+    if cmd:
+        return "bf16"
+    name = str(row.get("name", ""))
+    return next((k for k in ("int2", "bf16", "fp8_e4m3") if name.startswith(k[:4])), None)
+
+
+def pooled_accuracy(rows: list[dict], kind: str, phase: str) -> float | None:
+    """Probe accuracy of one phase (alone / loaded / after) over every row of a KV kind, each
+    probe counted once (rows weighted by their probe counts)."""
+    n = right = 0
+    for r in rows:
+        acc, k = r.get(f"probe_accuracy_{phase}"), r.get(f"probes_{phase}") or 0
+        if kv_kind(r) == kind and acc is not None and k:
+            n, right = n + k, right + acc * k
+    return round(right / n, 4) if n else None
+
+
+def summary(rows: list[dict]) -> dict:
+    """Run-wide values of the result document (issue 20's keys): totals over every row, the
+    pooled probe accuracies per KV kind."""
     done = [r for r in rows if "requests" in r]
     leaks = [r["pool_leak_tokens"] for r in done if r.get("pool_leak_tokens") is not None]
+    out = dict(duration_s=round(sum(r.get("duration_s") or 0 for r in done), 1),
+               requests=sum(r["requests"] for r in done),
+               aborted=sum(r["aborted"] for r in done),
+               errors_4xx=sum(r["errors_4xx"] for r in done),
+               errors_5xx=sum(r["errors_5xx"] for r in done),
+               crashes=sum(r["crashes"] for r in done),
+               # a row that never got idle has no leak figure: that is not a pass
+               pool_leak_tokens=(max(leaks) if leaks and len(leaks) == len(done) else None))
+    for kind in ("int2", "bf16"):
+        for phase in ("alone", "loaded"):
+            out[f"probe_accuracy_{kind}_{phase}"] = pooled_accuracy(done, kind, phase)
+    a, b = out["probe_accuracy_int2_alone"], out["probe_accuracy_int2_loaded"]
+    out["int2_loaded_minus_alone_points"] = round(100 * (b - a), 2) if a is not None and b is not None else None
+    return out
+
+
+def _write(out: Path, meta: dict, rows: list[dict], args) -> None:
+    done = [r for r in rows if "requests" in r]
     model = ", ".join(sorted({str(r.get("model")) for r in done})) or meta.get("model_hint") or "unknown"
-    doc = _results.document(model, rows, device=meta["device"], duration_s=args.duration, seed=args.seed,
-                            requests=sum(r["requests"] for r in done),
-                            aborted=sum(r["aborted"] for r in done),
-                            errors_4xx=sum(r["errors_4xx"] for r in done),
-                            errors_5xx=sum(r["errors_5xx"] for r in done),
-                            crashes=sum(r["crashes"] for r in done),
-                            pool_leak_tokens=max(leaks) if leaks else None,
+    doc = _results.document(model, rows, device=meta["device"], load_s_per_server=args.duration,
+                            seed=args.seed, **summary(rows),
                             ok=bool(rows) and all(r.get("ok") for r in rows),
                             notes=NOTES)
     doc["command"] = meta["command"]
     _results.write(out, doc)
 
 
+def merge(paths: list[Path], out: Path) -> dict:
+    """One document from soak runs made side by side (one process per server, each its own
+    --out): their rows, the run-wide values recomputed over all of them, every command."""
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    rows = [r for d in docs for r in d["rows"]]
+    names = [r.get("name") for r in rows]
+    if len(set(names)) != len(names):
+        raise ValueError(f"row names repeat across {[str(p) for p in paths]}: {names}")
+    model = ", ".join(sorted({d["model"] for d in docs}))
+    doc = _results.document(model, rows, device=docs[0]["device"], **summary(rows),
+                            ok=all(r.get("ok") for r in rows), notes=NOTES,
+                            merged_from=[{"file": Path(p).name, "date": d["date"], "command": d["command"]}
+                                         for p, d in zip(paths, docs)])
+    doc["command"] = " ; ".join(d["command"] for d in docs)
+    _results.write(out, doc)
+    return doc
+
+
 NOTES = {
     "requests": "completed requests (not aborted, no error)",
     "pool_leak_tokens": "idle after the load and a radix flush vs idle at the start: max of "
                         "SGLang /v1/loads num_used_tokens growth and oscar_int2.tokens_free loss",
+    "duration_s": "seconds of load, summed over the rows (servers soaked side by side add up)",
+    "probe_accuracy_<kv>_<phase>": "pooled over every row of that KV kind, each probe once",
     "probe_accuracy": "exact match with the greedy answer the same server gave idle at the start; "
                       "alone = second idle pass, loaded = during the load, after = idle after it. "
                       "SGLang is not batch-invariant: with dummy (random) weights greedy answers flip "
@@ -820,7 +880,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deadline-s", type=float, default=0.0, help="skip a server that would end after this (0: none)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--print-commands", action="store_true", help="print the --configs server commands and exit")
+    p.add_argument("--merge", nargs="+", metavar="JSON", default=None,
+                   help="no load: merge the result files of runs made side by side into --out")
     args = p.parse_args(argv)
+    if args.merge:
+        doc = merge([Path(x) for x in args.merge], Path(args.out))
+        print(json.dumps({k: v for k, v in doc.items() if k not in ("rows", "notes", "merged_from")}, indent=1))
+        print(f"wrote {args.out}")
+        return 0 if doc["ok"] else 1
     try:
         targets = [(n, u) for n, u in parse_urls(args.url)]
         configs = [c for c in (x.strip() for x in args.configs.split(",")) if c]

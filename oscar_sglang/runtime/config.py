@@ -22,8 +22,9 @@ BACKEND = "oscar_triton"  # the only attention backend that reads the INT2 pool
 ENV_VARS: dict[str, tuple[str | None, str]] = {
     "OSCAR_KV_FORMAT": (
         None,
-        "what the cache stores (docs/format.md): default k3c64-v2t64 = 3-bit keys per channel "
-        "over blocks of 64 tokens (the page size, set for you) + 2-bit values in groups of 64; "
+        "what the cache stores (docs/format.md): default k3c64-v2t64-s4-w128 = 3-bit keys per "
+        "channel over blocks of 64 tokens (the page size, set for you) + 2-bit values in groups "
+        "of 64, 4 sink + 128 recent tokens in BF16; "
         "other served names: k2c64-v2t64, k4c32-v2t128, ...-s<sink>-w<recent>, "
         "...@0,-1=k4 (more key bits on some layers); 'token' = the OSCAR per-token recipe "
         "(2-bit groups along head_dim, clip ratios of the rotation file)",
@@ -45,11 +46,13 @@ ENV_VARS: dict[str, tuple[str | None, str]] = {
     "OSCAR_V_CLIP": ("SGLANG_OSCAR_V_CLIP_RATIO", "V clip ratio, as OSCAR_K_CLIP"),
     "OSCAR_SINK_TOKENS": (
         "SGLANG_MIXED_KV_PREFIX_TOKENS",
-        "first tokens of each request also kept in BF16 (attention sinks); default 64",
+        "first tokens of each request also kept in BF16 (attention sinks); default: the "
+        "format's (4 for the default format, 64 for 'token' and names without s<N>)",
     ),
     "OSCAR_RECENT_TOKENS": (
         "SGLANG_MIXED_KV_RECENT_TOKENS",
-        "most recent tokens of each request also kept in BF16; default 256",
+        "most recent tokens of each request also kept in BF16; default: the format's (128 for "
+        "the default format, 256 for 'token' and names without w<N>)",
     ),
     "OSCAR_GROUP_SIZE": (
         None,
@@ -59,7 +62,7 @@ ENV_VARS: dict[str, tuple[str | None, str]] = {
     "OSCAR_MAX_RUNNING_REQUESTS": (
         None,
         "default --max-running-requests for int2 when none is given (it sizes the BF16 side "
-        "buffers); default 256, lowered so side buffers stay within OSCAR_SIDE_BUFFER_FRACTION",
+        "buffers); default 1024, lowered so side buffers stay within OSCAR_SIDE_BUFFER_FRACTION",
     ),
     "OSCAR_ALLOW_MODEL_MISMATCH": (
         None,
@@ -74,15 +77,17 @@ ENV_VARS: dict[str, tuple[str | None, str]] = {
     "OSCAR_SIDE_BUFFER_FRACTION": (
         None,
         "largest share of the KV memory budget the BF16 sink/recent buffers may take when the "
-        "running-request count is the default; default 0.06",
+        "running-request count is the default; default 0.2",
     ),
 }
 
 DEFAULT_SINK = 64
 DEFAULT_RECENT = 256
 DEFAULT_GROUP = 128
-DEFAULT_MAX_RUNNING_REQUESTS = 256
-DEFAULT_SIDE_BUFFER_FRACTION = 0.06
+# concurrency is what int2's memory is for: up to 1024 rows, their BF16 side buffers at most a
+# fifth of the KV budget (Llama-3.1-8B, H100, mem 0.85: ~640 rows with the default format)
+DEFAULT_MAX_RUNNING_REQUESTS = 1024
+DEFAULT_SIDE_BUFFER_FRACTION = 0.2
 BUILTIN_RECIPES = ("hadamard", "identity")
 
 

@@ -9,8 +9,9 @@ Two layouts (docs/format.md):
   rotation file) or an explicit name such as k2t64-v2t64-kclip-vclip.
 
 The name is a KVFormat name (kernels/oscar_kernels/format.py) without a rotation tag: the rotation
-is OSCAR_ROTATION's. Sink and recent sizes come from the name's s<N> / w<N> segments, else from
-OSCAR_SINK_TOKENS / OSCAR_RECENT_TOKENS (both given and different: an error).
+is OSCAR_ROTATION's. Sink and recent sizes come from the name's s<N> / w<N> segments (none: 64 / 256, KVFormat's
+names), else from OSCAR_SINK_TOKENS / OSCAR_RECENT_TOKENS (both given and different: an error).
+With no OSCAR_KV_FORMAT the default's sizes (4 / 128) are defaults those variables override.
 
 Plain Python (no torch / sglang import): unit-tested directly and used by sizing.
 """
@@ -20,7 +21,10 @@ from dataclasses import dataclass
 
 from oscar_kernels.format import DEFAULT_SINK, DEFAULT_WINDOW, KVFormat, code_bytes
 
-DEFAULT_KV_FORMAT = "k3c64-v2t64"
+# 3-bit keys per channel over pages of 64 + 2-bit values; 4 sink and 128 recent BF16 tokens per
+# running request: retrieval as with 64 / 256 (H100 NIAH 0.66 vs 0.655) at 0.41x the side-buffer
+# memory, so about 2.4x the running requests for the same bytes (docs/accuracy.md)
+DEFAULT_KV_FORMAT = "k3c64-v2t64-s4-w128"
 TOKEN_RECIPE = "token"  # the OSCAR per-token recipe, group size as before
 # what the served kernels implement (the CPU study's formats are wider: docs/accuracy.md)
 SERVED_CHANNEL_BITS = (2, 3, 4)
@@ -120,12 +124,17 @@ def resolve(name: str, *, head_dim: int, v_head_dim: int, num_layers: int, group
             sink: int | None = None, recent: int | None = None) -> ServedFormat:
     """OSCAR_KV_FORMAT (or its default) for a model. sink / recent: OSCAR_SINK_TOKENS /
     OSCAR_RECENT_TOKENS when set (else None); group_size: the per-token recipe's group."""
-    name = (name or DEFAULT_KV_FORMAT).strip()
+    given = (name or "").strip()
+    name = given or DEFAULT_KV_FORMAT
     if name.lower() == TOKEN_RECIPE:
         return _token_recipe(group_size, head_dim, v_head_dim, num_layers,
                              DEFAULT_SINK if sink is None else sink,
                              DEFAULT_WINDOW if recent is None else recent)
-    s, w, core = _side_sizes(name, sink, recent)
+    if given:
+        s, w, core = _side_sizes(name, sink, recent)
+    else:  # the default's sink / window give way to OSCAR_SINK_TOKENS / OSCAR_RECENT_TOKENS
+        s, w, core = _side_sizes(name, None, None)
+        s, w = (s if sink is None else sink), (w if recent is None else recent)
     s = s if s is not None else (sink if sink is not None else DEFAULT_SINK)
     w = w if w is not None else (recent if recent is not None else DEFAULT_WINDOW)
     try:
@@ -177,7 +186,7 @@ def for_model(cfg, model_config) -> ServedFormat:
     head_dim, v_head_dim and num_hidden_layers). KVFormatError says why it cannot be served."""
     hd = model_config.head_dim
     return resolve(
-        cfg.kv_format, head_dim=hd, v_head_dim=getattr(model_config, "v_head_dim", None) or hd,
+        cfg.kv_format if "kv_format" in cfg.sources else None, head_dim=hd, v_head_dim=getattr(model_config, "v_head_dim", None) or hd,
         num_layers=model_config.num_hidden_layers, group_size=cfg.group_size,
         sink=cfg.sink_tokens if "sink_tokens" in cfg.sources else None,
         recent=cfg.recent_tokens if "recent_tokens" in cfg.sources else None,

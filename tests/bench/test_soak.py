@@ -83,8 +83,11 @@ def make_handler(st: dict):
                 bad_request = st["fail_4xx_every"] and st["chats"] % st["fail_4xx_every"] == 0
                 stream_error = st["stream_error_every"] and st["chats"] % st["stream_error_every"] == 0
                 broken = st["broken_after"] and st["chats"] > st["broken_after"]
-                others = st["inflight"]
+                # load in flight (probes excluded: a probe's handler may not have finished its
+                # bookkeeping when the client, answered, sends the next probe)
+                others = st["inflight"] - st["probes_inflight"]
                 st["inflight"] += 1
+                st["probes_inflight"] += prompt in soak.PROBES
                 st["max_inflight"] = max(st["max_inflight"], st["inflight"])
                 st["retracted"] += st["inflight"] > MRR
                 st["active"] += hold
@@ -128,6 +131,7 @@ def make_handler(st: dict):
             finally:
                 with st["lock"]:
                     st["inflight"] -= 1
+                    st["probes_inflight"] -= prompt in soak.PROBES
                     st["active"] -= hold
                     if keep:
                         st["leaked"] += hold
@@ -137,7 +141,7 @@ def make_handler(st: dict):
 
 @pytest.fixture
 def stub():
-    st = {"lock": threading.Lock(), "active": 0, "leaked": 0, "inflight": 0, "max_inflight": 0,
+    st = {"lock": threading.Lock(), "active": 0, "leaked": 0, "inflight": 0, "probes_inflight": 0, "max_inflight": 0,
           "chats": 0, "fail_every": 0, "garble": False, "leak_on_abort": False, "aborts_seen": 0,
           "health_calls": 0, "health_fail": (0, 0), "retracted": 0,
           "fail_4xx_every": 0, "stream_error_every": 0, "broken_after": 0}
@@ -368,3 +372,41 @@ def test_started_servers_get_a_tokenizer_fitted_to_the_model(tmp_path, capsys):
     assert soak.main(["--configs", "int2", "--print-commands", "--log-dir", str(tmp_path / "l")]) == 0
     line = capsys.readouterr().out
     assert f"--tokenizer-path {tmp_path / 'l' / 'tokenizer'}" in line and "launch/models/llama31-8b" in line
+
+
+def _fake_row(rng, name, cmd, alone, loaded, n):
+    return {"name": name, "server_command": cmd, "model": "m", "requests": int(rng.integers(10, 900)),
+            "aborted": int(rng.integers(1, 50)), "errors_4xx": 0, "errors_5xx": 0, "crashes": 0,
+            "duration_s": float(rng.uniform(100, 500)), "pool_leak_tokens": 0, "ok": True,
+            "probe_accuracy_alone": alone, "probes_alone": n, "probe_accuracy_loaded": loaded,
+            "probes_loaded": n}
+
+
+def test_side_by_side_runs_merge_into_one_document(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng()
+    int2 = "python -m sglang.launch_server --kv-cache-dtype int2 --attention-backend oscar_triton"
+    rows = [_fake_row(rng, "int2", int2, 1.0, 0.9, 20), _fake_row(rng, "int2-noradix", int2 + " --disable-radix-cache", 1.0, 0.6, 60),
+            _fake_row(rng, "bf16", "python -m sglang.launch_server --attention-backend triton", 1.0, 0.95, 40)]
+    paths = []
+    for i, r in enumerate(rows):  # one file per server, as the side-by-side processes write them
+        p = tmp_path / f"soak_{i}.json"
+        p.write_text(json.dumps({"date": "d", "device": "H100", "model": "m", "command": f"cmd{i}", "rows": [r]}))
+        paths.append(p)
+    out = tmp_path / "merged.json"
+    assert soak.main(["--merge", *map(str, paths), "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [r["name"] for r in doc["rows"]] == ["int2", "int2-noradix", "bf16"]
+    assert doc["duration_s"] == pytest.approx(sum(r["duration_s"] for r in rows), abs=0.1)
+    assert doc["requests"] == sum(r["requests"] for r in rows) and doc["pool_leak_tokens"] == 0
+    # pooled over the int2 rows, each probe once: (0.9 * 20 + 0.6 * 60) / 80
+    assert doc["probe_accuracy_int2_loaded"] == pytest.approx(0.675)
+    assert doc["probe_accuracy_int2_alone"] == 1.0 and doc["probe_accuracy_bf16_loaded"] == 0.95
+    assert doc["int2_loaded_minus_alone_points"] == pytest.approx(-32.5)
+    assert doc["command"] == "cmd0 ; cmd1 ; cmd2" and len(doc["merged_from"]) == 3
+    # a row that never got idle leaves the leak unmeasured (not zero), and the same name twice is refused
+    rows[1]["pool_leak_tokens"] = None
+    assert soak.summary(rows)["pool_leak_tokens"] is None
+    with pytest.raises(ValueError, match="repeat"):
+        soak.merge([paths[0], paths[0]], out)

@@ -15,8 +15,10 @@ from oscar_sglang.runtime import sizing as Z
 def test_defaults():
     cfg = C.load_config({})
     assert cfg.recipe == "hadamard"
+    # the per-token recipe's sizes; the default format names its own (4 / 128, test_kv_format)
     assert (cfg.sink_tokens, cfg.recent_tokens, cfg.group_size) == (64, 256, 128)
-    assert cfg.kv_format == KF.DEFAULT_KV_FORMAT == "k3c64-v2t64"
+    assert cfg.kv_format == KF.DEFAULT_KV_FORMAT == "k3c64-v2t64-s4-w128"
+    assert (cfg.default_max_running_requests, cfg.side_buffer_fraction) == (1024, 0.2)
     assert cfg.k_clip is None and cfg.v_clip is None
     assert cfg.sources == {}
 

@@ -14,7 +14,7 @@ def resolve(name, D=128, layers=32, G=128, sink=None, recent=None):
 def test_default_is_3bit_channel_keys_over_pages_of_64():
     f = resolve(None)
     assert f.name == KF.DEFAULT_KV_FORMAT == C.load_config({}).kv_format
-    assert (f.layout, f.k_bits[0], f.k_group, f.v_group, f.sink, f.recent) == ("channel", 3, 64, 64, 64, 256)
+    assert (f.layout, f.k_bits[0], f.k_group, f.v_group, f.sink, f.recent) == ("channel", 3, 64, 64, 4, 128)
     assert f.page_size == 64 and not f.k_clip and not f.v_clip
     # K: 48 code bytes + 128 channels x 4 B / 64 tokens; V: 32 + 2 groups x 4 B
     assert (f.k_row_bytes(0), f.v_row_bytes()) == (56, 40)
@@ -41,6 +41,20 @@ def test_sink_window_and_per_layer_bits():
     assert (g.sink, g.recent) == (8, 100) and g.name == "k3c64-v2t64-s8-w100"
     with pytest.raises(KF.KVFormatError, match="set it in one place"):
         resolve("k3c64-v2t64-s4", sink=8)
+
+
+def test_default_sizes_give_way_to_the_environment():
+    # no OSCAR_KV_FORMAT: OSCAR_SINK_TOKENS / OSCAR_RECENT_TOKENS override the default's 4 / 128
+    f = resolve(None, sink=64, recent=256)
+    assert (f.sink, f.recent, f.name) == (64, 256, "k3c64-v2t64")
+    assert resolve(None, recent=192).name == "k3c64-v2t64-s4-w192"
+    # through the config: an explicit name keeps its own segments (and conflicts are errors)
+    shape = SimpleNamespace(head_dim=128, v_head_dim=128, num_hidden_layers=32)
+    assert KF.for_model(C.load_config({"OSCAR_SINK_TOKENS": "16"}), shape).name == "k3c64-v2t64-s16-w128"
+    assert KF.for_model(C.load_config({}), shape).name == KF.DEFAULT_KV_FORMAT
+    assert KF.for_model(C.load_config({"OSCAR_KV_FORMAT": "k3c64-v2t64"}), shape).sink == 64
+    with pytest.raises(KF.KVFormatError, match="set it in one place"):
+        KF.for_model(C.load_config({"OSCAR_KV_FORMAT": "k3c64-v2t64-s4-w128", "OSCAR_SINK_TOKENS": "16"}), shape)
 
 
 @pytest.mark.parametrize("name, D, words", [
@@ -72,6 +86,6 @@ def test_config_checks_the_name_early_and_page_size_from_name():
 
 def test_for_model_uses_env_sizes_only_when_given():
     mc = SimpleNamespace(head_dim=64, v_head_dim=64, num_hidden_layers=30)
-    assert KF.for_model(C.load_config({}), mc).sink == 64
-    f = KF.for_model(C.load_config({"OSCAR_SINK_TOKENS": "4", "OSCAR_RECENT_TOKENS": "128"}), mc)
-    assert (f.sink, f.recent, len(f.k_bits)) == (4, 128, 30)
+    assert KF.for_model(C.load_config({}), mc).sink == 4
+    f = KF.for_model(C.load_config({"OSCAR_SINK_TOKENS": "8", "OSCAR_RECENT_TOKENS": "192"}), mc)
+    assert (f.sink, f.recent, len(f.k_bits)) == (8, 192, 30)
