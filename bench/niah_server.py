@@ -168,17 +168,33 @@ LLAMA8B_KV_BUDGET_SOURCE = ("available_bytes of the int2 server, dummy Llama-3.1
                             "bench/results/serving/2026-11-25_0617_int2-vs-fp8-splits64_llama31-8b.json")
 
 
-def llama8b_kv_tokens(kv: str, fmt_name: str | None) -> int:
-    """KV tokens of the dummy Llama-3.1-8B (32 layers x 8 KV heads x 128) on LLAMA8B_KV_BUDGET."""
+def llama8b_plan(kv: str, fmt_name: str | None) -> tuple[int, int | None]:
+    """(KV tokens, max running requests) of the dummy Llama-3.1-8B (32 layers x 8 KV heads x 128)
+    on LLAMA8B_KV_BUDGET with the server's default sizing; BF16 / FP8 have no side buffers (None)."""
     from oscar_sglang.runtime import sizing
     from oscar_sglang.runtime.kv_format import resolve
 
     shape = sizing.ModelKVShape(num_layers=32, num_kv_heads=8, head_dim=128, v_head_dim=128)
     if kv != "int2":
         per_elem = {"bf16": 2, "fp8_e4m3": 1}[kv]
-        return LLAMA8B_KV_BUDGET // (32 * 8 * 256 * per_elem)
+        return LLAMA8B_KV_BUDGET // (32 * 8 * 256 * per_elem), None
     fmt = resolve(fmt_name, head_dim=128, v_head_dim=128, num_layers=32, group_size=128)
-    return sizing.plan_pool(LLAMA8B_KV_BUDGET, shape, fmt=fmt, page_size=fmt.page_size or 1).max_total_num_tokens
+    plan = sizing.plan_pool(LLAMA8B_KV_BUDGET, shape, fmt=fmt, page_size=fmt.page_size or 1)
+    return plan.max_total_num_tokens, plan.max_running_requests
+
+
+def llama8b_kv_tokens(kv: str, fmt_name: str | None) -> int:
+    """KV tokens of the dummy Llama-3.1-8B on LLAMA8B_KV_BUDGET (llama8b_plan)."""
+    return llama8b_plan(kv, fmt_name)[0]
+
+
+def set_llama8b_columns(row: dict) -> None:
+    """The capacity columns of a row: its format on the dummy 8B with the default sizing."""
+    row["kv_tokens"], row["kv_tokens_max_running_requests"] = llama8b_plan(
+        row["kv"], row["format"] if row["kv"] == "int2" else None)
+    row["kv_tokens_note"] = ("tokens of this KV format on the dummy Llama-3.1-8B at mem 0.85 (side "
+                             "buffers for kv_tokens_max_running_requests rows, the default sizing, "
+                             f"included): the plugin's sizing of {LLAMA8B_KV_BUDGET_SOURCE}")
 
 
 def build_row(cfg: Config, res: dict) -> dict:
@@ -223,9 +239,7 @@ def build_row(cfg: Config, res: dict) -> dict:
         # the issue's capacity column: this format on the dummy 8B (the served model's own
         # count stays as kv_tokens_server)
         row["kv_tokens_server"] = row["kv_tokens"]
-        row["kv_tokens"] = llama8b_kv_tokens(cfg.kv, row["format"] if cfg.kv == "int2" else None)
-        row["kv_tokens_note"] = ("tokens of this KV format on the dummy Llama-3.1-8B at mem 0.85 "
-                                 f"(side buffers included): the plugin's sizing of {LLAMA8B_KV_BUDGET_SOURCE}")
+        set_llama8b_columns(row)
     return row
 
 
@@ -336,8 +350,8 @@ def report_table(data: dict) -> str:
     rows = data["rows"]
     bf = next((r["niah"] for r in rows if r["kv"] == "bf16" and r.get("niah") is not None), None)
     out = ["| configuration | KV | format | body bits / element | KV tokens (dummy Llama-3.1-8B, mem 0.85) "
-           "| NIAH (exact) | NIAH / BF16 | KLD | prompts |",
-           "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+           "| running requests there | NIAH (exact) | NIAH / BF16 | KLD | prompts |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in sorted(rows, key=lambda r: (-(r["body_bits_per_element"] or 0), r["name"])):
         n = r.get("niah")
         ratio = f"{n / bf:.2f}" if n is not None and bf else "-"
@@ -345,8 +359,13 @@ def report_table(data: dict) -> str:
         name = f"**{r['name']}** (default)" if r.get("default") else r["name"]
         bits = f"{r['body_bits_per_element']:.3g}" if r.get("body_bits_per_element") is not None else "-"
         tokens = f"{r['kv_tokens']:,}" if r.get("kv_tokens") is not None else "-"
-        out.append(f"| {name} | {r['kv']} | {r.get('format') or '-'} | {bits} | {tokens} | "
-                   f"{n if n is not None else r.get('error', '-')} | {ratio} | {kld} | {r.get('trials') or '-'} |")
+        # BF16 / FP8 have no side buffers: SGLang's own limit applies (not computed here)
+        running = (f"{r['kv_tokens_max_running_requests']:,}" if r.get("kv_tokens_max_running_requests")
+                   else "-")
+        # an error message may hold newlines or pipes; one table cell each
+        error = " ".join(str(r.get("error", "-")).split()).replace("|", "/")
+        out.append(f"| {name} | {r['kv']} | {r.get('format') or '-'} | {bits} | {tokens} | {running} | "
+                   f"{n if n is not None else 'error: ' + error} | {ratio} | {kld} | {r.get('trials') or '-'} |")
     return "\n".join(out)
 
 
@@ -361,13 +380,19 @@ def report_plot(data: dict, png: Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
     for ax, key, label in ((axes[0], "body_bits_per_element", "bits per K/V element (scales included)"),
                            (axes[1], "kv_tokens", "KV tokens, dummy Llama-3.1-8B on one H100 (mem 0.85)")):
+        refs = [r for r in rows if r["kv"] != "int2"]
+        for r in refs:
+            ax.axhline(r["niah"], ls="--" if r["kv"] == "bf16" else ":", color="grey")
+            if key == "kv_tokens":
+                ax.plot(r[key], r["niah"], "s", color="grey")
+                ax.annotate(r["kv"], (r[key], r["niah"]), textcoords="offset points", xytext=(4, -10),
+                            fontsize=7, color="grey")
+        for level in sorted({r["niah"] for r in refs}):  # one label per line (BF16 and FP8 may tie)
+            kinds = " = ".join(r["kv"] for r in refs if r["niah"] == level)
+            ax.annotate(f"{kinds} {level:.3f}", (0.01, level), xycoords=("axes fraction", "data"),
+                        va="bottom", fontsize=8, color="grey")
         for r in rows:
             if r["kv"] != "int2":
-                ax.axhline(r["niah"], ls="--" if r["kv"] == "bf16" else ":", color="grey")
-                ax.annotate(f"{r['kv']} {r['niah']:.3f}", (0.01, r["niah"]), xycoords=("axes fraction", "data"),
-                            va="bottom", fontsize=8, color="grey")
-                if key == "kv_tokens":
-                    ax.plot(r[key], r["niah"], "s", color="grey")
                 continue
             ax.plot(r[key], r["niah"], "*" if r.get("default") else "o", ms=12 if r.get("default") else 6,
                     color="C3" if r.get("default") else "C0")
@@ -566,6 +591,9 @@ def main(argv: list[str] | None = None) -> int:
                    '{"default": {"kld": 0.05}, "bf16": {"kld": 0.0}} (repeatable)')
     p.add_argument("--from-json", default=None, metavar="RESULTS",
                    help="start no server: re-write RESULTS's rows with --extra-json merged")
+    p.add_argument("--recompute-kv-tokens", action="store_true",
+                   help="with --from-json: recompute kv_tokens (and kv_tokens_max_running_requests) "
+                   "with this checkout's sizing, e.g. after the default sizing changed")
     p.add_argument("--report", default=None, metavar="RESULTS",
                    help="start no server: print RESULTS's markdown Pareto table (and --plot it)")
     p.add_argument("--plot", default=None, metavar="PNG", help="with --report: NIAH vs bits and vs KV tokens")
@@ -597,6 +625,10 @@ def main(argv: list[str] | None = None) -> int:
         rows = prev.pop("rows")
         for ex in extras:
             merge_extra(rows, ex)
+        if args.recompute_kv_tokens:  # derived columns: the current sizing code, not a measurement
+            for r in rows:
+                if r.get("kv") and r.get("niah") is not None:
+                    set_llama8b_columns(r)
         unmatched = unmatched_keys(rows, extras)
         prev["merged_with"] = prev.get("merged_with", []) + [command]
         if unmatched:

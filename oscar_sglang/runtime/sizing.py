@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from .config import DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_SIDE_BUFFER_FRACTION
 from .kv_format import ServedFormat
 
 BF16_BYTES = 2
@@ -117,8 +118,9 @@ def plan_pool(
     fmt: ServedFormat,
     page_size: int = 1,
     requested_max_running_requests: int | None = None,
-    default_max_running_requests: int = 256,
-    side_buffer_fraction: float = 0.06,
+    # the server's defaults, so offline callers (benchmarks' KV-token columns) size as it does
+    default_max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS,
+    side_buffer_fraction: float = DEFAULT_SIDE_BUFFER_FRACTION,
 ) -> PoolPlan:
     """Split a KV byte budget between the fixed side buffers and the INT2 token pool.
 

@@ -141,6 +141,21 @@ def test_plan_default_requests_capped_by_fraction():
     assert f"{plan.max_total_num_tokens:,} tokens fit" in line and "B/token INT2" in line and "side buffers" in line
 
 
+def test_plan_defaults_are_the_servers():
+    # offline sizing (the NIAH table's kv_tokens) must match what a default int2 server plans
+    from oscar_sglang.runtime.config import OscarConfig
+
+    avail = int(55.37e9)
+    llama = Z.ModelKVShape(32, 8, 128, 128)
+    fmt = token_fmt(llama, 128)
+    cfg = OscarConfig()
+    plain = Z.plan_pool(avail, llama, fmt=fmt)
+    explicit = Z.plan_pool(avail, llama, fmt=fmt, default_max_running_requests=cfg.default_max_running_requests,
+                           side_buffer_fraction=cfg.side_buffer_fraction)
+    assert plain == explicit
+    assert plain.side_bytes_total <= cfg.side_buffer_fraction * avail
+
+
 def test_plan_small_default_not_capped_and_page_alignment():
     avail = 10 * (1 << 30)
     shape = Z.ModelKVShape(2, 2, 64, 64)
