@@ -801,15 +801,23 @@ def _write(out: Path, meta: dict, rows: list[dict], args) -> None:
 
 
 def merge(paths: list[Path], out: Path) -> dict:
-    """One document from soak runs made side by side (one process per server, each its own
-    --out): their rows, the run-wide values recomputed over all of them, every command."""
+    """One document from soak runs: servers soaked side by side (one process per server, each its
+    own --out) and runs made one after another (other seeds, other machines). Every row keeps
+    its run's date and seed; the run-wide values are recomputed over all rows; every command."""
     docs = [json.loads(Path(p).read_text()) for p in paths]
-    rows = [r for d in docs for r in d["rows"]]
-    names = [r.get("name") for r in rows]
-    if len(set(names)) != len(names):
-        raise ValueError(f"row names repeat across {[str(p) for p in paths]}: {names}")
+    seen: dict[tuple, Path] = {}
+    for p, d in zip(paths, docs):
+        key = (d.get("date"), d.get("command"))
+        if key in seen:  # the same result file (or a copy) twice would count its requests twice
+            raise ValueError(f"{p} repeats the run of {seen[key]} (same date and command)")
+        seen[key] = p
+    rows = [{**r, "run_date": d["date"], "seed": r.get("seed", d.get("seed"))} for d in docs for r in d["rows"]]
+    ids = [(r.get("name"), r["seed"], r["run_date"]) for r in rows]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"rows repeat (name, seed, date) across {[str(p) for p in paths]}: {ids}")
     model = ", ".join(sorted({d["model"] for d in docs}))
-    doc = _results.document(model, rows, device=docs[0]["device"], **summary(rows),
+    doc = _results.document(model, rows, device=", ".join(sorted({d["device"] for d in docs})),
+                            **summary(rows),
                             ok=all(r.get("ok") for r in rows), notes=NOTES,
                             merged_from=[{"file": Path(p).name, "date": d["date"], "command": d["command"]}
                                          for p, d in zip(paths, docs)])
@@ -822,7 +830,8 @@ NOTES = {
     "requests": "completed requests (not aborted, no error)",
     "pool_leak_tokens": "idle after the load and a radix flush vs idle at the start: max of "
                         "SGLang /v1/loads num_used_tokens growth and oscar_int2.tokens_free loss",
-    "duration_s": "seconds of load, summed over the rows (servers soaked side by side add up)",
+    "duration_s": "seconds each server was under traffic (--duration of load, then up to "
+                  "--drain-timeout for the requests still in flight), summed over the rows",
     "probe_accuracy_<kv>_<phase>": "pooled over every row of that KV kind, each probe once",
     "probe_accuracy": "exact match with the greedy answer the same server gave idle at the start; "
                       "alone = second idle pass, loaded = during the load, after = idle after it. "
@@ -881,7 +890,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--print-commands", action="store_true", help="print the --configs server commands and exit")
     p.add_argument("--merge", nargs="+", metavar="JSON", default=None,
-                   help="no load: merge the result files of runs made side by side into --out")
+                   help="no load: merge result files (servers soaked side by side, or runs made one after "
+                   "another) into --out")
     args = p.parse_args(argv)
     if args.merge:
         doc = merge([Path(x) for x in args.merge], Path(args.out))

@@ -410,3 +410,10 @@ def test_side_by_side_runs_merge_into_one_document(tmp_path):
     assert soak.summary(rows)["pool_leak_tokens"] is None
     with pytest.raises(ValueError, match="repeat"):
         soak.merge([paths[0], paths[0]], out)
+    # a second run (another seed) with the same server names adds up; its rows keep seed and date
+    again = tmp_path / "soak_again.json"
+    again.write_text(json.dumps({"date": "d2", "device": "H100", "model": "m", "command": "cmd9", "seed": 7,
+                                 "rows": [rows[0]]}))
+    doc = soak.merge([*paths, again], out)
+    assert [(r["name"], r["seed"], r["run_date"]) for r in doc["rows"]][-2:] == [("bf16", None, "d"), ("int2", 7, "d2")]
+    assert doc["requests"] == sum(r["requests"] for r in rows) + rows[0]["requests"]
