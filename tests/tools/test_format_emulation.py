@@ -190,7 +190,13 @@ def test_fp8_cast_equals_a_float64_round_trip_at_every_position(seed):
     s = torch.einsum("bhgtd,bhsd->bhgts", q.double().reshape(B, Hk, g, T, D), k8) * D**-0.5
     s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
     ref = torch.einsum("bhgts,bhsd->bhgtd", torch.softmax(s, -1), v8).reshape(B, Hq, T, D)
-    torch.testing.assert_close(out.double(), ref.transpose(1, 2), atol=2e-5, rtol=1e-5)
+    # the emulation runs in float32: its softmax error grows with the logits (outlier keys near
+    # e4m3's top make them large), so the bound is float32's rounding of the largest logit
+    # carried through to the largest value, not a fixed atol (a fixed 2e-5 failed 1 in 38,400)
+    logit_err = 8 * torch.finfo(torch.float32).eps * s[s.isfinite()].abs().max().item()
+    atol = max(2e-5, logit_err * v8.abs().max().item())
+    assert atol < 5e-3  # still far below what a wrong cast or a BF16 read would cost
+    torch.testing.assert_close(out.double(), ref.transpose(1, 2), atol=atol, rtol=1e-5)
     # position 0 reads only its own key: the output is its cast V exactly, not the BF16 one
     torch.testing.assert_close(out[0, 0].double(), v8[0, :, 0].repeat_interleave(g, 0), atol=1e-6, rtol=0)
     assert not torch.allclose(out[0, 0].double(), v[0, :, 0].to(torch.bfloat16).double().repeat_interleave(g, 0))
