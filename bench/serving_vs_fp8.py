@@ -53,12 +53,14 @@ import argparse
 import asyncio
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import random
 import shlex
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -92,6 +94,20 @@ def estimate_s(load: str, known: Optional[dict] = None) -> float:
     return n * inp / PREFILL_TOK_S + n * out / OUTPUT_TOK_S + 10
 
 
+def gpu_name() -> str:
+    """The GPU's name from nvidia-smi: this process must not hold a CUDA context (torch would take
+    memory on the GPU the server sizes its pool from); bench/_results.py's way as the fallback."""
+    try:
+        first = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", first],
+                             capture_output=True, text=True, timeout=30)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return _results.device_name()
+
+
 def row_key(row: dict) -> tuple:
     return row["load"], row["kv"], row["backend"], row["config"]
 
@@ -105,8 +121,10 @@ class Table:
 
     def __init__(self, path: Path, model: str, base: Optional[Path] = None, device: Optional[str] = None):
         self.path, self.model = Path(path), model
-        self.device = device or _results.device_name()
-        self.lock_path = self.path.with_name(self.path.name + ".lock")
+        self.device = device or gpu_name()
+        # outside the results folder, so that only the JSON comes back from the device
+        digest = hashlib.sha1(str(self.path.resolve()).encode()).hexdigest()[:12]
+        self.lock_path = Path(tempfile.gettempdir()) / f"serving_vs_fp8_{digest}.lock"
         self.call = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "pid": os.getpid(),
                      "device": self.device, "command": "python " + " ".join(sys.argv)}
         with self._locked():
