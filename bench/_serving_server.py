@@ -82,7 +82,26 @@ CONFIGS: Dict[str, ServingConfig] = {
         "INT2 KV, oscar_triton",
         ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton"],
     ),
+    # int2 with SGLang's mixed chunked prefill (prefill chunks ride along decode steps)
+    "int2-mixed-chunk": ServingConfig(
+        "int2-mixed-chunk", "INT2 KV, oscar_triton, --enable-mixed-chunk",
+        ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton", "--enable-mixed-chunk"],
+    ),
+    # SGLang's FP8 KV cache on its FlashInfer backend (FP8's other peer; issue 19)
+    "fp8-flashinfer": ServingConfig(
+        "fp8-flashinfer", "FP8 e4m3 KV, flashinfer",
+        ["--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "flashinfer"],
+    ),
 }
+
+
+def kv_and_backend(config: ServingConfig) -> tuple:
+    """(KV dtype, attention backend) a configuration runs: bf16 unless --kv-cache-dtype says
+    otherwise; SGLang's default backend is not assumed (None when the flag is absent)."""
+    def flag(name):
+        return config.args[config.args.index(name) + 1] if name in config.args else None
+
+    return flag("--kv-cache-dtype") or "bf16", flag("--attention-backend")
 
 
 def server_command(model_dir: Path, tokenizer_dir: Path, config: ServingConfig, port: int,

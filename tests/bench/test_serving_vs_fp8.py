@@ -1,0 +1,339 @@
+"""bench/serving_vs_fp8.py against stub SGLang-like servers on 127.0.0.1 (no GPU, no network).
+
+The stub speaks /generate (token ids in, SSE stream out with meta_info.completion_tokens),
+/server_info (max_total_num_tokens, context_length, effective_max_running_requests_per_dp,
+oscar_int2.tokens_free and side_bytes_free), /v1/loads and /flush_cache, and keeps a token
+account: a request holds prompt + output tokens while it runs. Faults per test: tokens kept after
+every request or after an aborted stream (a leak), a slow first request (a cold server).
+"""
+import importlib.util
+import json
+import random
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tests import ROOT
+
+spec = importlib.util.spec_from_file_location("oscar_bench_serving_vs_fp8", ROOT / "bench" / "serving_vs_fp8.py")
+vs = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = vs
+spec.loader.exec_module(vs)
+report = vs.report
+
+TOTAL, CTX, MRR, SIDE = 100_000, 40_000, 8, 1 << 20
+VOCAB = 5000
+
+
+def make_handler(st: dict):
+    class Stub(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"
+
+        def log_message(self, *a):
+            pass
+
+        def _json(self, code, body):
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            with st["lock"]:
+                used, inflight = st["active"] + st["leaked"], st["inflight"]
+            if self.path == "/server_info":
+                return self._json(200, {
+                    "max_total_num_tokens": TOTAL, "context_length": CTX, "kv_cache_dtype": st["kv"],
+                    "attention_backend": "stub", "disable_radix_cache": False,
+                    "internal_states": [{"effective_max_running_requests_per_dp": MRR,
+                                         "oscar_int2": {"tokens_free": TOTAL - used,
+                                                        "side_bytes_free": SIDE - st["side_leaked"]}}]})
+            if self.path == "/v1/loads":
+                return self._json(200, {"loads": [{"num_used_tokens": used, "num_running_reqs": inflight,
+                                                   "num_waiting_reqs": 0}]})
+            self._json(404, {})
+
+        def do_POST(self):
+            n = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(n)) if n else {}
+            if self.path == "/flush_cache":
+                return self._json(200, {})
+            if self.path != "/generate":
+                return self._json(404, {})
+            ids, out = body["input_ids"], body["sampling_params"]["max_new_tokens"]
+            hold = len(ids) + out
+            with st["lock"]:
+                first = st["requests"] == 0
+                st["requests"] += 1
+                st["inflight"] += 1
+                st["active"] += hold
+                st["prompts"].append(ids[:4])
+            keep = 0
+            try:
+                time.sleep(st["ttft_s"] + (st["cold_s"] if first else 0))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                try:
+                    for k in range(1, out + 1):
+                        msg = {"output_ids": [7], "meta_info": {"completion_tokens": k}}
+                        self.wfile.write(f"data: {json.dumps(msg)}\n\n".encode())
+                        self.wfile.flush()
+                        time.sleep(st["tpot_s"])
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    self.wfile.flush()
+                    keep = st["leak_per_request"]
+                except (BrokenPipeError, ConnectionResetError):
+                    with st["lock"]:
+                        st["aborts_seen"] += 1
+                    keep = hold if st["leak_on_abort"] else 0
+            finally:
+                with st["lock"]:
+                    st["inflight"] -= 1
+                    st["active"] -= hold
+                    st["leaked"] += keep
+                    st["side_leaked"] += st["side_leak_on_abort"] if keep and st["leak_on_abort"] else 0
+
+    return Stub
+
+
+def start_stub(kv="int2", **kw):
+    st = {"lock": threading.Lock(), "active": 0, "leaked": 0, "side_leaked": 0, "inflight": 0, "requests": 0,
+          "aborts_seen": 0, "prompts": [], "kv": kv, "ttft_s": 0.005, "tpot_s": 0.0005, "cold_s": 0.0,
+          "leak_per_request": 0, "leak_on_abort": False, "side_leak_on_abort": 0, **kw}
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(st))
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    st["url"], st["server"] = f"http://127.0.0.1:{srv.server_address[1]}", srv
+    return st
+
+
+@pytest.fixture
+def stubs():
+    made = []
+
+    def make(**kw):
+        made.append(start_stub(**kw))
+        return made[-1]
+
+    yield make
+    for st in made:
+        st["server"].shutdown()
+        st["server"].server_close()
+
+
+def run(out, urls, loads, *extra):
+    argv = ["run", "--out", str(out), "--base", str(out.with_name("none.json")), "--loads", loads, "--vocab", str(VOCAB), "--warmup", "1x32+2",
+            "--abort-load", "6x64+400", "--idle-timeout", "5", "--request-timeout", "30",
+            "--configs", ",".join(urls), *extra]
+    for c, st in urls.items():
+        argv += ["--url", f"{c}={st['url']}"]
+    assert vs.main(argv) == 0
+    return json.loads(out.read_text())
+
+
+def test_load_names_and_config_keys(seed):
+    rng = random.Random(seed)
+    for _ in range(20):
+        n, i, o = rng.randint(1, 999), rng.randint(1, 200_000), rng.randint(1, 4096)
+        assert report.parse_load(report.load_name(n, i, o)) == (n, i, o)
+    for bad in ("256x2048x256", "x2048+1", "256x2048"):
+        with pytest.raises(ValueError):
+            report.parse_load(bad)
+    kb = {c: vs.kv_and_backend(vs.CONFIGS[c]) for c in vs.DEFAULT_CONFIGS.split(",")}
+    assert kb == {"int2": ("int2", "oscar_triton"), "int2-mixed-chunk": ("int2", "oscar_triton"),
+                  "fp8-splits64": ("fp8_e4m3", "triton"), "fp8-flashinfer": ("fp8_e4m3", "flashinfer"),
+                  "flashinfer": ("bf16", "flashinfer")}
+    assert "--enable-mixed-chunk" in vs.CONFIGS["int2-mixed-chunk"].args
+    assert "64" in vs.CONFIGS["fp8-splits64"].args
+    loads = vs.DEFAULT_LOADS.split(",")
+    assert {"256x2048+256", "256x2048+1024", "512x2048+1024", "64x8192+512", "1x4096+256", "1x32768+256",
+            "1x131072+256"} == set(loads)
+    # units keep every load once, in order, per configuration
+    units = vs.units(["int2", "flashinfer"], loads, 300)
+    for c in ("int2", "flashinfer"):
+        assert [ld for cc, u in units if cc == c for ld in u] == loads
+
+
+def test_rows_written_after_each_measurement_and_merged_across_calls(stubs, tmp_path, monkeypatch):
+    a, b = stubs(kv="int2"), stubs(kv="fp8_e4m3")
+    out = tmp_path / "vs.json"
+    writes = []
+    real = vs._results.write
+    monkeypatch.setattr(vs._results, "write", lambda p, d: (writes.append(len(d["rows"])), real(p, d))[1])
+    doc = run(out, {"int2": a}, "3x64+8,1x256+16")
+    assert writes == [0, 1, 2, 3]  # the file is rewritten after every row (2 loads + the aborts)
+    for k in ("date", "device", "model", "command", "rows", "summary"):
+        assert k in doc
+    keys = [vs.row_key(r) for r in doc["rows"]]
+    assert keys == [("3x64+8", "int2", "oscar_triton", "int2"), ("1x256+16", "int2", "oscar_triton", "int2"),
+                    ("6x64+400 aborted", "int2", "oscar_triton", "int2")]
+    thr, b1, ab = doc["rows"]
+    assert thr["kind"] == "throughput" and b1["kind"] == "batch1" and ab["kind"] == "aborts"
+    for r in (thr, b1):
+        assert r["ok"] and r["n"] == report.parse_load(r["load"])[0]
+        for f in ("output_tok_s", "ttft_p50_s", "tpot_p50_ms", "max_running_requests", "kv_tokens"):
+            assert r[f] is not None, f
+        assert r["max_running_requests"] == MRR and r["kv_tokens"] == TOTAL and r["pool_leak_tokens"] == 0
+    assert thr["output_tok_s"] == pytest.approx(3 * 8 / thr["duration_s"])
+    assert ab["streams"] == 6 and ab["aborted"] == 6 == a["aborts_seen"] and ab["pool_leak_tokens"] == 0
+    assert ab["side_free_leak"] == {} and ab["pool_end"]["other_free"] == {"side_bytes_free": SIDE}
+    assert doc["summary"]["pool_leak_tokens"] == 0
+    # a second call (another server) adds its rows; the first call's stay
+    doc2 = run(out, {"fp8-splits64": b}, "3x64+8")
+    assert {vs.row_key(r) for r in doc2["rows"]} == set(keys) | {
+        ("3x64+8", "fp8_e4m3", "triton", "fp8-splits64"), ("6x64+400 aborted", "fp8_e4m3", "triton", "fp8-splits64")}
+    assert len(doc2["calls"]) == 2
+    e = doc2["summary"]["per_load"]["3x64+8"]
+    assert e["fp8_best_backend"] == "triton"
+    assert e["int2_vs_fp8_best"] == pytest.approx(thr["output_tok_s"] / doc2["rows"][-2]["output_tok_s"])
+    # the same key measured again replaces its row
+    doc3 = run(out, {"int2": a}, "3x64+8")
+    assert len(doc3["rows"]) == len(doc2["rows"])
+    new = next(r for r in doc3["rows"] if vs.row_key(r) == keys[0])
+    assert new["date"] >= thr["date"] and new["output_tok_s"] != thr["output_tok_s"]
+    # --only-missing measures nothing that is on file
+    before = a["requests"]
+    run(out, {"int2": a}, "3x64+8,1x256+16", "--only-missing")
+    assert a["requests"] == before
+
+
+def test_a_leak_is_caught_per_row_and_overall(stubs, tmp_path):
+    a = stubs(leak_per_request=5)
+    doc = run(tmp_path / "leak.json", {"int2": a}, "3x64+8,2x64+8")
+    thr1, thr2, ab = doc["rows"]
+    # pool against its start values (after warm-up): cumulative over the server's loads
+    assert thr1["pool_leak_tokens"] == 3 * 5 and thr2["pool_leak_tokens"] == 5 * 5
+    assert ab["pool_leak_tokens"] == 5 * 5 + 5 * ab["finished"]
+    assert thr1["pool_end"]["oscar_tokens_free"] == thr1["pool_start"]["oscar_tokens_free"] - 15
+    assert doc["summary"]["pool_leak_tokens"] == a["leaked"] - 5  # the warm-up's leak is before the start
+    assert doc["summary"]["checks"]["no_pool_leak"] is False
+
+
+def test_a_leak_on_aborted_streams_and_side_buffers_is_caught(stubs, tmp_path):
+    a = stubs(leak_on_abort=True, side_leak_on_abort=4096)
+    doc = run(tmp_path / "abort.json", {"int2": a}, "2x64+8")
+    thr, ab = doc["rows"]
+    assert thr["pool_leak_tokens"] == 0
+    assert a["aborts_seen"] == 6 and ab["pool_leak_tokens"] == a["leaked"] == 6 * (64 + 400)
+    assert ab["side_free_leak"] == {"side_bytes_free": 6 * 4096}
+    assert doc["summary"]["checks"]["no_pool_leak"] is False and doc["summary"]["side_free_leak_rows"] == 1
+
+
+def test_fresh_and_warm_ttft_of_the_32k_row(stubs, tmp_path, seed):
+    cold = random.Random(seed).uniform(0.3, 0.5)
+    a = stubs(cold_s=cold)
+    doc = run(tmp_path / "fresh.json", {"int2": a}, "1x32768+256", "--abort-load", "")
+    (row,) = doc["rows"]
+    assert row["load"] == report.FRESH_LOAD and row["input_tokens_sent"] == 32768
+    assert row["fresh_ttft_s"] >= cold and row["warm_ttft_s"] == row["ttft_p50_s"] < cold
+    # the fresh request was the server's first, and the warm one the same prompt again
+    assert a["prompts"][0] == a["prompts"][-1] and len(a["prompts"]) == 3  # fresh, warm-up, warm
+    e = doc["summary"]["per_load"][report.FRESH_LOAD]
+    assert e["int2_fresh_over_warm_ttft"] == pytest.approx(row["fresh_ttft_s"] / row["warm_ttft_s"])
+    name = "fresh_ttft_1x32768+256_int2_le_1.1x_warm"
+    assert doc["summary"]["checks"][name] is False and name not in doc["summary"]["not_measured"]
+
+
+def test_prompt_clipped_to_the_context(stubs, tmp_path):
+    a = stubs()
+    doc = run(tmp_path / "ctx.json", {"int2": a}, f"1x{CTX}+16", "--abort-load", "")
+    assert doc["rows"][0]["input_tokens_sent"] == CTX - 16 - 8 and doc["rows"][0]["input_len"] == CTX
+
+
+def test_deadline_skips_and_lists_what_would_not_finish(stubs, tmp_path):
+    a = stubs()
+    doc = run(tmp_path / "dl.json", {"int2": a}, "3x64+8,512x2048+1024", "--deadline-s", "60")
+    assert [r["load"] for r in doc["rows"]] == ["3x64+8", "6x64+400 aborted"]
+    assert [s["load"] for s in doc["skipped"]] == ["512x2048+1024"] and "deadline" in doc["skipped"][0]["reason"]
+
+
+def _random_rows(rng):
+    rows = []
+    loads = list(report.TOK_S_TARGETS) + list(report.TPOT_TARGETS)
+    for load in loads:
+        for config, kv, backend in (("int2", "int2", "oscar_triton"), ("int2-mixed-chunk", "int2", "oscar_triton"),
+                                    ("fp8-splits64", "fp8_e4m3", "triton"),
+                                    ("fp8-flashinfer", "fp8_e4m3", "flashinfer"), ("flashinfer", "bf16", "flashinfer")):
+            r = {"load": load, "kv": kv, "backend": backend, "config": config, "ok": True,
+                 "kind": "batch1" if load.startswith("1x") else "throughput",
+                 "output_tok_s": rng.uniform(100, 9000), "ttft_p50_s": rng.uniform(0.05, 30),
+                 "tpot_p50_ms": rng.uniform(5, 80), "pool_leak_tokens": 0, "max_running_requests": 600,
+                 "kv_tokens": 10 ** 6}
+            if load == report.FRESH_LOAD:
+                r.update(fresh_ttft_s=rng.uniform(1, 3), warm_ttft_s=rng.uniform(1, 3))
+            rows.append(r)
+    for config, kv, backend in (("int2", "int2", "oscar_triton"), ("fp8-splits64", "fp8_e4m3", "triton")):
+        rows.append({"load": "64x2048+1024 aborted", "kind": "aborts", "kv": kv, "backend": backend,
+                     "config": config, "ok": True, "pool_leak_tokens": 0, "side_free_leak": {}})
+    return rows
+
+
+def test_summary_ratios_and_checks_match_a_recomputation(seed):
+    rng = random.Random(seed)
+    rows = _random_rows(rng)
+    s = report.summary(rows)
+    get = {(r["load"], r["config"]): r for r in rows}
+    for load, target in report.TOK_S_TARGETS.items():
+        i2 = get[(load, "int2")]["output_tok_s"]
+        f_t, f_f = get[(load, "fp8-splits64")]["output_tok_s"], get[(load, "fp8-flashinfer")]["output_tok_s"]
+        best = max(f_t, f_f)
+        e = s["per_load"][load]
+        assert e["fp8_best_backend"] == ("triton" if f_t > f_f else "flashinfer")
+        assert e["int2_vs_fp8_best"] == pytest.approx(i2 / best)
+        assert e["int2_vs_fp8_triton"] == pytest.approx(i2 / f_t)
+        assert e["int2_vs_bf16_flashinfer"] == pytest.approx(i2 / get[(load, "flashinfer")]["output_tok_s"])
+        assert e["int2_mixed_chunk_vs_fp8_best"] == pytest.approx(get[(load, "int2-mixed-chunk")]["output_tok_s"] / best)
+        assert s["checks"][f"output_tok_s_{load}_int2_ge_{target:g}x_fp8"] is (i2 / best >= target)
+    for load, target in report.TPOT_TARGETS.items():
+        tp = min(get[(load, c)]["tpot_p50_ms"] for c in ("fp8-splits64", "fp8-flashinfer"))
+        r = get[(load, "int2")]["tpot_p50_ms"] / tp
+        assert s["per_load"][load]["int2_tpot_vs_fp8_best"] == pytest.approx(r)
+        assert s["checks"][f"tpot_{load}_int2_le_{target:g}x_fp8"] is (r <= target)
+    tt = min(get[(report.FRESH_LOAD, c)]["ttft_p50_s"] for c in ("fp8-splits64", "fp8-flashinfer"))
+    r = get[(report.FRESH_LOAD, "int2")]["ttft_p50_s"] / tt
+    assert s["checks"]["ttft_1x32768+256_int2_le_1x_fp8"] is (r <= 1.0)
+    i2 = get[(report.FRESH_LOAD, "int2")]
+    assert s["checks"]["fresh_ttft_1x32768+256_int2_le_1.1x_warm"] is (i2["fresh_ttft_s"] <= 1.1 * i2["warm_ttft_s"])
+    assert s["pool_leak_tokens"] == 0 and s["checks"]["no_pool_leak"] is True and s["not_measured"] == []
+    assert s["all_checks_pass"] is all(s["checks"].values())
+    # a leak anywhere fails the check; a missing number fails its check and is named
+    leak = rng.randint(1, 999)
+    rows[rng.randrange(len(rows))]["pool_leak_tokens"] = leak
+    rows = [r for r in rows if (r["load"], r["config"]) != ("64x8192+512", "int2")]
+    s2 = report.summary(rows)
+    assert s2["pool_leak_tokens"] == leak and s2["checks"]["no_pool_leak"] is False
+    assert s2["checks"]["output_tok_s_64x8192+512_int2_ge_1.5x_fp8"] is False
+    assert s2["not_measured"] == ["output_tok_s_64x8192+512_int2_ge_1.5x_fp8"]
+
+
+def test_report_renders_table_plot_and_doc_block(tmp_path, seed):
+    rng = random.Random(seed)
+    rows = _random_rows(rng)
+    doc = {"date": "2026-11-27 10:00 UTC", "device": "NVIDIA H100 80GB HBM3", "model": "llama31-8b",
+           "command": "python bench/serving_vs_fp8.py run", "rows": rows}
+    res = tmp_path / "serving_vs_fp8_h100.json"
+    res.write_text(json.dumps(doc))
+    md = tmp_path / "benchmarks.md"
+    md.write_text(f"# B\n\n## vs FP8\n\n{report.BEGIN}\nnot measured yet\n{report.END}\n\n## Next\n")
+    assert vs.main(["report", str(res), "--img-dir", str(tmp_path / "img"), "--update-doc", str(md)]) == 0
+    png = tmp_path / "img" / "serving_vs_fp8_h100.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    text = md.read_text()
+    assert "not measured yet" not in text and text.endswith(f"{report.END}\n\n## Next\n")
+    s = report.summary(rows)
+    for load in report.TOK_S_TARGETS:
+        e = s["per_load"][load]
+        i2 = next(r for r in rows if (r["load"], r["config"]) == (load, "int2"))
+        met = "yes" if e["int2_vs_fp8_best"] >= report.TOK_S_TARGETS[load] else "no"
+        assert (f"| {load} | {i2['output_tok_s']:,.0f} |" in text
+                and f"({e['fp8_best_backend']}) | {e['bf16_flashinfer_output_tok_s']:,.0f} | "
+                    f"{e['int2_vs_fp8_best']:.2f}x | >= {report.TOK_S_TARGETS[load]:g}x | {met} |" in text)
+    for load in report.TPOT_TARGETS:
+        assert f"| {load} | " in text and f"{s['per_load'][load]['int2_tpot_vs_fp8_best']:.2f}x" in text
+    assert "![output tok/s vs concurrency](img/serving_vs_fp8_h100.png)" in text
