@@ -246,7 +246,6 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
         slot = tl.load(idx_base + p, mask=body, other=0).to(tl.int64)
         page = (tl.load(idx_base + blk * BLK) // BLK).to(tl.int64)
         kcb = KCh + slot[:, None] * stride_kcn
-        vct = tl.load(VCh + slot[None, :] * stride_vcn + dv[:, None])
         if PLANES:
             # the two halves of the 2-bit plane and the 1-bit plane, D/8 bytes each per key
             d8 = tl.arange(0, D8)
@@ -254,6 +253,7 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
             lo_b = tl.load(kcb + D8 + d8[None, :]).to(tl.uint16)
             hi16 = tl.load(kcb + QD + d8[None, :]).to(tl.uint16)
             kpb = KPh + page * stride_kpn + d8
+            vct = tl.load(VCh + slot[None, :] * stride_vcn + dv[:, None])
             qc = tl.zeros([D8, BLOCK_M], tl.float32)  # per-dim terms of the row constant
             part = tl.zeros([BLK, BLOCK_M], tl.float32)
             for e in tl.static_range(8):
@@ -277,6 +277,7 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
             if BITS == 4:
                 kc2 = tl.load(kcb + QD + dq[None, :])
             kpb = KPh + page * stride_kpn + dq
+            vct = tl.load(VCh + slot[None, :] * stride_vcn + dv[:, None])
             # scores s^T [keys, rows] = sum_j op_j @ (q_j * s_j / ks_j)^T + row constant
             qc = tl.zeros([QD, BLOCK_M], tl.float32)  # per-dim terms of the row constant
             part = tl.zeros([BLK, BLOCK_M], tl.float32)
