@@ -58,17 +58,18 @@ from .extend_prefix import extend_outputs
 CHANNEL_HEAD_DIMS = (64, 128)
 CHANNEL_KEY_BITS = (2, 3, 4)
 # Decode warps per key width: the transposed body's [64 keys, 8 rows] tiles are one warp's MMAs
-# (attend_fast); 3-bit keys build their codes in 32-bit registers and spill at one warp (sm_90
-# ptxas: 480 B), so they take two. Offline SASS only (tests/kernels/sm90.py): not yet timed.
+# (attend_fast); 3-bit keys ("packed") build their codes in 32-bit registers and spill at one warp
+# (sm_90 ptxas: 480 B), so they take two; the "planes" variant below takes PLANES_NUM_WARPS = 1.
+# Offline SASS only (tests/kernels/sm90.py): not yet timed.
 DECODE_NUM_WARPS = {2: 1, 3: 2, 4: 1}
 # 3-bit decode variants (OSCAR_CHANNEL_DECODE_3BIT or decode_attention_channel(k3_variant=...)):
 # "packed" assembles each 3-bit code in a 32-bit register (_key_quarter; the default), "planes"
 # reads the same bytes as two planes, each an MMA operand made with one lop3 per two codes
 # (_decode_body's PLANES): the 2-bit plane exactly as 2-bit keys, the 1-bit plane per eighth of
 # the row. "planes" needs head_dim >= 128 (an eighth is the MMA's K of 16 dims); at head_dim 64
-# it runs "packed". sm_90 SASS (tests/kernels/sm90.py, B=8, L=32K, D=128): no spills at one warp
-# and fewer instructions per body tile than packed at two (docs/format.md); not yet timed on a GPU,
-# so not the default.
+# it runs "packed". sm_90 SASS (tests/kernels/sm90.py, B=8, L=32K, D=128): no spills at one warp,
+# 2000 warp-instructions per body tile against packed's 3630 at two (docs/benchmarks.md
+# "Findings"); not yet timed on a GPU, so not the default.
 CHANNEL_3BIT_VARIANTS = ("packed", "planes")
 CHANNEL_3BIT_ENV = "OSCAR_CHANNEL_DECODE_3BIT"
 PLANES_NUM_WARPS = 1
