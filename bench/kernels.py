@@ -645,6 +645,10 @@ def main():
                     help="also time the fast INT2 decode kernel (attend_fast.py, OSCAR_INT2_DECODE_KERNEL=fast)")
     ap.add_argument("--tune-channel", action="store_true", help="also time the per-channel decode at a few "
                     "num_warps / body-loop pipeline depths")
+    ap.add_argument("--channel-3bit-variant", default="", help="comma list of 3-bit per-channel decode "
+                    "variants (packed, planes; attend_channel.CHANNEL_3BIT_VARIANTS) also timed for every 3-bit "
+                    "format of --channel-formats, same run, after checking each against packed's output "
+                    "(the main column uses OSCAR_CHANNEL_DECODE_3BIT, default packed)")
     ap.add_argument("--tune-fast", action="store_true", help="also sweep a few settings of the fast kernel")
     ap.add_argument("--skip-store-extend", action="store_true", help="decode only (no store / extend timings)")
     ap.add_argument("--extend-only", action="store_true", help="only the extend-prefix check and timings "
@@ -676,6 +680,9 @@ def main():
     channel_formats = {n: KVFormat.parse(n, head_dim=D) for n in filter(None, args.channel_formats.split(","))}
     channel_tune = ([dict(num_warps=w) for w in (1, 2, 4)] + [dict(num_int2_stages=st) for st in (2, 3)]
                     if args.tune_channel else [])
+    k3_variants = [v for v in args.channel_3bit_variant.split(",") if v]
+    for v in k3_variants:
+        attend_channel.channel_3bit_variant(v)  # a bad name fails before anything is timed
     bf_splits = [int(s) for s in args.bf16_splits.split(",")]
     rows, raw = [], {"copy_gbs": copy_gbs, "device": dev_name, "decode": [], "tune": []}
     for B, L in shapes:
@@ -749,6 +756,17 @@ def main():
                               speedup_vs_bf16=bf[best_s] / t)
             log(f"  channel {name} B={B} L={L}: {t * 1e3:.1f} us, {cc.bytes / 1e6:.1f} MB, "
                 f"{chan[name]['gbs']:.0f} GB/s ({chan[name]['pct_copy']:.0f}% of copy), {bf[best_s] / t:.2f}x SGLang BF16")
+            for v in k3_variants if channel_formats[name].k_bits == 3 else ():
+                cc.fn(k3_variant="packed")()  # same copy of the inputs for both (a fresh closure)
+                o_ref = cc.o.float().clone()
+                cc.fn(k3_variant=v)()
+                err = ((cc.o.float() - o_ref).norm() / o_ref.norm()).item()
+                assert err < 2e-2, f"3-bit decode {v} and packed disagree: rel. error {err:.1e}"
+                tt = bench_graph(cc.fn(k3_variant=v), cc.copies)
+                chan[name].setdefault("k3_variants", {})[v] = dict(
+                    ms=tt, gbs=cc.bytes / tt / 1e6, pct_copy=100 * cc.bytes / tt / 1e6 / copy_gbs, rel_err_vs_packed=err)
+                log(f"  channel {name} 3-bit {v} B={B} L={L}: {tt * 1e3:.1f} us ({cc.bytes / tt / 1e6 / copy_gbs:.0%} of copy), "
+                    f"rel. error vs packed {err:.1e}")
             for knobs in channel_tune:
                 try:
                     tt = bench_graph(cc.fn(**knobs), cc.copies)

@@ -196,6 +196,7 @@ def decode_attention_channel(
     attn_lse: torch.Tensor | None = None,
     logit_cap: float = 0.0,
     min_chunk: int | None = None,
+    k3_variant: str | None = None,
 ) -> torch.Tensor:
     """decode_attention for per-channel keys: one query token per request over sink + body + ring.
 
@@ -211,7 +212,10 @@ def decode_attention_channel(
     merged by the same stage 2). Body keys of a request are its complete blocks outside the sink
     and ring; blocks are aligned to position 0 and are the request's pages. Head dims 64 and 128;
     keys 2, 3 or 4 bits; B in (32, 64); W >= B. min_chunk: fewest body keys per derived split
-    (default decode.MIN_CHUNK). Returns o (rotated V space, like decode_attention).
+    (default decode.MIN_CHUNK). k3_variant: how 3-bit keys are decoded, 'packed' (32-bit code
+    assembly) or 'planes' (a 2-bit and a 1-bit plane, two MMAs; head_dim >= 128, else packed);
+    None = OSCAR_CHANNEL_DECODE_3BIT (default 'packed'). Both read the same pool and give the same
+    result up to rounding. Returns o (rotated V space, like decode_attention).
     """
     args = dict(locals())  # before the import below adds a local
     from .triton import attend_channel as _ch

@@ -79,7 +79,16 @@ ENV_VARS: dict[str, tuple[str | None, str]] = {
         "largest share of the KV memory budget the BF16 sink/recent buffers may take when the "
         "running-request count is the default; default 0.2",
     ),
+    "OSCAR_CHANNEL_DECODE_3BIT": (
+        None,
+        "decode of 3-bit per-channel keys: 'packed' (default) or 'planes' (a 2-bit and a 1-bit "
+        "plane, one warp, fewer instructions on the sm_90 census; head_dim 128 only, not yet "
+        "timed on a GPU). Read by the kernels (oscar_kernels/triton/attend_channel.py)",
+    ),
 }
+# values of OSCAR_CHANNEL_DECODE_3BIT (attend_channel.CHANNEL_3BIT_VARIANTS; checked here at start
+# without importing the kernels)
+CHANNEL_3BIT_VARIANTS = ("packed", "planes")
 
 DEFAULT_SINK = 64
 DEFAULT_RECENT = 256
@@ -257,6 +266,11 @@ def load_config(env: Mapping[str, str] | None = None) -> OscarConfig:
                 raise OscarConfigError(f"{var}={val!r} must be 0 or 1")
             kw[key] = val.lower() in ("1", "true", "yes")
             sources[key] = var
+
+    # a kernel switch: the kernels read it themselves; checked here so a bad value stops the start
+    val, var = _get(env, "OSCAR_CHANNEL_DECODE_3BIT")
+    if val is not None and val not in CHANNEL_3BIT_VARIANTS:
+        raise OscarConfigError(f"{var} must be 'packed' or 'planes', got {val!r}")
 
     return OscarConfig(sources=sources, **kw)
 

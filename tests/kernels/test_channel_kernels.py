@@ -113,15 +113,19 @@ def run_decode(pool, q, max_splits, nsplit=None, **kw):
     return o.cpu()
 
 
-@pytest.mark.parametrize("D,bits,B,vg,gqa,splits", [
-    (128, 3, 32, 128, 4, "auto"),
-    (128, 3, 32, 64, 2, "given"),
-    (64, 2, 32, 64, 3, "given"),
-    (64, 2, 32, 16 * 2, 1, "auto"),
-    (64, 4, 32, 64, 2, "given"),
-    (64, 3, 64, 64, 2, "auto"),
+# k3: the 3-bit decode variant (attend_channel.CHANNEL_3BIT_VARIANTS) at head_dim 128, where both
+# exist; None = the default (other widths, and head_dim 64 where 'planes' runs 'packed')
+@pytest.mark.parametrize("D,bits,B,vg,gqa,splits,k3", [
+    (128, 3, 32, 128, 4, "auto", "packed"),
+    (128, 3, 32, 128, 4, "auto", "planes"),
+    (128, 3, 32, 64, 2, "given", "packed"),
+    (128, 3, 32, 64, 2, "given", "planes"),
+    (64, 2, 32, 64, 3, "given", None),
+    (64, 2, 32, 16 * 2, 1, "auto", None),
+    (64, 4, 32, 64, 2, "given", None),
+    (64, 3, 64, 64, 2, "auto", None),
 ])
-def test_decode_channel_matches_reference(seed, D, bits, B, vg, gqa, splits):
+def test_decode_channel_matches_reference(seed, D, bits, B, vg, gqa, splits, k3):
     hkv = 2
     reqs = REQS_32 if B == 32 else REQS_64
     fmt = channel_fmt(D, bits, B, vg)
@@ -131,7 +135,7 @@ def test_decode_channel_matches_reference(seed, D, bits, B, vg, gqa, splits):
     # given: a few splits per request (more splits than body blocks for some); auto: the body's
     # key count in chunks of 32 keys (min_chunk), so the longer requests use several body splits
     nsplit = torch.randint(2, 6, (nb,), dtype=torch.int32).to(DEV) if splits == "given" else None
-    o = run_decode(pool, q, 5, nsplit, min_chunk=32)
+    o = run_decode(pool, q, 5, nsplit, min_chunk=32, k3_variant=k3)
     assert not o.isnan().any()
     for b in range(nb):
         K, V = pool.request_kv(b)
@@ -139,20 +143,87 @@ def test_decode_channel_matches_reference(seed, D, bits, B, vg, gqa, splits):
         assert rel_err(o[b], o_ref[0]) <= REL_TOL, (b, rel_err(o[b], o_ref[0]))
 
 
-def test_decode_channel_logit_cap_and_default_plan(seed):
-    """Logit cap; split count and scratch from the defaults (no max_kv_splits, no scratch)."""
-    D, gqa, cap = 64, 2, 5.0
+@pytest.mark.parametrize("D,k3", [(64, None), (128, "planes")])
+def test_decode_channel_logit_cap_and_default_plan(seed, D, k3):
+    """Logit cap; split count and scratch from the defaults (no max_kv_splits, no scratch). At
+    head_dim 128 with the 3-bit 'planes' decode, which applies the softmax scale per tile."""
+    gqa, cap = 2, 5.0
     fmt = channel_fmt(D, 3, 32, 64)
     pool = ChannelPool(fmt, [1, 110], [0, 0], [0, 0], hkv=1)
     q = (torch.randn(2, gqa, D) * 4).bfloat16()
     o = torch.full((2, gqa, D), float("nan"), device=DEV)
-    ops.decode_attention_channel(q.to(DEV), o, *pool.args(), **pool.kw(), sm_scale=0.125, logit_cap=cap)
+    ops.decode_attention_channel(q.to(DEV), o, *pool.args(), **pool.kw(), sm_scale=0.125, logit_cap=cap,
+                                 k3_variant=k3)
     for b in range(2):
         K, V = pool.request_kv(b)
         s = torch.einsum("thd,lhd->htl", q[b:b + 1].double(), K.double().repeat_interleave(gqa, 1)) * 0.125
         p = torch.softmax(cap * torch.tanh(s / cap), -1)
         o_ref = torch.einsum("htl,lhd->thd", p, V.double().repeat_interleave(gqa, 1))
         assert rel_err(o[b].cpu(), o_ref[0]) <= REL_TOL
+
+
+class _Launched(Exception):
+    pass
+
+
+def _launch_planes(monkeypatch, D, bits, **kw):
+    """PLANES and num_warps of the decode launch ops.decode_attention_channel makes (the kernel
+    replaced by a recorder that stops the call)."""
+    from oscar_kernels.triton import attend_channel
+
+    class Rec:
+        def __getitem__(self, grid):
+            def launch(*a, **k):
+                raise _Launched(k["PLANES"], k["num_warps"])
+            return launch
+
+    monkeypatch.setattr(attend_channel, "attend_channel_kernel", Rec())
+    fmt = channel_fmt(D, bits, 32, 64)
+    pool = ChannelPool(fmt, [1, 40], [0, 0], [0, 0], hkv=1)
+    q = torch.randn(2, 2, D).bfloat16().to(DEV)
+    with pytest.raises(_Launched) as e:
+        ops.decode_attention_channel(q, torch.empty(2, 2, D, device=DEV), *pool.args(), **pool.kw(),
+                                     sm_scale=0.1, **kw)
+    return e.value.args
+
+
+def test_decode_channel_3bit_variant_switch(seed, monkeypatch):
+    """OSCAR_CHANNEL_DECODE_3BIT picks the 3-bit decode (default 'packed'), k3_variant overrides
+    it; 'planes' only at 3 bits and head_dim >= 128, at one warp; bad values are refused."""
+    from oscar_kernels.triton import attend_channel as ch
+
+    monkeypatch.delenv("OSCAR_CHANNEL_DECODE_3BIT", raising=False)
+    assert _launch_planes(monkeypatch, 128, 3) == (False, ch.DECODE_NUM_WARPS[3])
+    assert _launch_planes(monkeypatch, 128, 3, k3_variant="planes") == (True, ch.PLANES_NUM_WARPS)
+    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_3BIT", "planes")
+    assert _launch_planes(monkeypatch, 128, 3) == (True, ch.PLANES_NUM_WARPS)
+    assert _launch_planes(monkeypatch, 128, 3, k3_variant="packed") == (False, ch.DECODE_NUM_WARPS[3])
+    assert _launch_planes(monkeypatch, 64, 3) == (False, ch.DECODE_NUM_WARPS[3])
+    assert _launch_planes(monkeypatch, 128, 2) == (False, ch.DECODE_NUM_WARPS[2])
+    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_3BIT", "fast")
+    with pytest.raises(ValueError, match="OSCAR_CHANNEL_DECODE_3BIT must be 'packed' or 'planes', got 'fast'"):
+        _launch_planes(monkeypatch, 128, 3)
+    with pytest.raises(ValueError, match="k3_variant must be 'packed' or 'planes'"):
+        _launch_planes(monkeypatch, 128, 3, k3_variant="plane")
+
+
+def test_planes_hi_operand_constants():
+    """The 'planes' 1-bit operand's PTX (CUDA only, not run by the interpreter) emulated on every
+    byte pair: lop3 0xEA = (w & mask) | 0x43004300 on two uint16-widened bytes (eighth 7 shifted
+    right by 1 first) is bf16 BODY_OFS + bit * 2^min(E, 6) per half, and HI_QMUL[E] times that
+    place value over the 2-bit plane's _v_scale(E // 2) is the bit's weight 4."""
+    from oscar_kernels.triton import attend_channel as ch
+
+    lo, hi = torch.meshgrid(torch.arange(256), torch.arange(256), indexing="ij")
+    w = lo | hi << 16  # two uint16 lanes in one 32-bit register, each a widened byte
+    for E in range(8):
+        mask = int(ch.HI_MASK.value[E], 16)
+        r = (((w >> 1) if E == 7 else w) & mask) | 0x43004300
+        halves = torch.stack([r & 0xFFFF, r >> 16], -1).to(torch.int16).view(torch.bfloat16).float()
+        place = 2.0 ** min(E, 6)
+        expect = torch.stack([(lo >> E) & 1, (hi >> E) & 1], -1).float() * place + ch.BODY_OFS.value
+        assert torch.equal(halves, expect), E
+        assert ch.HI_QMUL.value[E] * place / (4.0 ** (E // 2) if E // 2 < 3 else 16.0) == 4.0, E
 
 
 def test_decode_channel_rejects_unsupported(seed):

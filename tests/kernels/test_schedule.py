@@ -54,3 +54,20 @@ def test_fast_decode_fits_its_programs_per_sm(fused):
     per_sm_smem = 233472 // (smem + 1024)
     assert min(per_sm_regs, per_sm_smem) >= attend_fast.PROGRAMS_PER_SM, res
     assert attend_fast.SPLIT_PROGRAMS_PER_SM <= attend_fast.PROGRAMS_PER_SM
+
+
+def test_channel_3bit_planes_fewer_instructions_no_spills():
+    """The per-channel decode's 3-bit 'planes' body (attend_channel.PLANES_NUM_WARPS warps) at the
+    served shape (D=128, B=8, L=32K): no register spills, and fewer SASS instructions issued per
+    body tile than the default 'packed' body at its DECODE_NUM_WARPS (a loop's instructions run
+    once per warp, so the count per tile is the loop's instructions times the warps). Both are
+    compiled here; the only fixed number is a sanity bound on what the loop census found."""
+    packed = sm90.run("channel", "--bits", "3", "--batch", "8", "--k3-variant", "packed")
+    planes = sm90.run("channel", "--bits", "3", "--batch", "8", "--k3-variant", "planes")
+    assert not packed["planes"] and planes["planes"], (packed, planes)
+    for r in (packed, planes):
+        body = r["loops"][0]  # the largest loop: the quantised body (MMAs for keys and values)
+        assert body["hmma"] >= 32 and 200 < body["instructions"] < 20000, r
+    assert planes["spill_stores"] == 0 and planes["spill_loads"] == 0 and planes["stack"] == 0, planes
+    per_tile = {n: r["loops"][0]["instructions"] * r["num_warps"] for n, r in (("packed", packed), ("planes", planes))}
+    assert per_tile["planes"] < per_tile["packed"], (per_tile, packed, planes)

@@ -66,6 +66,7 @@ def test_our_names_and_fork_aliases(tmp_path):
         ({"OSCAR_SINK_TOKENS": "16", "SGLANG_MIXED_KV_PREFIX_TOKENS": "64"}, ["disagree"]),
         ({"OSCAR_SIDE_BUFFER_FRACTION": "1.0"}, ["OSCAR_SIDE_BUFFER_FRACTION"]),
         ({"OSCAR_ALLOW_MODEL_MISMATCH": "maybe"}, ["0 or 1"]),
+        ({"OSCAR_CHANNEL_DECODE_3BIT": "fast"}, ["OSCAR_CHANNEL_DECODE_3BIT", "'packed' or 'planes'"]),
     ],
 )
 def test_bad_env_is_refused_with_the_variable_name(env, words):
@@ -73,6 +74,15 @@ def test_bad_env_is_refused_with_the_variable_name(env, words):
         C.load_config(env)
     for w in words:
         assert w in str(e.value)
+
+
+def test_channel_decode_switch_values_are_the_kernels():
+    """OSCAR_CHANNEL_DECODE_3BIT: the values the start accepts are the kernels' variants."""
+    from oscar_kernels.triton.attend_channel import CHANNEL_3BIT_ENV, CHANNEL_3BIT_VARIANTS
+
+    assert CHANNEL_3BIT_ENV == "OSCAR_CHANNEL_DECODE_3BIT" and C.CHANNEL_3BIT_VARIANTS == CHANNEL_3BIT_VARIANTS
+    for v in CHANNEL_3BIT_VARIANTS:
+        C.load_config({CHANNEL_3BIT_ENV: v})
 
 
 def test_env_help_lists_every_variable():

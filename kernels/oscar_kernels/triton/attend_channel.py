@@ -39,6 +39,8 @@ overwrites ring entries of the prefix and may complete its last block.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -56,9 +58,32 @@ from .extend_prefix import extend_outputs
 CHANNEL_HEAD_DIMS = (64, 128)
 CHANNEL_KEY_BITS = (2, 3, 4)
 # Decode warps per key width: the transposed body's [64 keys, 8 rows] tiles are one warp's MMAs
-# (attend_fast); 3-bit keys build their codes in 32-bit registers and spill at one warp (sm_90
-# ptxas: 480 B), so they take two. Offline SASS only (tests/kernels/sm90.py): not yet timed.
+# (attend_fast); 3-bit keys ("packed") build their codes in 32-bit registers and spill at one warp
+# (sm_90 ptxas: 480 B), so they take two; the "planes" variant below takes PLANES_NUM_WARPS = 1.
+# Offline SASS only (tests/kernels/sm90.py): not yet timed.
 DECODE_NUM_WARPS = {2: 1, 3: 2, 4: 1}
+# 3-bit decode variants (OSCAR_CHANNEL_DECODE_3BIT or decode_attention_channel(k3_variant=...)):
+# "packed" assembles each 3-bit code in a 32-bit register (_key_quarter; the default), "planes"
+# reads the same bytes as two planes, each an MMA operand made with one lop3 per two codes
+# (_decode_body's PLANES): the 2-bit plane exactly as 2-bit keys, the 1-bit plane per eighth of
+# the row. "planes" needs head_dim >= 128 (an eighth is the MMA's K of 16 dims); at head_dim 64
+# it runs "packed". sm_90 SASS (tests/kernels/sm90.py, B=8, L=32K, D=128): no spills at one warp,
+# 2000 warp-instructions per body tile against packed's 3630 at two (docs/benchmarks.md
+# "Findings"); not yet timed on a GPU, so not the default.
+CHANNEL_3BIT_VARIANTS = ("packed", "planes")
+CHANNEL_3BIT_ENV = "OSCAR_CHANNEL_DECODE_3BIT"
+PLANES_NUM_WARPS = 1
+PLANES_MIN_DIM = 128
+
+
+def channel_3bit_variant(k3_variant=None) -> str:
+    """The 3-bit decode variant: k3_variant if given, else OSCAR_CHANNEL_DECODE_3BIT (default
+    'packed'); a bad value raises ValueError naming where it came from."""
+    src = "k3_variant" if k3_variant is not None else CHANNEL_3BIT_ENV
+    kind = k3_variant if k3_variant is not None else os.environ.get(CHANNEL_3BIT_ENV, "packed")
+    if kind not in CHANNEL_3BIT_VARIANTS:
+        raise ValueError(f"{src} must be 'packed' or 'planes', got {kind!r}")
+    return kind
 
 
 @triton.jit
@@ -127,24 +152,82 @@ def _key_operand(kc, kc2, hb, J: tl.constexpr, BITS: tl.constexpr, QD: tl.conste
         return _key_quarter(kc.to(tl.int32), kc2.to(tl.int32), hb.to(tl.int32), J, BITS, QD).to(DT)
 
 
+
+# 3-bit "planes" decode (PLANES): the 2-bit plane (bytes 0..D/4-1) is read exactly as 2-bit keys,
+# one eighth of the row (D/8 dims, the MMA's K of 16 at D=128) at a time: eighth E is quarter
+# E // 2 of bytes (E % 2) * D/8 .. +D/8-1, operand BODY_OFS + code * _v_scale(E // 2). The 1-bit
+# plane (bytes D/4..3D/8-1, "eighth split": byte i holds bit 2 of dim i + E * D/8 at bit E) gives
+# eighth E's operand with one lop3 per two codes: bit E masked under the bf16 exponent of 128 is
+# BODY_OFS + bit * 2^E (E = 7 shifted down to bit 6 first: 2^6). The bit's weight 4 and the
+# operand's place value fold into the q operand: HI_QMUL[E] = 4 * _v_scale(E // 2) / 2^min(E, 6)
+# times the 2-bit plane's (q * s / _v_scale) operand, a power of two, so exact in bf16.
+HI_MASK = tl.constexpr(("0x00010001", "0x00020002", "0x00040004", "0x00080008",
+                        "0x00100010", "0x00200020", "0x00400040", "0x00400040"))
+HI_QMUL = tl.constexpr((4.0, 2.0, 4.0, 2.0, 4.0, 2.0, 1.0, 1.0))
+
+
+@triton.jit
+def _hi_plane(h16, E: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr):
+    """Eighth E of the 1-bit plane (uint16-widened bytes) as an MMA operand [BLK, D/8] in DT:
+    BODY_OFS + bit * 2^min(E, 6) with USE_ASM (bf16 exponent trick), bit * 2^min(E, 6) without."""
+    if USE_ASM:
+        if E < 7:
+            r = tl.inline_asm_elementwise(
+                "{.reg .b32 m; mov.b32 m, 0x43004300; lop3.b32 $0, $1, " + HI_MASK[E] + ", m, 0xEA;}",
+                "=r,r", [h16], dtype=tl.bfloat16, is_pure=True, pack=2)
+        else:
+            r = tl.inline_asm_elementwise(
+                "{.reg .b32 m, w; mov.b32 m, 0x43004300; shr.b32 w, $1, 1; lop3.b32 $0, w, 0x00400040, m, 0xEA;}",
+                "=r,r", [h16], dtype=tl.bfloat16, is_pure=True, pack=2)
+        return r.to(DT)
+    else:
+        hi = h16.to(tl.int32)
+        return ((hi >> 1) & 64).to(DT) if E == 7 else (hi & (1 << E)).to(DT)
+
+
+@triton.jit
+def _pick8(E: tl.constexpr, a0, a1, a2, a3, a4, a5, a6, a7):
+    if E < 4:
+        r = _pick4(E, a0, a1, a2, a3)
+    else:
+        r = _pick4(E - 4, a4, a5, a6, a7)
+    return r
+
+
 @triton.jit
 def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, start_b, ring_lo, sink_lo, sink_hi,
                  idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
-                 sm_scale_log2, logit_cap,
+                 sm_scale_log2, logit_cap, qrow,
                  D: tl.constexpr, DV: tl.constexpr, BITS: tl.constexpr, BLK: tl.constexpr, GV: tl.constexpr,
                  BLOCK_M: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, USE_ASM: tl.constexpr,
-                 STAGES: tl.constexpr):
+                 STAGES: tl.constexpr, PLANES: tl.constexpr):
     """Decode's quantised body blocks [j_lo, j_hi) (see _key_operand's note), continuing the BF16
-    loops' softmax state (row-major a0..a3 [rows, Dv/4]); returns it in the same form."""
+    loops' softmax state (row-major a0..a3 [rows, Dv/4]); returns it in the same form. PLANES
+    (3 bits, D >= 128): the two-plane key operands (HI_QMUL's note), q^T read again in eighths
+    from qrow (pointers to the rows' q) and kept in PV_DT, the softmax scale applied per tile."""
     QD: tl.constexpr = D // 4
     QDV: tl.constexpr = DV // 4
+    D8: tl.constexpr = D // 8
     OFS: tl.constexpr = BODY_OFS if USE_ASM else 0.0
     QSC = 1.0 if LOGIT_CAP else sm_scale_log2
-    # q^T quarters [D/4, rows] in fp32, the softmax scale folded in (unless capped)
-    q0t = tl.trans(q0.to(tl.float32) * QSC)
-    q1t = tl.trans(q1.to(tl.float32) * QSC)
-    q2t = tl.trans(q2.to(tl.float32) * QSC)
-    q3t = tl.trans(q3.to(tl.float32) * QSC)
+    if PLANES:
+        # q^T eighths [D/8, rows] as loaded (bf16 on CUDA): no fp32 copy of q lives in the loop
+        d8 = tl.arange(0, D8)
+        qe = qrow[None, :] + d8[:, None]
+        qe0 = tl.load(qe).to(PV_DT)
+        qe1 = tl.load(qe + D8).to(PV_DT)
+        qe2 = tl.load(qe + 2 * D8).to(PV_DT)
+        qe3 = tl.load(qe + 3 * D8).to(PV_DT)
+        qe4 = tl.load(qe + 4 * D8).to(PV_DT)
+        qe5 = tl.load(qe + 5 * D8).to(PV_DT)
+        qe6 = tl.load(qe + 6 * D8).to(PV_DT)
+        qe7 = tl.load(qe + 7 * D8).to(PV_DT)
+    else:
+        # q^T quarters [D/4, rows] in fp32, the softmax scale folded in (unless capped)
+        q0t = tl.trans(q0.to(tl.float32) * QSC)
+        q1t = tl.trans(q1.to(tl.float32) * QSC)
+        q2t = tl.trans(q2.to(tl.float32) * QSC)
+        q3t = tl.trans(q3.to(tl.float32) * QSC)
     # value accumulators transposed [Dv/4, rows], in operand units (attend_fast): a'_j = vs_j a_j;
     # per quarter the per-row sums sum(p * mn), sum(p * sc) of its value group, added after the loop
     a0 = tl.trans(a0 * _v_scale(0) if USE_ASM else a0)
@@ -164,27 +247,50 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
         slot = tl.load(idx_base + p, mask=body, other=0).to(tl.int64)
         page = (tl.load(idx_base + blk * BLK) // BLK).to(tl.int64)
         kcb = KCh + slot[:, None] * stride_kcn
-        kc = tl.load(kcb + dq[None, :])
-        kc2 = kc
-        hb = kc
-        if BITS == 3:
-            hb = tl.load(kcb + QD + (dq % (QD // 2))[None, :])
-        if BITS == 4:
-            kc2 = tl.load(kcb + QD + dq[None, :])
-        kpb = KPh + page * stride_kpn + dq
-        vct = tl.load(VCh + slot[None, :] * stride_vcn + dv[:, None])
-        # scores s^T [keys, rows] = sum_j op_j @ (q_j * s_j / ks_j)^T + row constant
-        qc = tl.zeros([QD, BLOCK_M], tl.float32)  # per-dim terms of the row constant
-        part = tl.zeros([BLK, BLOCK_M], tl.float32)
-        for j in tl.static_range(4):
-            sc, mn = _unpack_params(tl.load(kpb + j * QD))
-            qjt = _pick4(j, q0t, q1t, q2t, q3t)
-            ksc = sc * (1.0 / _k_scale_ch(j, BITS)) if USE_ASM else sc
-            qs = (qjt * ksc[:, None]).to(PV_DT)
-            part = tl.dot(_key_operand(kc, kc2, hb, j, BITS, QD, PV_DT, USE_ASM), qs, part)
-            # (q s) . m, minus the offset's share OFS * sum(qs) (from the rounded qs: exact removal)
-            qc += qjt * mn[:, None] - OFS * qs.to(tl.float32)
-        st = part + tl.sum(qc, 0)[None, :]
+        if PLANES:
+            # the two halves of the 2-bit plane and the 1-bit plane, D/8 bytes each per key
+            d8 = tl.arange(0, D8)
+            lo_a = tl.load(kcb + d8[None, :]).to(tl.uint16)
+            lo_b = tl.load(kcb + D8 + d8[None, :]).to(tl.uint16)
+            hi16 = tl.load(kcb + QD + d8[None, :]).to(tl.uint16)
+            kpb = KPh + page * stride_kpn + d8
+            vct = tl.load(VCh + slot[None, :] * stride_vcn + dv[:, None])
+            qc = tl.zeros([D8, BLOCK_M], tl.float32)  # per-dim terms of the row constant
+            part = tl.zeros([BLK, BLOCK_M], tl.float32)
+            for e in tl.static_range(8):
+                sc, mn = _unpack_params(tl.load(kpb + e * D8))
+                qet = _pick8(e, qe0, qe1, qe2, qe3, qe4, qe5, qe6, qe7).to(tl.float32)
+                ksc = sc * (1.0 / _v_scale(e // 2))
+                qs = (qet * ksc[:, None]).to(PV_DT)  # 2-bit plane: q * s / place value
+                qh = (qs.to(tl.float32) * HI_QMUL[e]).to(PV_DT)  # 1-bit plane: a power of two more
+                lo = lo_a if e % 2 == 0 else lo_b
+                part = tl.dot(_quarter_v(lo, e // 2, PV_DT, USE_ASM), qs, part)
+                part = tl.dot(_hi_plane(hi16, e, PV_DT, USE_ASM), qh, part)
+                # q . m, minus the offsets' share OFS * sum(qs + qh) (rounded operands: exact removal)
+                qc += qet * mn[:, None] - OFS * (qs.to(tl.float32) * (1.0 + HI_QMUL[e]))
+            st = (part + tl.sum(qc, 0)[None, :]) * QSC
+        else:
+            kc = tl.load(kcb + dq[None, :])
+            kc2 = kc
+            hb = kc
+            if BITS == 3:
+                hb = tl.load(kcb + QD + (dq % (QD // 2))[None, :])
+            if BITS == 4:
+                kc2 = tl.load(kcb + QD + dq[None, :])
+            kpb = KPh + page * stride_kpn + dq
+            vct = tl.load(VCh + slot[None, :] * stride_vcn + dv[:, None])
+            # scores s^T [keys, rows] = sum_j op_j @ (q_j * s_j / ks_j)^T + row constant
+            qc = tl.zeros([QD, BLOCK_M], tl.float32)  # per-dim terms of the row constant
+            part = tl.zeros([BLK, BLOCK_M], tl.float32)
+            for j in tl.static_range(4):
+                sc, mn = _unpack_params(tl.load(kpb + j * QD))
+                qjt = _pick4(j, q0t, q1t, q2t, q3t)
+                ksc = sc * (1.0 / _k_scale_ch(j, BITS)) if USE_ASM else sc
+                qs = (qjt * ksc[:, None]).to(PV_DT)
+                part = tl.dot(_key_operand(kc, kc2, hb, j, BITS, QD, PV_DT, USE_ASM), qs, part)
+                # (q s) . m, minus the offset's share OFS * sum(qs) (from the rounded qs: exact removal)
+                qc += qjt * mn[:, None] - OFS * qs.to(tl.float32)
+            st = part + tl.sum(qc, 0)[None, :]
         if LOGIT_CAP:
             st = _cap_and_scale(st, sm_scale_log2, logit_cap, LOGIT_CAP)
         st = tl.where(body[:, None], st, float("-inf"))
@@ -253,7 +359,7 @@ def attend_channel_kernel(
     GV: tl.constexpr, S: tl.constexpr, W: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, HAS_NSPLITS: tl.constexpr,
     MIN_CHUNK: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, NB16: tl.constexpr,
-    USE_ASM: tl.constexpr = False, STAGES: tl.constexpr = 2,
+    USE_ASM: tl.constexpr = False, STAGES: tl.constexpr = 2, PLANES: tl.constexpr = False,
 ):
     """SPLIT (decode): grid (B, Hkv, max splits), one query token per request (token b), rows =
     the GQA group; qo_indptr / num_mb unused. Not SPLIT (extend-prefix): grid (B, Hkv * num_mb, 1),
@@ -357,7 +463,8 @@ def attend_channel_kernel(
         m_i, l_i, a0, a1, a2, a3 = _decode_body(
             q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, start_b, ring_lo, sink_lo, sink_hi,
             idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
-            sm_scale_log2, logit_cap, D, DV, BITS, BLK, GV, BLOCK_M, LOGIT_CAP, PV_DT, USE_ASM, STAGES)
+            sm_scale_log2, logit_cap, Q + tok * stride_qt + hq * stride_qh,
+            D, DV, BITS, BLK, GV, BLOCK_M, LOGIT_CAP, PV_DT, USE_ASM, STAGES, PLANES)
         j_hi = j_lo  # the extend loop below walks nothing
     for jb in range(j_lo, j_hi):
         blk = tl.where(jb < n_a, jb, jb - n_a + start_b)
@@ -469,11 +576,15 @@ def decode_attention_channel(
     kv_indptr, kv_indices, req_rows, own_start, *, k_bits, k_block, v_group, sm_scale,
     sink_start=None, num_kv_splits=None, max_kv_splits=None, attn_logits=None, attn_lse=None,
     logit_cap=0.0, min_chunk=None, bf16_keys_per_split=None, num_warps=None, num_stages=2,
-    num_int2_stages=None,
+    num_int2_stages=None, k3_variant=None,
 ):
     """See ops.decode_attention_channel; min_chunk / bf16_keys_per_split / num_warps /
-    num_stages are tuning knobs (decode.py's meaning)."""
+    num_stages are tuning knobs (decode.py's meaning). k3_variant: 'packed' / 'planes' (3-bit
+    keys; None: OSCAR_CHANNEL_DECODE_3BIT, default 'packed'; planes needs head_dim >= 128 and
+    runs packed below)."""
     check_channel_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_bits, k_block, v_group)
+    planes = (channel_3bit_variant(k3_variant) == "planes" and k_bits == 3
+              and q.shape[-1] >= PLANES_MIN_DIM)
     sink_start = own_start if sink_start is None else sink_start
     B, Hq, D = q.shape
     Hkv = k_codes.shape[1]
@@ -496,8 +607,8 @@ def decode_attention_channel(
         S=sink_k.shape[1], W=ring_k.shape[1], BLOCK_M=max(8, triton.next_power_of_2(gqa)),
         BLOCK_B=BLOCK_B, SPLIT=True, HAS_NSPLITS=num_kv_splits is not None, MIN_CHUNK=min_chunk,
         LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE, NB16=nb16,
-        USE_ASM=USE_ASM and q.dtype == torch.bfloat16, STAGES=num_int2_stages or INT2_STAGES,
-        num_warps=num_warps or DECODE_NUM_WARPS[k_bits], num_stages=num_stages,
+        USE_ASM=USE_ASM and q.dtype == torch.bfloat16, STAGES=num_int2_stages or INT2_STAGES, PLANES=planes,
+        num_warps=num_warps or (PLANES_NUM_WARPS if planes else DECODE_NUM_WARPS[k_bits]), num_stages=num_stages,
     )
     return merge_splits(o, attn_logits, attn_lse, kv_indptr, req_rows, own_start, sink_start,
                         num_kv_splits, max_kv_splits, nb16, min_chunk, sink_k.shape[1], ring_k.shape[1])
