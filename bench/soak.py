@@ -344,6 +344,9 @@ async def pool_snapshot(session, root: str) -> dict:
     free = (st.get("oscar_int2") or {}).get("tokens_free")
     if free is not None:
         snap["oscar_tokens_free"] = int(free)
+    rows_free = (st.get("oscar_int2") or {}).get("side_rows_free")
+    if rows_free is not None:  # request rows, each with its BF16 side buffers (int2 servers only)
+        snap["oscar_side_rows_free"] = int(rows_free)
     return snap
 
 
@@ -363,6 +366,14 @@ def leak_tokens(start: dict, end: dict) -> int | None:
     if start.get("oscar_tokens_free") is not None and end.get("oscar_tokens_free") is not None:
         parts.append(start["oscar_tokens_free"] - end["oscar_tokens_free"])
     return max(parts) if parts else None
+
+
+def side_rows_leak(start: dict, end: dict) -> int | None:
+    """Request rows (each holding BF16 side buffers) free at the start but not at the end; None
+    where the server does not report them (BF16 servers have no side buffers)."""
+    if start.get("oscar_side_rows_free") is None or end.get("oscar_side_rows_free") is None:
+        return None
+    return start["oscar_side_rows_free"] - end["oscar_side_rows_free"]
 
 
 async def retracted_total(session, root: str) -> float | None:
@@ -605,6 +616,7 @@ async def soak_server(name: str, root: str, args, proc=None, stop_all: asyncio.E
         "errors_5xx": stats.errors_5xx, "errors_conn": stats.errors_conn, "errors_in_stream": stats.errors_stream,
         "error_samples": stats.error_samples, "crashes": mon.crashes, "crash_events": mon.events,
         "pool_leak_tokens": leak, "idle_reached": idle,
+        "side_rows_leak": side_rows_leak(start_pool, end_pool) if idle else None,
         "pool_start": start_pool, "pool_end": end_pool,
         "probe_accuracy_alone": alone.accuracy, "probe_accuracy_loaded": loaded.accuracy,
         "probe_accuracy_after": after.accuracy, "probe_prefix_loaded": loaded.prefix_mean,
@@ -628,7 +640,10 @@ async def soak_server(name: str, root: str, args, proc=None, stop_all: asyncio.E
 def checks(row: dict, args) -> dict:
     """Pass / fail per check; a check with nothing measured fails (never passes by default)."""
     alone, loaded, after = row["probe_accuracy_alone"], row["probe_accuracy_loaded"], row["probe_accuracy_after"]
-    return {
+    # only servers that report side-buffer rows get this check (BF16 has none to leak)
+    side = ({"no_side_buffer_leak": row.get("side_rows_leak") == 0}
+            if (row.get("pool_start") or {}).get("oscar_side_rows_free") is not None else {})
+    return {**side,
         "no_crash": row["crashes"] == 0,
         "no_5xx": row["errors_5xx"] == 0,
         "no_connection_errors": row["errors_conn"] == 0,

@@ -2,7 +2,8 @@
 
 SGLang's /server_info includes each scheduler's get_internal_state(); the `info` hook adds an
 "oscar_int2" entry there: the KV format, recipe, rotation file and sha256, group size, windows,
-bytes per token, tokens that fit, and the live pool usage.
+bytes per token, tokens that fit, and the live pool usage (free tokens, and free request rows with
+their side-buffer bytes).
 """
 from __future__ import annotations
 
@@ -30,5 +31,14 @@ def describe(info: dict, scheduler=None) -> dict:
             out["tokens_free"] = free
             out["tokens_used_or_cached"] = max(0, total - free)
         except Exception:  # a scheduler without the usual allocator: static info only
+            pass
+        try:
+            # side buffers are one BF16 sink + ring per request row: free rows are free side-buffer
+            # memory, so a leak check at idle compares these with their start values too
+            rows_free = int(scheduler.req_to_token_pool.available_size())
+            out["side_rows_free"] = rows_free
+            if info.get("side_bytes_per_request"):
+                out["side_bytes_free"] = rows_free * int(info["side_bytes_per_request"])
+        except Exception:
             pass
     return out

@@ -60,7 +60,8 @@ def make_handler(st: dict):
                     "max_total_num_tokens": TOTAL, "context_length": CTX, "kv_cache_dtype": "int2",
                     "attention_backend": "oscar_triton", "disable_radix_cache": False,
                     "internal_states": [{"effective_max_running_requests_per_dp": MRR,
-                                         "oscar_int2": {"tokens_free": TOTAL - used}}]})
+                                         "oscar_int2": {"tokens_free": TOTAL - used,
+                                                        "side_rows_free": MRR + 1 - st["leaked_rows"]}}]})
             if self.path == "/v1/loads":
                 return self._json(200, {"loads": [{"num_used_tokens": used, "num_running_reqs": running,
                                                    "num_waiting_reqs": waiting}]})
@@ -135,13 +136,15 @@ def make_handler(st: dict):
                     st["active"] -= hold
                     if keep:
                         st["leaked"] += hold
+                        st["leaked_rows"] += 1  # and its request row (with its side buffers)
 
     return Stub
 
 
 @pytest.fixture
 def stub():
-    st = {"lock": threading.Lock(), "active": 0, "leaked": 0, "inflight": 0, "probes_inflight": 0, "max_inflight": 0,
+    st = {"lock": threading.Lock(), "active": 0, "leaked": 0, "leaked_rows": 0, "inflight": 0, "probes_inflight": 0,
+          "max_inflight": 0,
           "chats": 0, "fail_every": 0, "garble": False, "leak_on_abort": False, "aborts_seen": 0,
           "health_calls": 0, "health_fail": (0, 0), "retracted": 0,
           "fail_4xx_every": 0, "stream_error_every": 0, "broken_after": 0}
@@ -182,7 +185,9 @@ def test_clean_server_passes_every_check(stub, tmp_path):
     assert isinstance(row["max_waiting_seen"], int)  # sampled from /v1/loads (timing-dependent)
     assert row["pool_leak_tokens"] == 0 and row["idle_reached"]
     assert row["retracted_reqs"] == stub["retracted"] > 0 and row["cancelled_at_drain"] == 0
-    assert row["pool_start"] == {"sglang_used": 0, "oscar_tokens_free": TOTAL} == row["pool_end"]
+    assert row["pool_start"] == {"sglang_used": 0, "oscar_tokens_free": TOTAL,
+                                 "oscar_side_rows_free": MRR + 1} == row["pool_end"]
+    assert row["side_rows_leak"] == 0 and row["checks"]["no_side_buffer_leak"] is True
     assert row["probe_accuracy_alone"] == row["probe_accuracy_loaded"] == row["probe_accuracy_after"] == 1.0
     assert row["probes_loaded"] > 0 and row["probes_alone"] == len(soak.PROBES)
     # every prompt fits the cap (prompt tokens as the stub counts them: words)
@@ -226,6 +231,8 @@ def test_a_pool_leak_is_measured_in_tokens(stub, tmp_path):
     assert row["pool_end"]["oscar_tokens_free"] == TOTAL - stub["leaked"]
     assert row["pool_end"]["sglang_used"] == stub["leaked"]
     assert row["checks"]["no_pool_leak"] is False and rc == 1
+    # the leaked requests kept their rows too: side-buffer memory that never came back
+    assert row["side_rows_leak"] == stub["leaked_rows"] > 0 and row["checks"]["no_side_buffer_leak"] is False
 
 
 def test_answers_garbled_under_load_are_caught(stub, tmp_path):
@@ -304,7 +311,7 @@ import sys, threading, os, time
 sys.path.insert(0, {root!r})
 from http.server import ThreadingHTTPServer
 from tests.bench.test_soak import make_handler
-st = {{"lock": threading.Lock(), "active": 0, "leaked": 0, "inflight": 0, "max_inflight": 0,
+st = {{"lock": threading.Lock(), "active": 0, "leaked": 0, "leaked_rows": 0, "inflight": 0, "max_inflight": 0,
       "chats": 0, "fail_every": 0, "garble": False, "leak_on_abort": False, "aborts_seen": 0,
       "health_calls": 0, "health_fail": (0, 0), "retracted": 0,
       "fail_4xx_every": 0, "stream_error_every": 0, "broken_after": 0}}

@@ -484,7 +484,9 @@ def test_server_info_and_metrics(kvc, monkeypatch):
 
     _, pool = _build(kvc, 16 << 20)
     alloc = SimpleNamespace(available_size=lambda: 100)
-    sched = SimpleNamespace(token_to_kv_pool_allocator=alloc)
+    free_rows = [7]
+    sched = SimpleNamespace(token_to_kv_pool_allocator=alloc,
+                            req_to_token_pool=SimpleNamespace(available_size=lambda: free_rows[0]))
     from sglang.srt.managers.io_struct import GetInternalStateReqOutput
 
     out = after_get_internal_state(GetInternalStateReqOutput(internal_state={"x": 1}), sched)
@@ -492,6 +494,10 @@ def test_server_info_and_metrics(kvc, monkeypatch):
     assert after_get_internal_state({"x": 1}, sched)["oscar_int2"] == info  # a bare dict too
     assert info["recipe"] == "hadamard" and info["group_size"] == 64 and info["sink_tokens"] == 64
     assert info["max_total_num_tokens"] == pool.size and info["tokens_free"] == 100
+    # free request rows are free side-buffer memory (what a leak check compares at idle)
+    assert info["side_rows_free"] == 7 and info["side_bytes_free"] == 7 * info["side_bytes_per_request"] > 0
+    free_rows[0] = 3
+    assert after_get_internal_state({"x": 1}, sched)["oscar_int2"]["side_bytes_free"] == 3 * info["side_bytes_per_request"]
     assert info["bytes_per_token"] == 3 * 2 * 2 * (16 + 4) + 4 and info["hooks_ok"]
     json.dumps(info)  # serialisable for /server_info
 
