@@ -82,7 +82,16 @@ PARALLEL_SERVER_ARGS = ("--sampling-backend pytorch --grammar-backend none "
                         "--disable-prefill-cuda-graph --mem-fraction-static 0.9 "
                         "--max-total-tokens 131072 --max-running-requests 64 "
                         "--cuda-graph-max-bs-decode 32 --disable-radix-cache")
-PORT_STRIDE = 2000
+# HTTP ports of the servers started side by side: args.port + i * PORT_STRIDE. They must stay below
+# Linux's ephemeral range (32768-60999): SGLang takes its NCCL / torch.distributed port from the OS
+# (bind to port 0), so a server started first can hold a later server's HTTP port; on 2026-11-26
+# one of 8 servers at 41000 got "BadStatusLine" from such a socket. 16 servers fit under 32768.
+PORT_STRIDE = 100
+EPHEMERAL_PORTS_FROM = 32768
+
+
+def server_port(base: int, i: int) -> int:
+    return base + i * PORT_STRIDE
 KLD_NOTE = ("not measured through a server: teacher-forced KLD vs the unquantised model comes "
             "from `oscar-sglang eval fidelity`; merge it with --extra-json")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -521,7 +530,7 @@ def real_runner(args, out: Path, model_path: str, served_name: str):
     server_args = shlex.split(args.server_args)
 
     def run(cfg: Config, i: int) -> dict:
-        port = args.port + i * PORT_STRIDE  # SGLang takes more ports above its own (nccl: +100..1000)
+        port = server_port(args.port, i)
         cmd = server_command(cfg, model_path, served_name, port, server_args)
         log = out / "logs" / f"server_{cfg.name}.log"
         res = {"server_cmd": cmd, "log": str(log.relative_to(out))}
@@ -613,6 +622,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:
         p.error(str(e))
     command = "python bench/niah_server.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    last_port = server_port(args.port, len(configs) - 1)
+    if args.parallel > 1 and last_port >= EPHEMERAL_PORTS_FROM and not (args.report or args.from_json):
+        print(f"warning: server ports up to {last_port} reach the OS's ephemeral range (from "
+              f"{EPHEMERAL_PORTS_FROM}), where SGLang's NCCL ports of the servers started first may "
+              "take them; pass a lower --port or fewer --configs", file=sys.stderr)
 
     if args.report:
         data = json.loads(Path(args.report).read_text())
@@ -643,7 +657,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_commands:
         for i, cfg in enumerate(configs):
             envs = " ".join(f"{k}={shlex.quote(v)}" for k, v in cfg.env.items())
-            cmd = server_command(cfg, model_path, served, args.port + i * PORT_STRIDE,
+            cmd = server_command(cfg, model_path, served, server_port(args.port, i),
                                  shlex.split(args.server_args))
             print(f"{cfg.name}: {envs + ' ' if envs else ''}{shlex.join(cmd)}")
         return 0

@@ -618,3 +618,15 @@ def test_bench_main_end_to_end_with_stand_in_servers(tmp_path, monkeypatch, para
     assert data["rows"][1]["body_bits_per_element"] is None and data["rows"][1]["body_bits_note"]
     niah_run = json.loads((tmp_path / "out" / "niah" / "niah_int2.json").read_text())
     assert niah_run["lengths"] == [1024] and len(niah_run["depths"]) == 10  # context 1100
+
+
+def test_side_by_side_ports_stay_below_the_ephemeral_range(capsys):
+    """SGLang's NCCL port comes from the OS (ephemeral range): HTTP ports of servers started side by
+    side must stay below it, or a server started first can hold a later one's port."""
+    b = load_bench()
+    ports = [b.server_port(31000, i) for i in range(16)]
+    assert len(set(ports)) == 16 and max(ports) < b.EPHEMERAL_PORTS_FROM == 32768
+    configs = ",".join(f"c{i}:OSCAR_KV_FORMAT=k2c64-v2t64" for i in range(20))
+    assert b.main(["--configs", configs, "--parallel", "20", "--print-commands", "--model-path", "m"]) == 0
+    out = capsys.readouterr()
+    assert "ephemeral range" in out.err and f"--port {b.server_port(31000, 19)}" in out.out
