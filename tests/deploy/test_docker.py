@@ -236,6 +236,9 @@ def test_compose_environment_names_are_known_to_the_plugin():
     names = env.keys() if isinstance(env, dict) else [e.split("=", 1)[0] for e in env]
     oscar = [n for n in names if n.startswith("OSCAR_")]
     assert oscar and set(oscar) <= set(ENV_VARS), set(oscar) - set(ENV_VARS)
+    # and every plugin setting reaches the container (the KV format above all), empty = default
+    assert set(ENV_VARS) <= set(oscar), set(ENV_VARS) - set(oscar)
+    assert all(env[n] in ("", None) for n in oscar), {n: env[n] for n in oscar if env[n]}
 
 
 def test_compose_tensor_parallel_settings_interpolate_and_validate():
