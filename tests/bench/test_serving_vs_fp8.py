@@ -12,11 +12,12 @@ import random
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
 from tests import ROOT
+from tests.http_stub import JSONHandler
 
 spec = importlib.util.spec_from_file_location("oscar_bench_serving_vs_fp8", ROOT / "bench" / "serving_vs_fp8.py")
 vs = importlib.util.module_from_spec(spec)
@@ -29,19 +30,9 @@ VOCAB = 5000
 
 
 def make_handler(st: dict):
-    class Stub(BaseHTTPRequestHandler):
+    class Stub(JSONHandler):
         protocol_version = "HTTP/1.0"
 
-        def log_message(self, *a):
-            pass
-
-        def _json(self, code, body):
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
 
         def do_GET(self):
             with st["lock"]:

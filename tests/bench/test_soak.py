@@ -11,12 +11,13 @@ import json
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from tests import ROOT
+from tests.http_stub import JSONHandler
 
 spec = importlib.util.spec_from_file_location("oscar_bench_soak", ROOT / "bench" / "soak.py")
 soak = importlib.util.module_from_spec(spec)
@@ -27,17 +28,7 @@ MRR, CTX, TOTAL = 4, 4096, 200_000
 
 
 def make_handler(st: dict):
-    class Stub(BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
-        def _json(self, code, body):
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    class Stub(JSONHandler):
 
         def do_GET(self):
             with st["lock"]:

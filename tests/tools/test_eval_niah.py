@@ -14,7 +14,7 @@ import re
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from types import SimpleNamespace
 
 import pytest
@@ -22,47 +22,38 @@ import pytest
 from oscar_sglang.tools import cli
 from oscar_sglang.tools.evaluation import niah
 from tests import ROOT
+from tests.http_stub import JSONHandler
 
 
 def make_handler(state: dict):
-    class Stub(BaseHTTPRequestHandler):
-        def log_message(self, *a):  # keep pytest output quiet
-            pass
-
-        def _send(self, code, body):
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    class Stub(JSONHandler):
 
         def do_GET(self):
             if self.path == "/v1/models":
                 card = {"id": "fake-model"}
                 if state["context"]:
                     card["max_model_len"] = state["context"]
-                return self._send(200, {"object": "list", "data": [card]})
+                return self._json(200, {"object": "list", "data": [card]})
             if self.path == "/server_info" and state["server_info"]:
-                return self._send(200, {
+                return self._json(200, {
                     "context_length": state["context"], "max_total_num_tokens": 123456,
                     "kv_cache_dtype": "int2", "attention_backend": "oscar_triton",
                     "tokenizer_path": state.get("tokenizer_path"),
                     "internal_states": [{"oscar_int2": {"group_size": 64,
                                                         "max_total_num_tokens": 123456}}]})
-            self._send(404, {"error": "not found"})
+            self._json(404, {"error": "not found"})
 
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             if self.path != "/v1/chat/completions" or body.get("model") != "fake-model":
-                return self._send(400, {"error": "bad request"})
+                return self._json(400, {"error": "bad request"})
             with state["lock"]:
                 state["chat"] += 1
                 fail = state["fail_first"] or state["always_fail"]
                 state["fail_first"] = False
                 state["prompts"].append(body["messages"][0]["content"])
             if fail:
-                return self._send(503, {"error": "warming up"})
+                return self._json(503, {"error": "warming up"})
             assert body["temperature"] == 0.0 and body["max_tokens"] <= 32
             prompt = body["messages"][0]["content"]
             number = re.search(r"magic number is (\d+)\.", prompt).group(1)
@@ -74,7 +65,7 @@ def make_handler(state: dict):
                 answer = "1234567"
             else:
                 answer = f"0 or {number}"
-            self._send(200, {"choices": [{"message": {"role": "assistant", "content": answer}}]})
+            self._json(200, {"choices": [{"message": {"role": "assistant", "content": answer}}]})
 
     return Stub
 
