@@ -214,7 +214,7 @@ def decode_attention_channel(
     keys 2, 3 or 4 bits; B in (32, 64); W >= B. min_chunk: fewest body keys per derived split
     (default decode.MIN_CHUNK). k3_variant: how 3-bit keys are decoded, 'packed' (32-bit code
     assembly) or 'planes' (a 2-bit and a 1-bit plane, two MMAs; head_dim >= 128, else packed);
-    None = OSCAR_CHANNEL_DECODE_3BIT (default 'packed'). Both read the same pool and give the same
+    None = OSCAR_CHANNEL_DECODE_3BIT (unset or empty: 'planes'). Both read the same pool and give the same
     result up to rounding. Returns o (rotated V space, like decode_attention).
     """
     args = dict(locals())  # before the import below adds a local

@@ -188,16 +188,20 @@ def _launch_planes(monkeypatch, D, bits, **kw):
 
 
 def test_decode_channel_3bit_variant_switch(seed, monkeypatch):
-    """OSCAR_CHANNEL_DECODE_3BIT picks the 3-bit decode (default 'packed'), k3_variant overrides
-    it; 'planes' only at 3 bits and head_dim >= 128, at one warp; bad values are refused."""
+    """OSCAR_CHANNEL_DECODE_3BIT picks the 3-bit decode (unset or empty, as docker compose passes
+    it: 'planes'), k3_variant overrides it; 'planes' only at 3 bits and head_dim >= 128, at one
+    warp; bad values are refused."""
     from oscar_kernels.triton import attend_channel as ch
 
     monkeypatch.delenv("OSCAR_CHANNEL_DECODE_3BIT", raising=False)
+    assert _launch_planes(monkeypatch, 128, 3) == (True, ch.PLANES_NUM_WARPS)
+    assert _launch_planes(monkeypatch, 128, 3, k3_variant="packed") == (False, ch.DECODE_NUM_WARPS[3])
+    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_3BIT", "")
+    assert _launch_planes(monkeypatch, 128, 3) == (True, ch.PLANES_NUM_WARPS)
+    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_3BIT", "packed")
     assert _launch_planes(monkeypatch, 128, 3) == (False, ch.DECODE_NUM_WARPS[3])
     assert _launch_planes(monkeypatch, 128, 3, k3_variant="planes") == (True, ch.PLANES_NUM_WARPS)
     monkeypatch.setenv("OSCAR_CHANNEL_DECODE_3BIT", "planes")
-    assert _launch_planes(monkeypatch, 128, 3) == (True, ch.PLANES_NUM_WARPS)
-    assert _launch_planes(monkeypatch, 128, 3, k3_variant="packed") == (False, ch.DECODE_NUM_WARPS[3])
     assert _launch_planes(monkeypatch, 64, 3) == (False, ch.DECODE_NUM_WARPS[3])
     assert _launch_planes(monkeypatch, 128, 2) == (False, ch.DECODE_NUM_WARPS[2])
     monkeypatch.setenv("OSCAR_CHANNEL_DECODE_3BIT", "fast")

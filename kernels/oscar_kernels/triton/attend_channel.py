@@ -60,27 +60,29 @@ CHANNEL_KEY_BITS = (2, 3, 4)
 # Decode warps per key width: the transposed body's [64 keys, 8 rows] tiles are one warp's MMAs
 # (attend_fast); 3-bit keys ("packed") build their codes in 32-bit registers and spill at one warp
 # (sm_90 ptxas: 480 B), so they take two; the "planes" variant below takes PLANES_NUM_WARPS = 1.
-# Offline SASS only (tests/kernels/sm90.py): not yet timed.
 DECODE_NUM_WARPS = {2: 1, 3: 2, 4: 1}
 # 3-bit decode variants (OSCAR_CHANNEL_DECODE_3BIT or decode_attention_channel(k3_variant=...)):
-# "packed" assembles each 3-bit code in a 32-bit register (_key_quarter; the default), "planes"
+# "packed" assembles each 3-bit code in a 32-bit register (_key_quarter), "planes" (the default)
 # reads the same bytes as two planes, each an MMA operand made with one lop3 per two codes
 # (_decode_body's PLANES): the 2-bit plane exactly as 2-bit keys, the 1-bit plane per eighth of
 # the row. "planes" needs head_dim >= 128 (an eighth is the MMA's K of 16 dims); at head_dim 64
 # it runs "packed". sm_90 SASS (tests/kernels/sm90.py, B=8, L=32K, D=128): no spills at one warp,
-# 2000 warp-instructions per body tile against packed's 3630 at two (docs/benchmarks.md
-# "Findings"); not yet timed on a GPU, so not the default.
+# 2000 warp-instructions per body tile against packed's 3630 at two. H100, 2026-11-26
+# (bench/results/kernels/2026-11-26_0811_channel-3bit-planes_h100.json): B=8, L=32K decode in
+# 128 us against packed's 254 (55% vs 28% of copy bandwidth), relative difference 1e-3; the
+# channel kernel tests pass on CUDA with both.
 CHANNEL_3BIT_VARIANTS = ("packed", "planes")
 CHANNEL_3BIT_ENV = "OSCAR_CHANNEL_DECODE_3BIT"
+CHANNEL_3BIT_DEFAULT = "planes"
 PLANES_NUM_WARPS = 1
 PLANES_MIN_DIM = 128
 
 
 def channel_3bit_variant(k3_variant=None) -> str:
     """The 3-bit decode variant: k3_variant if given, else OSCAR_CHANNEL_DECODE_3BIT (default
-    'packed'); a bad value raises ValueError naming where it came from."""
+    'planes'); a bad value raises ValueError naming where it came from."""
     src = "k3_variant" if k3_variant is not None else CHANNEL_3BIT_ENV
-    kind = k3_variant if k3_variant is not None else os.environ.get(CHANNEL_3BIT_ENV, "packed")
+    kind = k3_variant if k3_variant is not None else (os.environ.get(CHANNEL_3BIT_ENV) or CHANNEL_3BIT_DEFAULT)
     if kind not in CHANNEL_3BIT_VARIANTS:
         raise ValueError(f"{src} must be 'packed' or 'planes', got {kind!r}")
     return kind
