@@ -396,16 +396,26 @@ def report_plot(data: dict, png: Path) -> Path:
                 ax.plot(r[key], r["niah"], "s", color="grey")
                 ax.annotate(r["kv"], (r[key], r["niah"]), textcoords="offset points", xytext=(4, -10),
                             fontsize=7, color="grey")
-        for level in sorted({r["niah"] for r in refs}):  # one label per line (BF16 and FP8 may tie)
+        levels = sorted({r["niah"] for r in refs}, reverse=True)
+        for i, level in enumerate(levels):  # one label per line (BF16 and FP8 may tie)
             kinds = " = ".join(r["kv"] for r in refs if r["niah"] == level)
+            # a lower line close to the one above gets its label below it, not on top of the other
+            below = i > 0 and levels[i - 1] - level < 0.04
             ax.annotate(f"{kinds} {level:.3f}", (0.01, level), xycoords=("axes fraction", "data"),
-                        va="bottom", fontsize=8, color="grey")
+                        va="top" if below else "bottom", fontsize=8, color="grey")
+        placed = []  # (x, y) of labelled points, in axis fractions: near ones stack their labels
+        xs = [r[key] for r in rows if r["kv"] == "int2"] or [0.0]
+        span = (max(xs) - min(xs)) or 1.0
         for r in rows:
             if r["kv"] != "int2":
                 continue
             ax.plot(r[key], r["niah"], "*" if r.get("default") else "o", ms=12 if r.get("default") else 6,
                     color="C3" if r.get("default") else "C0")
-            ax.annotate(r["name"], (r[key], r["niah"]), textcoords="offset points", xytext=(4, 3), fontsize=7)
+            fx = (r[key] - min(xs)) / span
+            near = sum(1 for x, y in placed if abs(x - fx) < 0.08 and abs(y - r["niah"]) < 0.04)
+            placed.append((fx, r["niah"]))
+            ax.annotate(r["name"], (r[key], r["niah"]), textcoords="offset points",
+                        xytext=(4, 3 - 9 * near), fontsize=7)
         ax.set_xlabel(label)
         ax.set_ylabel(f"NIAH exact match ({rows[0]['trials']} prompts)")
         ax.set_ylim(0, 1)
