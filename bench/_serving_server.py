@@ -72,6 +72,17 @@ CONFIGS: Dict[str, ServingConfig] = {
         ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton",
          "--triton-attention-num-kv-splits", "64"], {"OSCAR_KV_FORMAT": "token"},
     ),
+    # the default format's 3-bit keys decoded as two planes (attend_channel, OSCAR_CHANNEL_DECODE_3BIT)
+    "int2-planes-splits64": ServingConfig(
+        "int2-planes-splits64", "INT2 KV, oscar_triton, 64 KV splits, 3-bit keys decoded as planes",
+        ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton",
+         "--triton-attention-num-kv-splits", "64"], {"OSCAR_CHANNEL_DECODE_3BIT": "planes"},
+    ),
+    "int2-planes": ServingConfig(
+        "int2-planes", "INT2 KV, oscar_triton, 3-bit keys decoded as planes",
+        ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton"],
+        {"OSCAR_CHANNEL_DECODE_3BIT": "planes"},
+    ),
     # int2 with the V rotation applied by the backend every step instead of folded into W_v / W_o
     "int2-vruntime": ServingConfig(
         "int2-vruntime", "INT2 KV, oscar_triton, V rotation at run time",

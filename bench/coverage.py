@@ -24,7 +24,7 @@ Device run (H100; see ../shared/devkit/README.md). Carry .devkit/sgl_bundle.tar.
 (bench/results/coverage_h100.json, once committed, travels with the tree); then, per call
 (10 minutes each):
 
-  tar -C .devkit/models -xJf .devkit/smollm2_tok.tar.xz && source .devkit/device-env.sh &&
+  mkdir -p .devkit/models && tar -C .devkit/models -xJf .devkit/smollm2_tok.tar.xz && source .devkit/device-env.sh &&
   cp bench/results/coverage_h1*.json $OUT/ 2>/dev/null;  # the kept rows, if any
   python bench/coverage.py --models llama31-8b,llama31-8b-fp8,qwen3-8b,llama32-1b --out $OUT/coverage_h100.json
 

@@ -32,7 +32,7 @@ Device runs (from the project root; carry .devkit/sgl_bundle.tar.xz, .devkit/dev
 (--base, default bench/results/serving_vs_fp8_h100.json) and writes them plus its own to --out;
 copy that file from $OUT to bench/results/ before the next call:
 
-  tar -C .devkit/models -xJf .devkit/smollm2_tok.tar.xz && source .devkit/device-env.sh &&
+  mkdir -p .devkit/models && tar -C .devkit/models -xJf .devkit/smollm2_tok.tar.xz && source .devkit/device-env.sh &&
   python bench/serving_vs_fp8.py run --out $OUT/serving_vs_fp8_h100.json --deadline-s 570 \\
       --only-missing --logs $OUT/logs
 
@@ -527,6 +527,11 @@ def cmd_report(args) -> int:
                 merged[row_key(r)] = r
         doc = {**doc, "rows": list(merged.values())}
     doc["summary"] = report.summary(doc["rows"])
+    if args.resummarize:  # the summary's rules changed since the run: store what they give now
+        if len(docs) > 1:
+            raise SystemExit("--resummarize rewrites one results file; give one")
+        doc["summary_recomputed_by"] = "python bench/serving_vs_fp8.py report --resummarize"
+        Path(args.results[-1]).write_text(json.dumps(doc, indent=1) + "\n")
     img = report.plot(doc, Path(args.img_dir) / args.image) if doc["rows"] else None
     src = os.path.relpath(Path(args.results[-1]).resolve(), (ROOT / "docs"))
     body = report.markdown(doc, src, img.name if img else None)
@@ -577,6 +582,8 @@ def main(argv=None) -> int:
     q.add_argument("--img-dir", default=str(ROOT / "docs" / "img"))
     q.add_argument("--image", default="serving_vs_fp8_h100.png")
     q.add_argument("--update-doc", default=None, help="replace the serving_vs_fp8 block of this markdown file")
+    q.add_argument("--resummarize", action="store_true",
+                   help="also write the recomputed summary (checks, ratios) back into the results file")
     q.set_defaults(func=cmd_report)
     args = p.parse_args(argv)
     if args.cmd == "run":  # what a child of --gpus repeats

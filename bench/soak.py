@@ -33,7 +33,7 @@ stops the load, finishes the row with "interrupted": true, stops started servers
 Device run (H100; see ../shared/devkit/README.md). Carry .devkit/sgl_bundle.tar.xz,
 .devkit/device-env.sh and .devkit/smollm2_tok.tar.xz (see bench/serving.py), then, per call:
 
-  tar -C .devkit/models -xJf .devkit/smollm2_tok.tar.xz && source .devkit/device-env.sh &&
+  mkdir -p .devkit/models && tar -C .devkit/models -xJf .devkit/smollm2_tok.tar.xz && source .devkit/device-env.sh &&
   python bench/soak.py --configs int2,bf16 --duration 90 --out $OUT/soak_h100.json --log-dir $OUT/logs
   (a second call with --configs int2-noradix,bf16-noradix --out $OUT/soak_h100_noradix.json)
 

@@ -303,6 +303,28 @@ def test_summary_ratios_and_checks_match_a_recomputation(seed):
     assert s2["not_measured"] == ["output_tok_s_64x8192+512_int2_ge_1.5x_fp8"]
 
 
+def test_int2_column_is_the_default_configuration(seed):
+    """The int2 column takes the "int2" row, else "int2-planes" (the same server with the default
+    3-bit decode named explicitly), never another int2 variant, and says which it took."""
+    rng = random.Random(seed)
+    rows = [r for r in _random_rows(rng) if r["config"] != "int2-mixed-chunk"]
+    planes = [dict(r, config="int2-planes", output_tok_s=rng.uniform(100, 9000))
+              for r in rows if r["config"] == "int2"]
+    both = report.summary(rows + planes)
+    for load, e in both["per_load"].items():
+        i2 = next(r for r in rows if (r["load"], r["config"]) == (load, "int2"))
+        assert e["int2_config"] == "int2" and e["int2_output_tok_s"] == i2["output_tok_s"]
+    only = [r for r in rows if r["config"] != "int2"] + planes
+    s = report.summary(only)
+    for load, e in s["per_load"].items():
+        p = next(r for r in planes if r["load"] == load)
+        assert e["int2_config"] == "int2-planes" and e["int2_output_tok_s"] == p["output_tok_s"]
+    doc = {"date": "d", "device": "H100", "model": "m", "rows": only}
+    assert "configuration `int2-planes`" in report.markdown(doc, "x.json", None)
+    other = [r for r in rows if r["config"] != "int2"] + [dict(r, config="int2-token") for r in planes]
+    assert all(e["int2_output_tok_s"] is None for e in report.summary(other)["per_load"].values())
+
+
 def test_report_renders_table_plot_and_doc_block(tmp_path, seed):
     rng = random.Random(seed)
     rows = _random_rows(rng)
@@ -328,3 +350,7 @@ def test_report_renders_table_plot_and_doc_block(tmp_path, seed):
     for load in report.TPOT_TARGETS:
         assert f"| {load} | " in text and f"{s['per_load'][load]['int2_tpot_vs_fp8_best']:.2f}x" in text
     assert "![output tok/s vs concurrency](img/serving_vs_fp8_h100.png)" in text
+    # --resummarize stores the summary the current rules give (the run's own may be older)
+    res.write_text(json.dumps({**doc, "summary": {"checks": {}}}))
+    assert vs.main(["report", str(res), "--img-dir", str(tmp_path / "img"), "--resummarize"]) == 0
+    assert json.loads(res.read_text())["summary"] == json.loads(json.dumps(s))
