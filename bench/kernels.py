@@ -627,6 +627,41 @@ def bench_extend(prefix, E, tune=False, skip=()):
     return r
 
 
+def bench_channel_extend(prefix, E, formats, variants):
+    """Per-channel extend-prefix (ops.extend_prefix_attention_channel) on the served layouts
+    (formats: {name: KVFormat}, page blocks, sink / ring of the format), one request, E new tokens over
+    `prefix` keys, every body variant (attend_channel.CHANNEL_EXTEND_VARIANTS) after checking its
+    output against the first variant's on the same inputs. ms (median, L2 flushed) and TFLOP/s by
+    the same count as bench_extend, so the rows sit next to its SGLang BF16 baseline."""
+    out = {}
+    flops = 4 * E * HQ * prefix * D
+    for name, fmt in formats.items():
+        c = ChannelCase(1, prefix, fmt)
+        q = torch.randn(E, HQ, D, device=DEV).bfloat16()
+        qo = torch.tensor([0, E], dtype=torch.int32, device=DEV)
+        o = torch.empty(E, HQ, D, dtype=torch.float32, device=DEV)
+        lse = torch.empty(E, HQ, dtype=torch.float32, device=DEV)
+        args = (q, qo, c.k_codes, c.k_params, c.v_codes, c.v_params, c.sink_k, c.sink_v, c.ring_k, c.ring_v,
+                c.indptr, c.indices[0], c.rows[0], c.own)
+        kw = dict(k_bits=fmt.k_bits, k_block=fmt.k_group, v_group=fmt.v_group, sm_scale=D ** -0.5,
+                  max_len_extend=E, o=o, lse=lse)
+        res, first = {}, None
+        for v in variants:
+            ops.extend_prefix_attention_channel(*args, **kw, extend_variant=v)
+            if first is None:
+                first = o.clone()
+            err = ((o - first).norm() / first.norm().clamp_min(1e-30)).item()
+            assert err < 2e-2, f"channel extend {v} and {variants[0]} disagree: rel. error {err:.1e}"
+            t = bench(lambda: ops.extend_prefix_attention_channel(*args, **kw, extend_variant=v))
+            res[v] = dict(ms=t, tflops=flops / t / 1e9, rel_err_vs_first=err)
+            log(f"  channel extend {name} {v} prefix={prefix} E={E}: {t:.2f} ms ({flops / t / 1e9:.0f} TFLOP/s), "
+                f"rel. error vs {variants[0]} {err:.1e}")
+        out[name] = res
+        del c
+        torch.cuda.empty_cache()
+    return out
+
+
 # ------------------------------------------------------------------------------------------------
 
 
@@ -654,6 +689,9 @@ def main():
     ap.add_argument("--extend-only", action="store_true", help="only the extend-prefix check and timings "
                     "(no decode / store)")
     ap.add_argument("--tune-extend", action="store_true", help="also time a few extend_fast tile settings")
+    ap.add_argument("--channel-extend-variants", default="codes,dequant",
+                    help="per-channel extend-prefix bodies (attend_channel.CHANNEL_EXTEND_VARIANTS) timed for "
+                    "every --channel-formats format at every extend shape, same run ('' = none)")
     ap.add_argument("--fast-max-splits", default="", help="comma list: also time the fast kernel at these "
                     "max_kv_splits (BF16 splits + INT2 splits) for every shape")
     ap.add_argument("--bf16-splits", default="8,16,32,64", help="num_kv_splits values tried for SGLang BF16")
@@ -813,6 +851,9 @@ def main():
     for prefix, E in () if args.skip_store_extend else EXTEND_SHAPES:
         ex.append(bench_extend(prefix, E, tune=args.tune_extend, skip=wrong))
         ex[-1]["fast_check_failed"] = "fast" in wrong
+        ext_variants = [v for v in args.channel_extend_variants.split(",") if v]
+        if channel_formats and ext_variants:
+            ex[-1]["channel"] = bench_channel_extend(prefix, E, channel_formats, ext_variants)
     raw["extend"] = ex
 
     # acceptance (issue 2)
@@ -889,6 +930,12 @@ def main():
                   f"| **{e['base_ms'] / e['fast_ms']:.2f}x** | {e['sglang_prefix_ms']:.2f} ms, "
                   f"{e['sglang_prefix_tflops']:.0f} TFLOP/s | {e['sglang_prefix_ms'] / e['fast_ms']:.2f}x "
                   f"| {e['sglang_full_ms']:.2f} ms | {e['sglang_new_ms']:.2f} ms |")
+    for e in ex:
+        for name, res in (e.get("channel") or {}).items():
+            md.append(f"\nPer-channel extend-prefix `{name}`, prefix {e['prefix'] // 1024}K + {e['E']}: "
+                      + ", ".join(f"{v} {r['ms']:.2f} ms ({r['tflops']:.0f} TFLOP/s, "
+                                  f"{e['sglang_prefix_ms'] / r['ms']:.2f}x SGLang BF16's prefix part)"
+                                  for v, r in res.items()) + ".")
     for e in ex:
         md.append(f"\nG=32 (same shape, 3 bits/element), prefix {e['prefix'] // 1024}K + {e['E']}: base "
                   f"{e['base_g32_ms']:.2f} ms, fast {e['fast_g32_ms']:.2f} ms "

@@ -248,6 +248,7 @@ def extend_prefix_attention_channel(
     logit_cap: float = 0.0,
     o: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
+    extend_variant: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """extend_prefix_attention for per-channel keys: E_b new query tokens of each request against
     its cached prefix (no mask).
@@ -260,6 +261,9 @@ def extend_prefix_attention_channel(
     tokens of a request with an empty prefix get o = 0, lse = -inf, so the caller can merge with
     attention over the new tokens. o / lse (optional): preallocated float32 outputs to write into.
     Call it before storing the new tokens: the prefix's last W positions are read from the ring.
+    extend_variant: 'codes' (MMAs on the codes, key scales folded into q) or 'dequant' (the page's
+    keys and values dequantised once per tile); None = OSCAR_CHANNEL_EXTEND (unset or empty:
+    'codes'). Both give the same result up to rounding.
     """
     args = dict(locals())  # before the import below adds a local
     from .triton import attend_channel as _ch

@@ -81,14 +81,23 @@ ENV_VARS: dict[str, tuple[str | None, str]] = {
     ),
     "OSCAR_CHANNEL_DECODE_3BIT": (
         None,
-        "decode of 3-bit per-channel keys: 'packed' (default) or 'planes' (a 2-bit and a 1-bit "
-        "plane, one warp, fewer instructions on the sm_90 census; head_dim 128 only, not yet "
-        "timed on a GPU). Read by the kernels (oscar_kernels/triton/attend_channel.py)",
+        "decode of 3-bit per-channel keys: 'planes' (default: a 2-bit and a 1-bit plane, one "
+        "warp; head_dim 128, else packed; 2x faster on the H100) or 'packed' (each code "
+        "assembled in a 32-bit register, two warps). Read by the kernels "
+        "(oscar_kernels/triton/attend_channel.py)",
+    ),
+    "OSCAR_CHANNEL_EXTEND": (
+        None,
+        "prefill over the per-channel INT2 prefix: 'codes' (default: MMAs on the codes, key "
+        "scales folded into the queries) or 'dequant' (each page's keys and values dequantised "
+        "once per tile; fewer instructions on the sm_90 census, not yet timed on a GPU). Read "
+        "by the kernels (oscar_kernels/triton/attend_channel.py)",
     ),
 }
-# values of OSCAR_CHANNEL_DECODE_3BIT (attend_channel.CHANNEL_3BIT_VARIANTS; checked here at start
-# without importing the kernels)
+# values of OSCAR_CHANNEL_DECODE_3BIT / OSCAR_CHANNEL_EXTEND (attend_channel.CHANNEL_3BIT_VARIANTS /
+# CHANNEL_EXTEND_VARIANTS; checked here at start without importing the kernels)
 CHANNEL_3BIT_VARIANTS = ("packed", "planes")
+CHANNEL_EXTEND_VARIANTS = ("codes", "dequant")
 
 DEFAULT_SINK = 64
 DEFAULT_RECENT = 256
@@ -271,6 +280,9 @@ def load_config(env: Mapping[str, str] | None = None) -> OscarConfig:
     val, var = _get(env, "OSCAR_CHANNEL_DECODE_3BIT")
     if val is not None and val not in CHANNEL_3BIT_VARIANTS:
         raise OscarConfigError(f"{var} must be 'packed' or 'planes', got {val!r}")
+    val, var = _get(env, "OSCAR_CHANNEL_EXTEND")
+    if val is not None and val not in CHANNEL_EXTEND_VARIANTS:
+        raise OscarConfigError(f"{var} must be 'codes' or 'dequant', got {val!r}")
 
     return OscarConfig(sources=sources, **kw)
 

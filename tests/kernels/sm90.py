@@ -12,6 +12,9 @@ runtime's divisibility specialisation, ints equal to 1 become constants), then c
     python -m tests.kernels.sm90 channel [--bits 3] [--batch 64] [--num-warps N] [--num-stages N]
                                          [--k3-variant packed|planes]
                                          # channel-key decode (D=128, GQA 4, L=32K) + ptxas spills
+    python -m tests.kernels.sm90 channel-extend [--bits 3] [--block-m 64] [--num-warps N]
+                                                [--variant codes|dequant]
+                                         # channel-key extend-prefix (8K new tokens over 24K)
 
 Each prints one JSON object.
 """
@@ -77,7 +80,7 @@ def _compile(fn, args, kwargs):
     vals.update(kwargs)
     sig, constexprs, attrs = {}, {}, {}
     for i, (name, p) in enumerate(zip(fn.arg_names, fn.params)):
-        v = vals[name]
+        v = vals[name] if name in vals else p.default  # a parameter the launcher leaves at its default
         if p.is_constexpr:
             sig[name], constexprs[name] = "constexpr", v
         elif isinstance(v, torch.Tensor):
@@ -160,6 +163,7 @@ def _sass_loops(k) -> list:
         if b and int(b.group(1), 16) < addr:
             body = [t for a, t in ins if int(b.group(1), 16) <= a <= addr]
             loops.append({"instructions": len(body), "hmma": sum("HMMA" in t for t in body),
+                          "hgmma": sum("HGMMA" in t for t in body), "f2f": sum("F2F" in t for t in body),
                           "lop3": sum("LOP3" in t for t in body), "prmt": sum("PRMT" in t for t in body),
                           "i2f": sum("I2F" in t for t in body), "ldg": sum("LDG" in t or "LDGSTS" in t for t in body),
                           "shfl": sum("SHFL" in t for t in body), "mufu": sum("MUFU" in t for t in body)})
@@ -214,7 +218,8 @@ def extend() -> dict:
         q, torch.tensor([0, E], dtype=torch.int32), *_pool(L + 1, D, G, 2).values(), *meta, k_group=G, v_group=G,
         sm_scale=D ** -0.5, max_len_extend=E, o=torch.zeros(E, HQ, D), lse=torch.zeros(E, HQ)),
         [(ef, "extend_fast_kernel")])
-    return _report(_compile(fn, a, k))
+    c = _compile(fn, a, k)
+    return {**_report(c), "loops": _sass_loops(c)[:2], "block_m": k.get("BLOCK_M"), "num_warps": k.get("num_warps")}
 
 
 def fit() -> dict:
@@ -279,6 +284,37 @@ def channel(bits=3, batch=64, L=32768, D=128, block=64, v_group=64, **knobs) -> 
             "num_warps": warps, "knobs": {k_: str(v) for k_, v in knobs.items()}}
 
 
+def channel_extend(bits=3, E=8192, L=32768, D=128, block=64, v_group=64, variant="codes", **knobs) -> dict:
+    """ops.extend_prefix_attention_channel as a chunked prefill launches it: one request, E new
+    tokens over a prefix of L - E (Llama-8B heads, sink 64, ring 256); `knobs` go to the launcher
+    (block_m, num_warps, num_stages)."""
+    import torch
+
+    from oscar_kernels.format import code_bytes
+    from oscar_kernels.triton import attend_channel as ch
+
+    N = L + block
+    pool = dict(k_codes=torch.zeros(HKV, N, code_bytes(bits, D), dtype=torch.uint8).transpose(0, 1),
+                k_params=torch.zeros(HKV, N // block, D, 2, dtype=torch.float16).transpose(0, 1),
+                v_codes=torch.zeros(HKV, N, D // 4, dtype=torch.uint8).transpose(0, 1),
+                v_params=torch.zeros(HKV, N, D // v_group, 2, dtype=torch.float16).transpose(0, 1),
+                **{n: torch.zeros(2, S_, HKV, D, dtype=torch.bfloat16)
+                   for n, S_ in (("sink_k", SINK), ("sink_v", SINK), ("ring_k", WINDOW), ("ring_v", WINDOW))})
+    meta = dict(kv_indptr=torch.tensor([0, L - E], dtype=torch.int32),
+                kv_indices=torch.arange(block, L - E + block, dtype=torch.int32),
+                req_rows=torch.ones(1, dtype=torch.int32), own_start=torch.zeros(2, dtype=torch.int32))
+    q = torch.zeros(E, HQ, D, dtype=torch.bfloat16)
+    calls = _capture(lambda: ch.extend_prefix_attention_channel(
+        q, torch.tensor([0, E], dtype=torch.int32), **pool, **meta, k_bits=bits, k_block=block,
+        v_group=v_group, sm_scale=D ** -0.5, max_len_extend=E, extend_variant=variant, **knobs),
+        [(ch, "attend_channel_kernel")])
+    (fn, a, k), = calls
+    warps, block_m, dq = k["num_warps"], k["BLOCK_M"], k["EXT_DQ"]
+    c = _compile(fn, a, k)
+    return {**_report(c), **_ptxas_spills(c), "loops": _sass_loops(c)[:3], "bits": bits, "block_m": block_m,
+            "num_warps": warps, "dequant": dq, "knobs": {k_: str(v) for k_, v in knobs.items()}}
+
+
 def main(argv: list[str]) -> int:
     os.environ.pop("TRITON_INTERPRET", None)  # compile for real (before anything imports triton)
     what, rest = argv[0], argv[1:]
@@ -293,6 +329,9 @@ def main(argv: list[str]) -> int:
         opt = {rest[i][2:].replace("-", "_"): rest[i + 1] if rest[i] == "--k3-variant" else int(rest[i + 1])
                for i in range(0, len(rest), 2)}
         res = channel(**opt)
+    elif what == "channel-extend":
+        res = channel_extend(**{rest[i][2:].replace("-", "_"): rest[i + 1] if rest[i] == "--variant" else int(rest[i + 1])
+                                for i in range(0, len(rest), 2)})
     else:
         raise SystemExit(f"unknown: {what}")
     print(json.dumps(res))

@@ -294,22 +294,64 @@ def check_extend(o, lse, qo_indptr, prefix, q, request_kv, sm, scores=None):
         assert (lse[t0:t1].double() - lse_ref).abs().max() <= REL_TOL * max(1.0, lse_ref.abs().max()), b
 
 
-@pytest.mark.parametrize("D,bits,B,vg,gqa,block_m", [
-    (64, 2, 32, 64, 1, 16),
-    (64, 4, 32, 32, 3, 16),  # 16 rows = 5 1/3 tokens: a token's heads straddle query blocks
-    (128, 3, 32, 128, 2, None),
-    (64, 3, 64, 64, 2, 16),
-    (128, 2, 64, 64, 4, None),
+# variant: the extend body (attend_channel.CHANNEL_EXTEND_VARIANTS); None = the default
+@pytest.mark.parametrize("D,bits,B,vg,gqa,block_m,variant", [
+    (64, 2, 32, 64, 1, 16, None),
+    (64, 4, 32, 32, 3, 16, None),  # 16 rows = 5 1/3 tokens: a token's heads straddle query blocks
+    (128, 3, 32, 128, 2, None, None),
+    (64, 3, 64, 64, 2, 16, None),
+    (128, 2, 64, 64, 4, None, None),
+    (64, 2, 32, 64, 1, 16, "dequant"),
+    (64, 4, 32, 32, 3, 16, "dequant"),
+    (128, 3, 32, 64, 2, None, "dequant"),
+    (128, 3, 64, 128, 4, 32, "dequant"),
 ])
-def test_extend_prefix_channel_matches_reference(seed, D, bits, B, vg, gqa, block_m):
+def test_extend_prefix_channel_matches_reference(seed, D, bits, B, vg, gqa, block_m, variant):
     hkv = 2
     reqs = EXT_32 if B == 32 else EXT_64
     prefix, owns, sinks, ext = map(list, zip(*reqs))
     pool = ChannelPool(channel_fmt(D, bits, B, vg), prefix, owns, sinks, hkv=hkv)
     q = (torch.randn(sum(ext), hkv * gqa, D) * 2).bfloat16()
     sm = 1 / math.sqrt(D)
-    o, lse, qo_indptr = run_extend(pool, q, ext, sm, block_m)
+    o, lse, qo_indptr = run_extend(pool, q, ext, sm, block_m, extend_variant=variant)
     check_extend(o, lse, qo_indptr, prefix, q, pool.request_kv, sm)
+
+
+def test_extend_channel_variant_switch(seed, monkeypatch):
+    """OSCAR_CHANNEL_EXTEND picks the extend body (unset or empty: 'codes'), extend_variant
+    overrides it, bad values are refused before anything runs."""
+    from oscar_kernels.triton import attend_channel as ch
+
+    fmt = channel_fmt(64, 2, 32, 64)
+    pool = ChannelPool(fmt, [70], [0], [0], hkv=1)
+    q = torch.randn(2, 2, 64).bfloat16()
+
+    def launched(**kw):
+        seen = []
+        real = ch.attend_channel_kernel
+
+        class Spy:
+            def __getitem__(self, grid):
+                return lambda *a, **k: seen.append(k["EXT_DQ"])
+        monkeypatch.setattr(ch, "attend_channel_kernel", Spy())
+        try:  # the spy computes nothing: only the launch's choice matters here
+            run_extend(pool, q, [2], 0.1, **kw)
+        finally:
+            monkeypatch.setattr(ch, "attend_channel_kernel", real)
+        return seen
+
+    monkeypatch.delenv("OSCAR_CHANNEL_EXTEND", raising=False)
+    assert launched() == [False] and launched(extend_variant="dequant") == [True]
+    monkeypatch.setenv("OSCAR_CHANNEL_EXTEND", "")
+    assert launched() == [False]
+    monkeypatch.setenv("OSCAR_CHANNEL_EXTEND", "dequant")
+    assert launched() == [True] and launched(extend_variant="codes") == [False]
+    monkeypatch.setenv("OSCAR_CHANNEL_EXTEND", "fast")
+    with pytest.raises(ValueError, match="OSCAR_CHANNEL_EXTEND must be 'codes' or 'dequant', got 'fast'"):
+        launched()
+    monkeypatch.delenv("OSCAR_CHANNEL_EXTEND")
+    with pytest.raises(ValueError, match="extend_variant must be 'codes' or 'dequant'"):
+        launched(extend_variant="dq")
 
 
 def test_extend_prefix_channel_logit_cap_and_merge(seed):

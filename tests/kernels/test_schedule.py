@@ -59,7 +59,7 @@ def test_fast_decode_fits_its_programs_per_sm(fused):
 def test_channel_3bit_planes_fewer_instructions_no_spills():
     """The per-channel decode's 3-bit 'planes' body (attend_channel.PLANES_NUM_WARPS warps) at the
     served shape (D=128, B=8, L=32K): no register spills, and fewer SASS instructions issued per
-    body tile than the default 'packed' body at its DECODE_NUM_WARPS (a loop's instructions run
+    body tile than the 'packed' body at its DECODE_NUM_WARPS (a loop's instructions run
     once per warp, so the count per tile is the loop's instructions times the warps). Both are
     compiled here; the only fixed number is a sanity bound on what the loop census found."""
     packed = sm90.run("channel", "--bits", "3", "--batch", "8", "--k3-variant", "packed")
@@ -71,3 +71,19 @@ def test_channel_3bit_planes_fewer_instructions_no_spills():
     assert planes["spill_stores"] == 0 and planes["spill_loads"] == 0 and planes["stack"] == 0, planes
     per_tile = {n: r["loops"][0]["instructions"] * r["num_warps"] for n, r in (("packed", packed), ("planes", planes))}
     assert per_tile["planes"] < per_tile["packed"], (per_tile, packed, planes)
+
+
+def test_channel_extend_dequant_fewer_instructions_no_spills():
+    """The per-channel extend-prefix's 'dequant' body (keys and values dequantised once per page
+    tile) at a chunked prefill's shape (D=128, 3-bit keys, 8K new tokens over 24K): no register
+    spills, MMAs in the body loop, and fewer SASS instructions per body tile than the 'codes'
+    body at the same rows and warps. Both are compiled here; no fixed count is assumed."""
+    codes = sm90.run("channel-extend", "--bits", "3", "--variant", "codes")
+    dequant = sm90.run("channel-extend", "--bits", "3", "--variant", "dequant")
+    assert not codes["dequant"] and dequant["dequant"], (codes, dequant)
+    assert (codes["block_m"], codes["num_warps"]) == (dequant["block_m"], dequant["num_warps"])
+    for r in (codes, dequant):
+        body = r["loops"][0]
+        assert body["hmma"] + body["hgmma"] > 0 and 200 < body["instructions"] < 20000, r
+    assert dequant["spill_stores"] == 0 and dequant["spill_loads"] == 0 and dequant["stack"] == 0, dequant
+    assert dequant["loops"][0]["instructions"] < codes["loops"][0]["instructions"], (codes, dequant)

@@ -67,6 +67,7 @@ def test_our_names_and_fork_aliases(tmp_path):
         ({"OSCAR_SIDE_BUFFER_FRACTION": "1.0"}, ["OSCAR_SIDE_BUFFER_FRACTION"]),
         ({"OSCAR_ALLOW_MODEL_MISMATCH": "maybe"}, ["0 or 1"]),
         ({"OSCAR_CHANNEL_DECODE_3BIT": "fast"}, ["OSCAR_CHANNEL_DECODE_3BIT", "'packed' or 'planes'"]),
+        ({"OSCAR_CHANNEL_EXTEND": "fast"}, ["OSCAR_CHANNEL_EXTEND", "'codes' or 'dequant'"]),
     ],
 )
 def test_bad_env_is_refused_with_the_variable_name(env, words):
@@ -77,12 +78,17 @@ def test_bad_env_is_refused_with_the_variable_name(env, words):
 
 
 def test_channel_decode_switch_values_are_the_kernels():
-    """OSCAR_CHANNEL_DECODE_3BIT: the values the start accepts are the kernels' variants."""
-    from oscar_kernels.triton.attend_channel import CHANNEL_3BIT_ENV, CHANNEL_3BIT_VARIANTS
+    """OSCAR_CHANNEL_DECODE_3BIT / OSCAR_CHANNEL_EXTEND: the values the start accepts are the
+    kernels' variants (empty: the kernels' default)."""
+    from oscar_kernels.triton.attend_channel import (
+        CHANNEL_3BIT_ENV, CHANNEL_3BIT_VARIANTS, CHANNEL_EXTEND_ENV, CHANNEL_EXTEND_VARIANTS,
+    )
 
     assert CHANNEL_3BIT_ENV == "OSCAR_CHANNEL_DECODE_3BIT" and C.CHANNEL_3BIT_VARIANTS == CHANNEL_3BIT_VARIANTS
-    for v in CHANNEL_3BIT_VARIANTS:
-        C.load_config({CHANNEL_3BIT_ENV: v})
+    assert CHANNEL_EXTEND_ENV == "OSCAR_CHANNEL_EXTEND" and C.CHANNEL_EXTEND_VARIANTS == CHANNEL_EXTEND_VARIANTS
+    for env, variants in ((CHANNEL_3BIT_ENV, CHANNEL_3BIT_VARIANTS), (CHANNEL_EXTEND_ENV, CHANNEL_EXTEND_VARIANTS)):
+        for v in variants + ("",):
+            C.load_config({env: v})
 
 
 def test_env_help_lists_every_variable():

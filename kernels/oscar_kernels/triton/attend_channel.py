@@ -362,6 +362,7 @@ def attend_channel_kernel(
     BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, HAS_NSPLITS: tl.constexpr,
     MIN_CHUNK: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, NB16: tl.constexpr,
     USE_ASM: tl.constexpr = False, STAGES: tl.constexpr = 2, PLANES: tl.constexpr = False,
+    EXT_DQ: tl.constexpr = False,
 ):
     """SPLIT (decode): grid (B, Hkv, max splits), one query token per request (token b), rows =
     the GQA group; qo_indptr / num_mb unused. Not SPLIT (extend-prefix): grid (B, Hkv * num_mb, 1),
@@ -490,12 +491,19 @@ def attend_channel_kernel(
         qm = tl.zeros([BLOCK_M], tl.float32)
         for j in tl.static_range(4):
             sc, mn = _unpack_params(tl.load(KPh + page * stride_kpn + j * QD + dq))
-            qj = _pick4(j, q0, q1, q2, q3).to(tl.float32)
-            # (q * s) . code + q . m: q scaled once per block, one constant per row
-            qs = (qj * sc[None, :]).to(PV_DT)
-            cj = _key_quarter(kc, kc2, hb, j, BITS, QD).to(PV_DT)
-            qk += tl.dot(qs, tl.trans(cj))
-            qm += tl.sum(qj * mn[None, :], 1)
+            if EXT_DQ:
+                # the page's keys dequantised once ([BLK, D/4] per quarter), then q . k: the cost
+                # is the tile's keys, not the tile's query rows (BLOCK_M >= BLK)
+                cj = _key_quarter(kc, kc2, hb, j, BITS, QD).to(tl.float32)
+                kj = (cj * sc[None, :] + mn[None, :]).to(PV_DT)
+                qk = tl.dot(_pick4(j, q0, q1, q2, q3).to(PV_DT), tl.trans(kj), qk)
+            else:
+                qj = _pick4(j, q0, q1, q2, q3).to(tl.float32)
+                # (q * s) . code + q . m: q scaled once per block, one constant per row
+                qs = (qj * sc[None, :]).to(PV_DT)
+                cj = _key_quarter(kc, kc2, hb, j, BITS, QD).to(PV_DT)
+                qk += tl.dot(qs, tl.trans(cj))
+                qm += tl.sum(qj * mn[None, :], 1)
         qk += qm[:, None]
         s = _cap_and_scale(qk, sm_scale_log2, logit_cap, LOGIT_CAP)
         s = tl.where(body[None, :], s, float("-inf"))
@@ -506,16 +514,28 @@ def attend_channel_kernel(
         a1 = a1 * alpha[:, None]
         a2 = a2 * alpha[:, None]
         a3 = a3 * alpha[:, None]
+        if EXT_DQ:
+            prd = pr.to(PV_DT)
         for j in tl.static_range(4):
-            cj = ((vc >> (2 * j)) & 3).to(PV_DT)
-            if (j * QDV) % GV == 0:  # first quarter of a value group: its (p * scale, p @ min)
-                vsc, vmn = _unpack_params(tl.load(VPh + slot * stride_vpn + (j * QDV) // GV))
-                # masked lanes read slot 0: whatever it holds must not reach the output (0 * NaN)
-                vsc = tl.where(body, vsc, 0.0)
-                vmn = tl.where(body, vmn, 0.0)
-                ps = (pr * vsc[None, :]).to(PV_DT)
-                pm = tl.sum(pr * vmn[None, :], 1)[:, None]
-            upd = tl.dot(ps, cj) + pm
+            if EXT_DQ:
+                if (j * QDV) % GV == 0:  # first quarter of a value group: its per-token params
+                    vsc, vmn = _unpack_params(tl.load(VPh + slot * stride_vpn + (j * QDV) // GV))
+                    # masked lanes (p = 0) must hold finite values: 0 * NaN would reach the output
+                    vsc = tl.where(body, vsc, 0.0)
+                    vmn = tl.where(body, vmn, 0.0)
+                # the page's values dequantised once, then p @ v
+                vj = (((vc >> (2 * j)) & 3).to(tl.float32) * vsc[:, None] + vmn[:, None]).to(PV_DT)
+                upd = tl.dot(prd, vj)
+            else:
+                cj = ((vc >> (2 * j)) & 3).to(PV_DT)
+                if (j * QDV) % GV == 0:  # first quarter of a value group: its (p * scale, p @ min)
+                    vsc, vmn = _unpack_params(tl.load(VPh + slot * stride_vpn + (j * QDV) // GV))
+                    # masked lanes read slot 0: whatever it holds must not reach the output (0 * NaN)
+                    vsc = tl.where(body, vsc, 0.0)
+                    vmn = tl.where(body, vmn, 0.0)
+                    ps = (pr * vsc[None, :]).to(PV_DT)
+                    pm = tl.sum(pr * vmn[None, :], 1)[:, None]
+                upd = tl.dot(ps, cj) + pm
             if j == 0:
                 a0 += upd
             elif j == 1:
@@ -582,7 +602,7 @@ def decode_attention_channel(
 ):
     """See ops.decode_attention_channel; min_chunk / bf16_keys_per_split / num_warps /
     num_stages are tuning knobs (decode.py's meaning). k3_variant: 'packed' / 'planes' (3-bit
-    keys; None: OSCAR_CHANNEL_DECODE_3BIT, default 'packed'; planes needs head_dim >= 128 and
+    keys; None: OSCAR_CHANNEL_DECODE_3BIT, default 'planes'; planes needs head_dim >= 128 and
     runs packed below)."""
     check_channel_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_bits, k_block, v_group)
     planes = (channel_3bit_variant(k3_variant) == "planes" and k_bits == 3
@@ -618,18 +638,40 @@ def decode_attention_channel(
 
 EXTEND_BLOCK_M = 64  # (token, query head) rows per extend program
 EXTEND_BLOCK_B = 64  # BF16 sink / ring keys per extend tile
+# Extend-prefix body variants (OSCAR_CHANNEL_EXTEND or extend_variant=...): "codes" (the default)
+# feeds the codes to the MMAs and folds each page's key scales into q (BLOCK_M x D multiplies per
+# tile, plus the q . m row constant and per-row p * scale for values); "dequant" dequantises the
+# page's keys and values once (BLK x D multiply-adds each) and multiplies q by the keys, p by the
+# values. sm_90 census (tests/kernels/sm90.py channel-extend): see docs/benchmarks.md "Findings";
+# not yet timed on a GPU, so not the default.
+CHANNEL_EXTEND_VARIANTS = ("codes", "dequant")
+CHANNEL_EXTEND_ENV = "OSCAR_CHANNEL_EXTEND"
+CHANNEL_EXTEND_DEFAULT = "codes"
+
+
+def channel_extend_variant(extend_variant=None) -> str:
+    """The extend-prefix body: extend_variant if given, else OSCAR_CHANNEL_EXTEND (unset or empty:
+    'codes'); a bad value raises ValueError naming where it came from."""
+    src = "extend_variant" if extend_variant is not None else CHANNEL_EXTEND_ENV
+    kind = extend_variant if extend_variant is not None else (os.environ.get(CHANNEL_EXTEND_ENV)
+                                                              or CHANNEL_EXTEND_DEFAULT)
+    if kind not in CHANNEL_EXTEND_VARIANTS:
+        raise ValueError(f"{src} must be 'codes' or 'dequant', got {kind!r}")
+    return kind
 
 
 def extend_prefix_attention_channel(
     q, qo_indptr, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
     kv_indptr, kv_indices, req_rows, own_start, *, k_bits, k_block, v_group, sm_scale,
     max_len_extend, sink_start=None, logit_cap=0.0, o=None, lse=None, block_m=None,
-    num_warps=None, num_stages=2,
+    num_warps=None, num_stages=2, extend_variant=None,
 ):
     """See ops.extend_prefix_attention_channel; block_m / num_warps / num_stages are tuning knobs
     (block_m is rounded up to >= 16 and >= the GQA group, as extend_prefix.py does; num_warps
-    default: 8 at head_dim 128, where 4 warps spill registers at sm_90 with 64 rows, else 4)."""
+    default: 8 at head_dim 128, where 4 warps spill registers at sm_90 with 64 rows, else 4).
+    extend_variant: 'codes' / 'dequant' (None: OSCAR_CHANNEL_EXTEND, default 'codes')."""
     check_channel_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_bits, k_block, v_group)
+    dequant = channel_extend_variant(extend_variant) == "dequant"
     sink_start = own_start if sink_start is None else sink_start
     T, Hq, D = q.shape
     B = qo_indptr.shape[0] - 1
@@ -652,7 +694,7 @@ def extend_prefix_attention_channel(
         sm_scale * LOG2E, float(logit_cap), 1, num_mb,
         GQA=gqa, D=D, DV=v_codes.shape[-1] * 4, BITS=k_bits, BLK=k_block, GV=v_group,
         S=sink_k.shape[1], W=ring_k.shape[1], BLOCK_M=bm, BLOCK_B=EXTEND_BLOCK_B, SPLIT=False,
-        HAS_NSPLITS=False, MIN_CHUNK=1, LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE, NB16=0,
+        HAS_NSPLITS=False, MIN_CHUNK=1, LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE, NB16=0, EXT_DQ=dequant,
         num_warps=num_warps or (8 if D >= 128 else 4), num_stages=num_stages,
     )
     return o, lse
