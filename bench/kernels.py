@@ -481,6 +481,39 @@ def bench_store(T, rotate):
     return ms, nbytes
 
 
+def bench_store_channel(T, fmt):
+    """ops.store_kv_channel (the served per-channel store: key codes + per-page channel params
+    written when a page completes, value codes + per-token params, BF16 sink / ring) for T new
+    tokens of one request at positions 0..T-1 (whole pages), inside a CUDA graph like bench_store.
+    Bytes: K and V read in BF16, codes and params written, the BF16 side rows written."""
+    blk = fmt.k_group
+    k = torch.randn(T, HKV, D, device=DEV).bfloat16()
+    v = torch.randn(T, HKV, D, device=DEV).bfloat16()
+    N = T + blk  # page 0 is padding, as SGLang's paged allocator
+    kb = code_bytes(fmt.k_bits, D)
+    pool = dict(
+        k_codes=head_major(torch.empty(N, HKV, kb, dtype=torch.uint8, device=DEV)),
+        k_params=head_major(torch.empty(N // blk, HKV, D, 2, dtype=torch.float16, device=DEV)),
+        v_codes=head_major(torch.empty(N, HKV, D // 4, dtype=torch.uint8, device=DEV)),
+        v_params=head_major(torch.empty(N, HKV, D // fmt.v_group, 2, dtype=torch.float16, device=DEV)),
+        sink_k=torch.empty(2, max(fmt.sink, 1), HKV, D, dtype=torch.bfloat16, device=DEV),
+        sink_v=torch.empty(2, max(fmt.sink, 1), HKV, D, dtype=torch.bfloat16, device=DEV),
+        ring_k=torch.empty(2, fmt.window, HKV, D, dtype=torch.bfloat16, device=DEV),
+        ring_v=torch.empty(2, fmt.window, HKV, D, dtype=torch.bfloat16, device=DEV),
+    )
+    meta = dict(loc=torch.arange(blk, T + blk, device=DEV), positions=torch.arange(T, device=DEV),
+                token_rows=torch.ones(T, dtype=torch.int32, device=DEV),
+                token_seq_lens=torch.full((T,), T, dtype=torch.int32, device=DEV))
+    ms = bench_graph(lambda: ops.store_kv_channel(k, v, **meta, **pool, k_bits=fmt.k_bits, k_block=blk,
+                                                  v_group=fmt.v_group))
+    n_side = min(T, fmt.sink) + min(T, fmt.window)
+    nbytes = (2 * T * HKV * D * 2  # read K, V
+              + T * HKV * (kb + D // 4 + 4 * (D // fmt.v_group)) + (T // blk) * HKV * D * 4  # codes, params
+              + 2 * n_side * HKV * D * 2  # BF16 sink / ring rows
+              + T * (8 + 8 + 4 + 4))  # loc, positions, rows, seq lens
+    return ms, nbytes
+
+
 EXTEND_SHAPES = ((32768, 4096), (8192, 512))  # (prefix, new tokens), one request
 # extend_fast settings also timed with --tune-extend (defaults: dequant asm, block_m 128, block_n 128,
 # 8 warps, 2 stages for the BF16 loops, attend.INT2_STAGES for the INT2 loop). int2_stages=2
@@ -843,6 +876,13 @@ def main():
         ms, nb = bench_store(T, rot)
         st.append(dict(T=T, rotate=rot, ms=ms, bytes=nb, gbs=nb / ms / 1e6))
         log(f"store T={T} rotate={rot}: {ms * 1e3:.1f} us, {nb / ms / 1e6:.0f} GB/s")
+    for T in () if args.skip_store_extend or args.extend_only else (16384, 64):
+        for name, fmt in channel_formats.items():  # the served per-channel store, same run
+            ms, nb = bench_store_channel(T, fmt)
+            st.append(dict(T=T, rotate=False, format=name, ms=ms, bytes=nb, gbs=nb / ms / 1e6,
+                           pct_copy=100 * nb / ms / 1e6 / copy_gbs))
+            log(f"store {name} T={T}: {ms * 1e3:.1f} us, {nb / ms / 1e6:.0f} GB/s "
+                f"({100 * nb / ms / 1e6 / copy_gbs:.0f}% of copy)")
     raw["store"] = st
     ex = []
     if not args.skip_store_extend:
@@ -917,7 +957,10 @@ def main():
     if st:
         md += ["", "| store (K+V, clip 0.96/0.92, side buffers) | time | GB/s |", "|---|---:|---:|"]
     for s in st:
-        md.append(f"| T={s['T']} tokens{', in-kernel rotation' if s['rotate'] else ''} | {s['ms'] * 1e3:.1f} us | {s['gbs']:.0f} |")
+        what = f"`{s['format']}` " if s.get("format") else ""
+        pct = f" ({s['pct_copy']:.0f}% of copy)" if s.get("pct_copy") else ""
+        md.append(f"| {what}T={s['T']} tokens{', in-kernel rotation' if s['rotate'] else ''} | {s['ms'] * 1e3:.1f} us "
+                  f"| {s['gbs']:.0f}{pct} |")
     if ex:
         md += ["", "| extend-prefix (1 request, Hq=32, Hkv=8, D=128, G=128) | INT2 base (extend_prefix.py) "
                "| INT2 fast (extend_fast.py, default) | fast vs base | SGLang BF16 Triton extend, prefix part "
