@@ -716,7 +716,7 @@ def main():
     ap.add_argument("--channel-3bit-variant", default="", help="comma list of 3-bit per-channel decode "
                     "variants (packed, planes; attend_channel.CHANNEL_3BIT_VARIANTS) also timed for every 3-bit "
                     "format of --channel-formats, same run, after checking each against packed's output "
-                    "(the main column uses OSCAR_CHANNEL_DECODE_3BIT, default packed)")
+                    "(the main column uses OSCAR_CHANNEL_DECODE_3BIT, default planes)")
     ap.add_argument("--tune-fast", action="store_true", help="also sweep a few settings of the fast kernel")
     ap.add_argument("--skip-store-extend", action="store_true", help="decode only (no store / extend timings)")
     ap.add_argument("--extend-only", action="store_true", help="only the extend-prefix check and timings "
