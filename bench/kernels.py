@@ -679,13 +679,16 @@ def bench_channel_extend(prefix, E, formats, variants):
         kw = dict(k_bits=fmt.k_bits, k_block=fmt.k_group, v_group=fmt.v_group, sm_scale=D ** -0.5,
                   max_len_extend=E, o=o, lse=lse)
         res, first = {}, None
-        for v in variants:
-            ops.extend_prefix_attention_channel(*args, **kw, extend_variant=v)
+        for v in variants:  # "body" or "body:ROWS" (the launcher's block_m knob)
+            body, _, rows = v.partition(":")
+            extra = dict(extend_variant=body, **({"block_m": int(rows)} if rows else {}))
+            run = lambda: attend_channel.extend_prefix_attention_channel(*args, **kw, **extra)  # noqa: E731
+            run()
             if first is None:
                 first = o.clone()
             err = ((o - first).norm() / first.norm().clamp_min(1e-30)).item()
             assert err < 2e-2, f"channel extend {v} and {variants[0]} disagree: rel. error {err:.1e}"
-            t = bench(lambda: ops.extend_prefix_attention_channel(*args, **kw, extend_variant=v))
+            t = bench(run)
             res[v] = dict(ms=t, tflops=flops / t / 1e9, rel_err_vs_first=err)
             log(f"  channel extend {name} {v} prefix={prefix} E={E}: {t:.2f} ms ({flops / t / 1e9:.0f} TFLOP/s), "
                 f"rel. error vs {variants[0]} {err:.1e}")
@@ -722,9 +725,10 @@ def main():
     ap.add_argument("--extend-only", action="store_true", help="only the extend-prefix check and timings "
                     "(no decode / store)")
     ap.add_argument("--tune-extend", action="store_true", help="also time a few extend_fast tile settings")
-    ap.add_argument("--channel-extend-variants", default="codes,dequant",
-                    help="per-channel extend-prefix bodies (attend_channel.CHANNEL_EXTEND_VARIANTS) timed for "
-                    "every --channel-formats format at every extend shape, same run ('' = none)")
+    ap.add_argument("--channel-extend-variants", default="codes,dequant,dequant:128",
+                    help="per-channel extend-prefix bodies (attend_channel.CHANNEL_EXTEND_VARIANTS, BODY or "
+                    "BODY:ROWS for a block_m other than the launcher's) timed for every --channel-formats "
+                    "format at every extend shape, same run, each checked against the first ('' = none)")
     ap.add_argument("--fast-max-splits", default="", help="comma list: also time the fast kernel at these "
                     "max_kv_splits (BF16 splits + INT2 splits) for every shape")
     ap.add_argument("--bf16-splits", default="8,16,32,64", help="num_kv_splits values tried for SGLang BF16")
