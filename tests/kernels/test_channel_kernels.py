@@ -44,7 +44,7 @@ class ChannelPool:
         self.k_params = torch.full((n_pages, hkv, D, 2), float("nan")).half()
         self.v_codes = torch.randint(0, 256, (N, hkv, D // 4), dtype=torch.uint8)
         self.v_params = torch.rand(N, hkv, D // fmt.v_group, 2).half()
-        self.v_params[:B] = float("nan")  # page 0 (no request's): masked lanes read slot 0
+        self.v_params[:B] = float("nan")  # page 0 (padding): no tile may read it
         self.sink_k = (torch.randn(n_rows, S, hkv, D) * GARBAGE).bfloat16()
         self.sink_v = (torch.randn(n_rows, S, hkv, D) * GARBAGE).bfloat16()
         self.ring_k = (torch.randn(n_rows, W, hkv, D) * GARBAGE).bfloat16()

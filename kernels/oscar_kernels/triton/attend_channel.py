@@ -246,8 +246,10 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
         blk = tl.where(jb < n_a, jb, jb - n_a + start_b)
         p = blk * BLK + offs
         body = (p < ring_lo) & ((p < sink_lo) | (p >= sink_hi))
-        slot = tl.load(idx_base + p, mask=body, other=0).to(tl.int64)
+        # a block is a page (see the extend loop below): its slots are page * BLK + offs, so the
+        # tile needs one index load instead of a gather of BLK, and its addresses are affine
         page = (tl.load(idx_base + blk * BLK) // BLK).to(tl.int64)
+        slot = page * BLK + offs
         kcb = KCh + slot[:, None] * stride_kcn
         if PLANES:
             # the two halves of the 2-bit plane and the 1-bit plane, D/8 bytes each per key
@@ -306,7 +308,8 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
         for j in tl.static_range(4):
             if (j * QDV) % GV == 0:  # first quarter of a value group: p * scale, row sums
                 vsc, vmn = _unpack_params(tl.load(VPh + slot * stride_vpn + (j * QDV) // GV))
-                # masked lanes read slot 0: whatever it holds must not reach the output (0 * NaN)
+                # masked lanes (the page's sink / ring positions) get p = 0; zeroed params keep
+                # anything non-finite there out of the output (0 * NaN)
                 vsc = tl.where(body, vsc, 0.0)
                 vmn = tl.where(body, vmn, 0.0)
                 pst = (pt * vsc[:, None]).to(PV_DT)
@@ -520,7 +523,7 @@ def attend_channel_kernel(
             if EXT_DQ:
                 if (j * QDV) % GV == 0:  # first quarter of a value group: its per-token params
                     vsc, vmn = _unpack_params(tl.load(VPh + slot * stride_vpn + (j * QDV) // GV))
-                    # masked lanes (p = 0) must hold finite values: 0 * NaN would reach the output
+                    # masked lanes get p = 0; zeroed params keep anything non-finite out (0 * NaN)
                     vsc = tl.where(body, vsc, 0.0)
                     vmn = tl.where(body, vmn, 0.0)
                 # the page's values dequantised once, then p @ v
@@ -530,7 +533,8 @@ def attend_channel_kernel(
                 cj = ((vc >> (2 * j)) & 3).to(PV_DT)
                 if (j * QDV) % GV == 0:  # first quarter of a value group: its (p * scale, p @ min)
                     vsc, vmn = _unpack_params(tl.load(VPh + slot * stride_vpn + (j * QDV) // GV))
-                    # masked lanes read slot 0: whatever it holds must not reach the output (0 * NaN)
+                    # masked lanes (the page's sink / ring positions) get p = 0; zeroed params keep
+                    # anything non-finite there out of the output (0 * NaN)
                     vsc = tl.where(body, vsc, 0.0)
                     vmn = tl.where(body, vmn, 0.0)
                     ps = (pr * vsc[None, :]).to(PV_DT)
