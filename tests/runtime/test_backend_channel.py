@@ -63,8 +63,14 @@ def _seen(x_rot, which, kv_len, own, sink_start):
                                  sink_start=sink_start).double()
 
 
-def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, seed):
+@pytest.mark.parametrize("extend_body", [None, "dequant"])  # OSCAR_CHANNEL_EXTEND: default, opt-in
+def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, seed, extend_body, monkeypatch):
     from oscar_sglang.runtime.pool import note_new_rows
+
+    if extend_body is None:
+        monkeypatch.delenv("OSCAR_CHANNEL_EXTEND", raising=False)
+    else:
+        monkeypatch.setenv("OSCAR_CHANNEL_EXTEND", extend_body)
 
     b, pool, layer, Rk, Rv = _make(backend_cls)
     assert pool.channel and pool.k_codes[0].shape[-1] == 3 * D // 8
