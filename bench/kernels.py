@@ -588,6 +588,19 @@ def check_extend(group, lens=(3000, 700, 150, 40), owns=(0, 40, 2000, 0), sinks=
     return wrong
 
 
+def extend_io(E):
+    """One request's E new query tokens and float32 outputs: (q, qo_indptr, o, lse)."""
+    return (torch.randn(E, HQ, D, device=DEV).bfloat16(), torch.tensor([0, E], dtype=torch.int32, device=DEV),
+            torch.empty(E, HQ, D, dtype=torch.float32, device=DEV), torch.empty(E, HQ, dtype=torch.float32, device=DEV))
+
+
+def extend_args(c, q, qo):
+    """Positional arguments of the extend-prefix launchers for case c (Int2Case / ChannelCase,
+    request 0 of its first copy)."""
+    return (q, qo, c.k_codes, c.k_params, c.v_codes, c.v_params, c.sink_k, c.sink_v, c.ring_k, c.ring_v,
+            c.indptr, c.indices[0], c.rows[0], c.own)
+
+
 def bench_extend(prefix, E, tune=False, skip=()):
     """One request: E new tokens over a cached prefix of `prefix` keys. Times (ms, median, L2 flushed):
     base = extend_prefix.py (the old kernel), fast = extend_fast.py (ops' default), and, as the
@@ -598,12 +611,8 @@ def bench_extend(prefix, E, tune=False, skip=()):
     from oscar_kernels.triton import extend_fast, extend_prefix
 
     c = Int2Case(1, prefix)
-    q = torch.randn(E, HQ, D, device=DEV).bfloat16()
-    qo = torch.tensor([0, E], dtype=torch.int32, device=DEV)
-    o = torch.empty(E, HQ, D, dtype=torch.float32, device=DEV)
-    lse = torch.empty(E, HQ, dtype=torch.float32, device=DEV)
-    args = (q, qo, c.k_codes, c.k_params, c.v_codes, c.v_params, c.sink_k, c.sink_v, c.ring_k, c.ring_v,
-            c.indptr, c.indices[0], c.rows[0], c.own)
+    q, qo, o, lse = extend_io(E)
+    args = extend_args(c, q, qo)
     kw = dict(k_group=GROUP, v_group=GROUP, sm_scale=D ** -0.5, max_len_extend=E, o=o, lse=lse)
     r = dict(prefix=prefix, E=E, flops=4 * E * HQ * prefix * D)
     r["base_ms"] = bench(lambda: extend_prefix.extend_prefix_attention(*args, **kw))
@@ -621,8 +630,7 @@ def bench_extend(prefix, E, tune=False, skip=()):
     torch.cuda.empty_cache()
     # group size 32 (3 bits/element: four (scale, min) pairs per row) on the same shape
     c = Int2Case(1, prefix, group=32)
-    args32 = (q, qo, c.k_codes, c.k_params, c.v_codes, c.v_params, c.sink_k, c.sink_v, c.ring_k, c.ring_v,
-              c.indptr, c.indices[0], c.rows[0], c.own)
+    args32 = extend_args(c, q, qo)
     kw32 = dict(kw, k_group=32, v_group=32)
     r["base_g32_ms"] = bench(lambda: extend_prefix.extend_prefix_attention(*args32, **kw32))
     r["fast_g32_ms"] = bench(lambda: extend_fast.extend_prefix_attention_fast(*args32, **kw32))
@@ -670,12 +678,8 @@ def bench_channel_extend(prefix, E, formats, variants):
     flops = 4 * E * HQ * prefix * D
     for name, fmt in formats.items():
         c = ChannelCase(1, prefix, fmt)
-        q = torch.randn(E, HQ, D, device=DEV).bfloat16()
-        qo = torch.tensor([0, E], dtype=torch.int32, device=DEV)
-        o = torch.empty(E, HQ, D, dtype=torch.float32, device=DEV)
-        lse = torch.empty(E, HQ, dtype=torch.float32, device=DEV)
-        args = (q, qo, c.k_codes, c.k_params, c.v_codes, c.v_params, c.sink_k, c.sink_v, c.ring_k, c.ring_v,
-                c.indptr, c.indices[0], c.rows[0], c.own)
+        q, qo, o, lse = extend_io(E)
+        args = extend_args(c, q, qo)
         kw = dict(k_bits=fmt.k_bits, k_block=fmt.k_group, v_group=fmt.v_group, sm_scale=D ** -0.5,
                   max_len_extend=E, o=o, lse=lse)
         res, first = {}, None

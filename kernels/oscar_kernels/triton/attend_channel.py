@@ -520,26 +520,20 @@ def attend_channel_kernel(
         if EXT_DQ:
             prd = pr.to(PV_DT)
         for j in tl.static_range(4):
-            if EXT_DQ:
-                if (j * QDV) % GV == 0:  # first quarter of a value group: its per-token params
-                    vsc, vmn = _unpack_params(tl.load(VPh + slot * stride_vpn + (j * QDV) // GV))
-                    # masked lanes get p = 0; zeroed params keep anything non-finite out (0 * NaN)
-                    vsc = tl.where(body, vsc, 0.0)
-                    vmn = tl.where(body, vmn, 0.0)
-                # the page's values dequantised once, then p @ v
+            if (j * QDV) % GV == 0:  # first quarter of a value group: its per-token params
+                vsc, vmn = _unpack_params(tl.load(VPh + slot * stride_vpn + (j * QDV) // GV))
+                # masked lanes (the page's sink / ring positions) get p = 0; zeroed params keep
+                # anything non-finite there out of the output (0 * NaN)
+                vsc = tl.where(body, vsc, 0.0)
+                vmn = tl.where(body, vmn, 0.0)
+                if not EXT_DQ:  # codes: the group's (p * scale, p @ min)
+                    ps = (pr * vsc[None, :]).to(PV_DT)
+                    pm = tl.sum(pr * vmn[None, :], 1)[:, None]
+            if EXT_DQ:  # the page's values dequantised once, then p @ v
                 vj = (((vc >> (2 * j)) & 3).to(tl.float32) * vsc[:, None] + vmn[:, None]).to(PV_DT)
                 upd = tl.dot(prd, vj)
             else:
-                cj = ((vc >> (2 * j)) & 3).to(PV_DT)
-                if (j * QDV) % GV == 0:  # first quarter of a value group: its (p * scale, p @ min)
-                    vsc, vmn = _unpack_params(tl.load(VPh + slot * stride_vpn + (j * QDV) // GV))
-                    # masked lanes (the page's sink / ring positions) get p = 0; zeroed params keep
-                    # anything non-finite there out of the output (0 * NaN)
-                    vsc = tl.where(body, vsc, 0.0)
-                    vmn = tl.where(body, vmn, 0.0)
-                    ps = (pr * vsc[None, :]).to(PV_DT)
-                    pm = tl.sum(pr * vmn[None, :], 1)[:, None]
-                upd = tl.dot(ps, cj) + pm
+                upd = tl.dot(ps, ((vc >> (2 * j)) & 3).to(PV_DT)) + pm
             if j == 0:
                 a0 += upd
             elif j == 1:
