@@ -719,11 +719,15 @@ def main():
     ap.add_argument("--fast", action=argparse.BooleanOptionalAction, default=True,
                     help="also time the fast INT2 decode kernel (attend_fast.py, OSCAR_INT2_DECODE_KERNEL=fast)")
     ap.add_argument("--tune-channel", action="store_true", help="also time the per-channel decode at a few "
-                    "num_warps / body-loop pipeline depths")
+                    "num_warps / body-loop pipeline depths / register caps")
     ap.add_argument("--channel-3bit-variant", default="", help="comma list of 3-bit per-channel decode "
                     "variants (packed, planes; attend_channel.CHANNEL_3BIT_VARIANTS) also timed for every 3-bit "
                     "format of --channel-formats, same run, after checking each against packed's output "
                     "(the main column uses OSCAR_CHANNEL_DECODE_3BIT, default planes)")
+    ap.add_argument("--channel-code-reads", default="words", help="comma list of per-channel decode code "
+                    "reads (bytes, words; attend_channel.CHANNEL_CODE_READS) also timed for every --channel-formats "
+                    "format, same run, after checking each against the main column's output (the main column "
+                    "uses OSCAR_CHANNEL_DECODE_READS, default bytes; '' = none)")
     ap.add_argument("--tune-fast", action="store_true", help="also sweep a few settings of the fast kernel")
     ap.add_argument("--skip-store-extend", action="store_true", help="decode only (no store / extend timings)")
     ap.add_argument("--extend-only", action="store_true", help="only the extend-prefix check and timings "
@@ -757,11 +761,17 @@ def main():
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     shapes = [] if args.extend_only else shapes
     channel_formats = {n: KVFormat.parse(n, head_dim=D) for n in filter(None, args.channel_formats.split(","))}
+    # registers: the one-warp body takes 245-255 at sm_90 (8 programs per SM); 168 fits 12 with a
+    # 16-32 B spill on the sm_90 census, with words or bytes
     channel_tune = ([dict(num_warps=w) for w in (1, 2, 4)] + [dict(num_int2_stages=st) for st in (2, 3)]
+                    + [dict(maxnreg=168), dict(maxnreg=168, code_reads="words")]
                     if args.tune_channel else [])
     k3_variants = [v for v in args.channel_3bit_variant.split(",") if v]
     for v in k3_variants:
         attend_channel.channel_3bit_variant(v)  # a bad name fails before anything is timed
+    code_reads = [v for v in args.channel_code_reads.split(",") if v]
+    for v in code_reads:
+        attend_channel.channel_code_reads(v)
     bf_splits = [int(s) for s in args.bf16_splits.split(",")]
     rows, raw = [], {"copy_gbs": copy_gbs, "device": dev_name, "decode": [], "tune": []}
     for B, L in shapes:
@@ -846,6 +856,17 @@ def main():
                     ms=tt, gbs=cc.bytes / tt / 1e6, pct_copy=100 * cc.bytes / tt / 1e6 / copy_gbs, rel_err_vs_packed=err)
                 log(f"  channel {name} 3-bit {v} B={B} L={L}: {tt * 1e3:.1f} us ({cc.bytes / tt / 1e6 / copy_gbs:.0%} of copy), "
                     f"rel. error vs packed {err:.1e}")
+            for v in code_reads:
+                cc.fn()()  # the main column's output on a fresh copy of the inputs, then the variant's
+                o_ref = cc.o.float().clone()
+                cc.fn(code_reads=v)()
+                err = ((cc.o.float() - o_ref).norm() / o_ref.norm()).item()
+                assert err < 2e-2, f"per-channel decode with {v} reads and the default disagree: rel. error {err:.1e}"
+                tt = bench_graph(cc.fn(code_reads=v), cc.copies)
+                chan[name].setdefault("code_reads", {})[v] = dict(
+                    ms=tt, gbs=cc.bytes / tt / 1e6, pct_copy=100 * cc.bytes / tt / 1e6 / copy_gbs, rel_err_vs_default=err)
+                log(f"  channel {name} {v} reads B={B} L={L}: {tt * 1e3:.1f} us ({cc.bytes / tt / 1e6 / copy_gbs:.0%} of copy), "
+                    f"rel. error vs default {err:.1e}")
             for knobs in channel_tune:
                 try:
                     tt = bench_graph(cc.fn(**knobs), cc.copies)
@@ -954,6 +975,12 @@ def main():
             md.append(f"| {r['B']} | {r['L'] // 1024}K | " + " | ".join(
                 f"{c['ms'] * 1e3:.1f} us | {c['gbs']:.0f} | {c['pct_copy']:.0f}% | {c['speedup_vs_bf16']:.2f}x"
                 for c in (r["channel"][n] for n in channel_formats)) + " |")
+        for r in rows:  # the variants timed next to the main column (same inputs, output checked)
+            for n in channel_formats:
+                c = r["channel"][n]
+                for kind, res in (("3-bit", c.get("k3_variants") or {}), ("reads", c.get("code_reads") or {})):
+                    md += [f"- `{n}` B={r['B']} L={r['L'] // 1024}K, {kind} `{v}`: {x['ms'] * 1e3:.1f} us "
+                           f"({x['pct_copy']:.0f}% of copy; main column {c['ms'] * 1e3:.1f} us)" for v, x in res.items()]
     fi_rows = [r for r in rows if r.get("flashinfer_ms")]
     if fi_rows:  # the second BF16 baseline, same run
         md += ["", "| B | L | FlashInfer BF16 decode (best of CUDA-core / tensor-core) | FlashInfer GB/s | "

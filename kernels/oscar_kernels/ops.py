@@ -197,6 +197,7 @@ def decode_attention_channel(
     logit_cap: float = 0.0,
     min_chunk: int | None = None,
     k3_variant: str | None = None,
+    code_reads: str | None = None,
 ) -> torch.Tensor:
     """decode_attention for per-channel keys: one query token per request over sink + body + ring.
 
@@ -214,8 +215,10 @@ def decode_attention_channel(
     keys 2, 3 or 4 bits; B in (32, 64); W >= B. min_chunk: fewest body keys per derived split
     (default decode.MIN_CHUNK). k3_variant: how 3-bit keys are decoded, 'packed' (32-bit code
     assembly) or 'planes' (a 2-bit and a 1-bit plane, two MMAs; head_dim >= 128, else packed);
-    None = OSCAR_CHANNEL_DECODE_3BIT (unset or empty: 'planes'). Both read the same pool and give the same
-    result up to rounding. Returns o (rotated V space, like decode_attention).
+    None = OSCAR_CHANNEL_DECODE_3BIT (unset or empty: 'planes'). code_reads: how codes are read,
+    'bytes' or 'words' (value codes and 2-bit key codes as 16-bit code words, as the per-token fast
+    kernel, where the dim is >= 128); None = OSCAR_CHANNEL_DECODE_READS (unset or empty: 'bytes'). All read the same pool
+    and give the same result up to rounding. Returns o (rotated V space, like decode_attention).
     """
     args = dict(locals())  # before the import below adds a local
     from .triton import attend_channel as _ch

@@ -93,11 +93,20 @@ ENV_VARS: dict[str, tuple[str | None, str]] = {
         "once per tile; fewer instructions on the sm_90 census, not yet timed on a GPU). Read "
         "by the kernels (oscar_kernels/triton/attend_channel.py)",
     ),
+    "OSCAR_CHANNEL_DECODE_READS": (
+        None,
+        "how the per-channel decode reads codes: 'bytes' (default) or 'words' (value codes and "
+        "2-bit key codes as 16-bit words, as the per-token fast kernel; head_dim 128; fewer "
+        "instructions on the sm_90 census, not yet timed on a GPU). Read by the kernels "
+        "(oscar_kernels/triton/attend_channel.py)",
+    ),
 }
-# values of OSCAR_CHANNEL_DECODE_3BIT / OSCAR_CHANNEL_EXTEND (attend_channel.CHANNEL_3BIT_VARIANTS /
-# CHANNEL_EXTEND_VARIANTS; checked here at start without importing the kernels)
+# values of OSCAR_CHANNEL_DECODE_3BIT / OSCAR_CHANNEL_EXTEND / OSCAR_CHANNEL_DECODE_READS
+# (attend_channel.CHANNEL_3BIT_VARIANTS / CHANNEL_EXTEND_VARIANTS / CHANNEL_CODE_READS; checked here
+# at start without importing the kernels)
 CHANNEL_3BIT_VARIANTS = ("packed", "planes")
 CHANNEL_EXTEND_VARIANTS = ("codes", "dequant")
+CHANNEL_CODE_READS = ("bytes", "words")
 
 DEFAULT_SINK = 64
 DEFAULT_RECENT = 256
@@ -283,6 +292,9 @@ def load_config(env: Mapping[str, str] | None = None) -> OscarConfig:
     val, var = _get(env, "OSCAR_CHANNEL_EXTEND")
     if val is not None and val not in CHANNEL_EXTEND_VARIANTS:
         raise OscarConfigError(f"{var} must be 'codes' or 'dequant', got {val!r}")
+    val, var = _get(env, "OSCAR_CHANNEL_DECODE_READS")
+    if val is not None and val not in CHANNEL_CODE_READS:
+        raise OscarConfigError(f"{var} must be 'bytes' or 'words', got {val!r}")
 
     return OscarConfig(sources=sources, **kw)
 

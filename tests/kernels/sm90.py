@@ -10,7 +10,7 @@ runtime's divisibility specialisation, ints equal to 1 become constants), then c
     python -m tests.kernels.sm90 extend                                    # extend_fast, 32K + 4096
     python -m tests.kernels.sm90 fit                                       # every (head_dim, group)
     python -m tests.kernels.sm90 channel [--bits 3] [--batch 64] [--num-warps N] [--num-stages N]
-                                         [--k3-variant packed|planes]
+                                         [--k3-variant packed|planes] [--code-reads bytes|words]
                                          # channel-key decode (D=128, GQA 4, L=32K) + ptxas spills
     python -m tests.kernels.sm90 channel-extend [--bits 3] [--block-m 64] [--num-warps N]
                                                 [--variant codes|dequant]
@@ -278,9 +278,10 @@ def channel(bits=3, batch=64, L=32768, D=128, block=64, v_group=64, **knobs) -> 
         q, o, **pool, **meta, k_bits=bits, k_block=block, v_group=v_group, sm_scale=D ** -0.5,
         max_kv_splits=18, **knobs), [(ch, "attend_channel_kernel"), (dec, "_merge_splits_kernel")])
     (fn, a, k), = [c for c in calls if c[0] is not dec._merge_splits_kernel]
-    warps, planes = k["num_warps"], k["PLANES"]
+    warps, planes, words = k["num_warps"], k["PLANES"], (k["VWORDS"], k["KWORDS"])
     c = _compile(fn, a, k)
-    return {**_report(c), **_ptxas_spills(c), "planes": planes, "loops": _sass_loops(c)[:3], "bits": bits, "batch": batch,
+    return {**_report(c), **_ptxas_spills(c), "planes": planes, "words": words, "loops": _sass_loops(c)[:3],
+            "bits": bits, "batch": batch,
             "num_warps": warps, "knobs": {k_: str(v) for k_, v in knobs.items()}}
 
 
@@ -326,7 +327,7 @@ def main(argv: list[str]) -> int:
     elif what == "fit":
         res = fit()
     elif what == "channel":
-        opt = {rest[i][2:].replace("-", "_"): rest[i + 1] if rest[i] == "--k3-variant" else int(rest[i + 1])
+        opt = {rest[i][2:].replace("-", "_"): rest[i + 1] if rest[i] in ("--k3-variant", "--code-reads") else int(rest[i + 1])
                for i in range(0, len(rest), 2)}
         res = channel(**opt)
     elif what == "channel-extend":

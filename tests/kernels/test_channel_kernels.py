@@ -114,18 +114,24 @@ def run_decode(pool, q, max_splits, nsplit=None, **kw):
 
 
 # k3: the 3-bit decode variant (attend_channel.CHANNEL_3BIT_VARIANTS) at head_dim 128, where both
-# exist; None = the default (other widths, and head_dim 64 where 'planes' runs 'packed')
-@pytest.mark.parametrize("D,bits,B,vg,gqa,splits,k3", [
-    (128, 3, 32, 128, 4, "auto", "packed"),
-    (128, 3, 32, 128, 4, "auto", "planes"),
-    (128, 3, 32, 64, 2, "given", "packed"),
-    (128, 3, 32, 64, 2, "given", "planes"),
-    (64, 2, 32, 64, 3, "given", None),
-    (64, 2, 32, 16 * 2, 1, "auto", None),
-    (64, 4, 32, 64, 2, "given", None),
-    (64, 3, 64, 64, 2, "auto", None),
+# exist; None = the default (other widths, and head_dim 64 where 'planes' runs 'packed'). reads:
+# how codes are read (attend_channel.CHANNEL_CODE_READS; None = the default 'bytes'): 'words' reads
+# values (and 2-bit keys) as code words at head_dim 128, value groups of 32, 64 and 128
+@pytest.mark.parametrize("D,bits,B,vg,gqa,splits,k3,reads", [
+    (128, 3, 32, 128, 4, "auto", "packed", None),
+    (128, 3, 32, 128, 4, "auto", "planes", None),
+    (128, 3, 32, 64, 2, "given", "packed", None),
+    (128, 3, 32, 64, 2, "given", "planes", None),
+    (128, 3, 32, 64, 2, "given", "planes", "words"),
+    (128, 2, 32, 64, 4, "auto", None, "words"),
+    (128, 2, 64, 128, 2, "given", None, "words"),
+    (128, 4, 32, 32, 2, "given", None, "words"),
+    (64, 2, 32, 64, 3, "given", None, None),
+    (64, 2, 32, 16 * 2, 1, "auto", None, None),
+    (64, 4, 32, 64, 2, "given", None, None),
+    (64, 3, 64, 64, 2, "auto", None, None),
 ])
-def test_decode_channel_matches_reference(seed, D, bits, B, vg, gqa, splits, k3):
+def test_decode_channel_matches_reference(seed, D, bits, B, vg, gqa, splits, k3, reads):
     hkv = 2
     reqs = REQS_32 if B == 32 else REQS_64
     fmt = channel_fmt(D, bits, B, vg)
@@ -135,7 +141,7 @@ def test_decode_channel_matches_reference(seed, D, bits, B, vg, gqa, splits, k3)
     # given: a few splits per request (more splits than body blocks for some); auto: the body's
     # key count in chunks of 32 keys (min_chunk), so the longer requests use several body splits
     nsplit = torch.randint(2, 6, (nb,), dtype=torch.int32).to(DEV) if splits == "given" else None
-    o = run_decode(pool, q, 5, nsplit, min_chunk=32, k3_variant=k3)
+    o = run_decode(pool, q, 5, nsplit, min_chunk=32, k3_variant=k3, code_reads=reads)
     assert not o.isnan().any()
     for b in range(nb):
         K, V = pool.request_kv(b)
@@ -166,15 +172,15 @@ class _Launched(Exception):
     pass
 
 
-def _launch_planes(monkeypatch, D, bits, **kw):
-    """PLANES and num_warps of the decode launch ops.decode_attention_channel makes (the kernel
-    replaced by a recorder that stops the call)."""
+def _launch(monkeypatch, D, bits, **kw):
+    """(positional args, keywords) of the decode launch ops.decode_attention_channel makes (the
+    kernel replaced by a recorder that stops the call)."""
     from oscar_kernels.triton import attend_channel
 
     class Rec:
         def __getitem__(self, grid):
             def launch(*a, **k):
-                raise _Launched(k["PLANES"], k["num_warps"])
+                raise _Launched(a, k)
             return launch
 
     monkeypatch.setattr(attend_channel, "attend_channel_kernel", Rec())
@@ -185,6 +191,40 @@ def _launch_planes(monkeypatch, D, bits, **kw):
         ops.decode_attention_channel(q, torch.empty(2, 2, D, device=DEV), *pool.args(), **pool.kw(),
                                      sm_scale=0.1, **kw)
     return e.value.args
+
+
+def _launch_planes(monkeypatch, D, bits, **kw):
+    """PLANES and num_warps of the decode launch."""
+    _, k = _launch(monkeypatch, D, bits, **kw)
+    return k["PLANES"], k["num_warps"]
+
+
+def _launch_words(monkeypatch, D, bits, **kw):
+    """(VWORDS, KWORDS, dtype of the value codes, dtype of the key codes) of the decode launch."""
+    a, k = _launch(monkeypatch, D, bits, **kw)
+    return k["VWORDS"], k["KWORDS"], a[17].dtype, a[11].dtype  # VC, KC (the kernel signature)
+
+
+def test_decode_channel_code_reads_switch(seed, monkeypatch):
+    """OSCAR_CHANNEL_DECODE_READS picks how decode reads codes (unset or empty: 'bytes'),
+    code_reads overrides it; 'words' passes int16 views of the value codes (value dim >= 128) and
+    of 2-bit key codes (head_dim >= 128) and reads bytes elsewhere; bad values are refused."""
+    i16, u8 = torch.int16, torch.uint8
+    monkeypatch.delenv("OSCAR_CHANNEL_DECODE_READS", raising=False)
+    assert _launch_words(monkeypatch, 128, 2) == (False, False, u8, u8)
+    assert _launch_words(monkeypatch, 128, 2, code_reads="words") == (True, True, i16, i16)
+    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_READS", "")
+    assert _launch_words(monkeypatch, 128, 3) == (False, False, u8, u8)
+    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_READS", "words")
+    assert _launch_words(monkeypatch, 128, 3) == (True, False, i16, u8)
+    assert _launch_words(monkeypatch, 128, 4) == (True, False, i16, u8)
+    assert _launch_words(monkeypatch, 64, 2) == (False, False, u8, u8)
+    assert _launch_words(monkeypatch, 128, 2, code_reads="bytes") == (False, False, u8, u8)
+    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_READS", "word")
+    with pytest.raises(ValueError, match="OSCAR_CHANNEL_DECODE_READS must be 'bytes' or 'words', got 'word'"):
+        _launch_words(monkeypatch, 128, 2)
+    with pytest.raises(ValueError, match="code_reads must be 'bytes' or 'words'"):
+        _launch_words(monkeypatch, 128, 2, code_reads="int16")
 
 
 def test_decode_channel_3bit_variant_switch(seed, monkeypatch):

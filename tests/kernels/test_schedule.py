@@ -73,6 +73,21 @@ def test_channel_3bit_planes_fewer_instructions_no_spills():
     assert per_tile["planes"] < per_tile["packed"], (per_tile, packed, planes)
 
 
+def test_channel_decode_word_reads_fewer_instructions_no_spills():
+    """The per-channel decode reading codes as 16-bit words (2-bit keys and values, D=128, B=8,
+    L=32K): no register spills, MMAs in the body loop, and fewer SASS instructions per body tile
+    than the byte reads at the same warps. Both are compiled here; no fixed count is assumed."""
+    byte_reads = sm90.run("channel", "--bits", "2", "--batch", "8", "--code-reads", "bytes")
+    word_reads = sm90.run("channel", "--bits", "2", "--batch", "8", "--code-reads", "words")
+    assert byte_reads["words"] == [False, False] and word_reads["words"] == [True, True], (byte_reads, word_reads)
+    assert byte_reads["num_warps"] == word_reads["num_warps"]
+    for r in (byte_reads, word_reads):
+        body = r["loops"][0]
+        assert body["hmma"] >= 32 and 200 < body["instructions"] < 20000, r
+    assert word_reads["spill_stores"] == 0 and word_reads["spill_loads"] == 0 and word_reads["stack"] == 0, word_reads
+    assert word_reads["loops"][0]["instructions"] < byte_reads["loops"][0]["instructions"], (byte_reads, word_reads)
+
+
 def test_channel_extend_dequant_fewer_instructions_no_spills():
     """The per-channel extend-prefix's 'dequant' body (keys and values dequantised once per page
     tile) at a chunked prefill's shape (D=128, 3-bit keys, 8K new tokens over 24K): no register

@@ -51,7 +51,8 @@ from .attend import (
     as_param_words, empty_softmax_state, load_q_quarters, num_splits_of, pool_launch_args,
     source_ranges, split_ranges,
 )
-from .attend_fast import _quarter_v, _v_scale
+from .attend_fast import (WORDS_MIN_DIM, _quarter_v, _v_scale, _word_code, _word_dims, _word_ofs,
+                          _words_of_quarter)
 from .decode import BLOCK_B, MIN_CHUNK, default_max_splits, merge_splits, plan_decode
 from .extend_prefix import extend_outputs
 
@@ -76,6 +77,31 @@ CHANNEL_3BIT_ENV = "OSCAR_CHANNEL_DECODE_3BIT"
 CHANNEL_3BIT_DEFAULT = "planes"
 PLANES_NUM_WARPS = 1
 PLANES_MIN_DIM = 128
+
+
+# How decode reads codes (OSCAR_CHANNEL_DECODE_READS or decode_attention_channel(code_reads=...)):
+# "bytes" (the default) reads value codes transposed, one byte per (dim quarter, key), which sm_90
+# builds from single-byte shared-memory loads and byte permutes (64 LDS.U8 per 64-key tile), and
+# widens every key byte to 16 bits (byte permutes again); "words" reads value codes, and 2-bit key
+# codes, as attend_fast's 16-bit code words (ldmatrix straight into the MMA operand, one lop3 per
+# two codes, 8 extractions of D/8 dims each; needs a value / key dim >= 128, below it reads bytes;
+# 3- and 4-bit keys keep their byte reads). Values are the same per-token 2-bit groups as the fast
+# kernel's and 2-bit keys the same quarter-split bytes, so its validated extractions are reused;
+# the per-channel key scales are read at each extraction's dims. Not yet timed on a GPU, so not the
+# default (sm_90 census: docs/benchmarks.md "Findings").
+CHANNEL_CODE_READS = ("bytes", "words")
+CHANNEL_READS_ENV = "OSCAR_CHANNEL_DECODE_READS"
+CHANNEL_READS_DEFAULT = "bytes"
+
+
+def channel_code_reads(code_reads=None) -> str:
+    """How decode reads codes: code_reads if given, else OSCAR_CHANNEL_DECODE_READS (unset or
+    empty: 'bytes'); a bad value raises ValueError naming where it came from."""
+    src = "code_reads" if code_reads is not None else CHANNEL_READS_ENV
+    kind = code_reads if code_reads is not None else (os.environ.get(CHANNEL_READS_ENV) or CHANNEL_READS_DEFAULT)
+    if kind not in CHANNEL_CODE_READS:
+        raise ValueError(f"{src} must be 'bytes' or 'words', got {kind!r}")
+    return kind
 
 
 def channel_3bit_variant(k3_variant=None) -> str:
@@ -202,13 +228,21 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
                  sm_scale_log2, logit_cap, qrow,
                  D: tl.constexpr, DV: tl.constexpr, BITS: tl.constexpr, BLK: tl.constexpr, GV: tl.constexpr,
                  BLOCK_M: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, USE_ASM: tl.constexpr,
-                 STAGES: tl.constexpr, PLANES: tl.constexpr):
+                 STAGES: tl.constexpr, PLANES: tl.constexpr, VWORDS: tl.constexpr, KWORDS: tl.constexpr):
     """Decode's quantised body blocks [j_lo, j_hi) (see _key_operand's note), continuing the BF16
     loops' softmax state (row-major a0..a3 [rows, Dv/4]); returns it in the same form. PLANES
     (3 bits, D >= 128): the two-plane key operands (HI_QMUL's note), q^T read again in eighths
-    from qrow (pointers to the rows' q) and kept in PV_DT, the softmax scale applied per tile."""
+    from qrow (pointers to the rows' q) and kept in PV_DT, the softmax scale applied per tile.
+    VWORDS (Dv >= 128) / KWORDS (2-bit keys, D >= 128): VCh / KCh are int16 views of the value /
+    key codes (strides in words), read as attend_fast's code words (CHANNEL_CODE_READS' note); with
+    KWORDS q^T is read in the 8 extractions' dims from qrow."""
     QD: tl.constexpr = D // 4
     QDV: tl.constexpr = DV // 4
+    QW: tl.constexpr = D // 8
+    QWV: tl.constexpr = DV // 8
+    # code-word operands are fp16 (their exponent trick); fp32 in the interpreter
+    WDT: tl.constexpr = tl.float32 if PV_DT == tl.float32 else tl.float16
+    VDT: tl.constexpr = WDT if VWORDS else PV_DT
     D8: tl.constexpr = D // 8
     OFS: tl.constexpr = BODY_OFS if USE_ASM else 0.0
     QSC = 1.0 if LOGIT_CAP else sm_scale_log2
@@ -224,18 +258,36 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
         qe5 = tl.load(qe + 5 * D8).to(PV_DT)
         qe6 = tl.load(qe + 6 * D8).to(PV_DT)
         qe7 = tl.load(qe + 7 * D8).to(PV_DT)
+    elif KWORDS:
+        # q^T at the 8 extractions' dims [D/8, rows] in fp32, the softmax scale folded in
+        qw0 = tl.load(qrow[None, :] + _word_dims(0, QW)[:, None]).to(tl.float32) * QSC
+        qw1 = tl.load(qrow[None, :] + _word_dims(1, QW)[:, None]).to(tl.float32) * QSC
+        qw2 = tl.load(qrow[None, :] + _word_dims(2, QW)[:, None]).to(tl.float32) * QSC
+        qw3 = tl.load(qrow[None, :] + _word_dims(3, QW)[:, None]).to(tl.float32) * QSC
+        qw4 = tl.load(qrow[None, :] + _word_dims(4, QW)[:, None]).to(tl.float32) * QSC
+        qw5 = tl.load(qrow[None, :] + _word_dims(5, QW)[:, None]).to(tl.float32) * QSC
+        qw6 = tl.load(qrow[None, :] + _word_dims(6, QW)[:, None]).to(tl.float32) * QSC
+        qw7 = tl.load(qrow[None, :] + _word_dims(7, QW)[:, None]).to(tl.float32) * QSC
     else:
         # q^T quarters [D/4, rows] in fp32, the softmax scale folded in (unless capped)
         q0t = tl.trans(q0.to(tl.float32) * QSC)
         q1t = tl.trans(q1.to(tl.float32) * QSC)
         q2t = tl.trans(q2.to(tl.float32) * QSC)
         q3t = tl.trans(q3.to(tl.float32) * QSC)
-    # value accumulators transposed [Dv/4, rows], in operand units (attend_fast): a'_j = vs_j a_j;
-    # per quarter the per-row sums sum(p * mn), sum(p * sc) of its value group, added after the loop
-    a0 = tl.trans(a0 * _v_scale(0) if USE_ASM else a0)
-    a1 = tl.trans(a1 * _v_scale(1) if USE_ASM else a1)
-    a2 = tl.trans(a2 * _v_scale(2) if USE_ASM else a2)
-    a3 = tl.trans(a3 * _v_scale(3) if USE_ASM else a3)
+    # value accumulators transposed, in operand units (attend_fast): bytes [Dv/4, rows] per quarter
+    # (a'_j = vs_j a_j), or code words [Dv/8, rows] per extraction (x_j: quarter j's even dims,
+    # x_{4+j}: its odd dims, scale 1); per quarter the per-row sums sum(p * mn), sum(p * sc) of its
+    # value group, added after the loop
+    if VWORDS:
+        x0, x4 = _words_of_quarter(a0, QWV, BLOCK_M)
+        x1, x5 = _words_of_quarter(a1, QWV, BLOCK_M)
+        x2, x6 = _words_of_quarter(a2, QWV, BLOCK_M)
+        x3, x7 = _words_of_quarter(a3, QWV, BLOCK_M)
+    else:
+        a0 = tl.trans(a0 * _v_scale(0) if USE_ASM else a0)
+        a1 = tl.trans(a1 * _v_scale(1) if USE_ASM else a1)
+        a2 = tl.trans(a2 * _v_scale(2) if USE_ASM else a2)
+        a3 = tl.trans(a3 * _v_scale(3) if USE_ASM else a3)
     zero = tl.zeros([BLOCK_M], tl.float32)
     bm0, bm1, bm2, bm3 = zero, zero, zero, zero
     bs0, bs1, bs2, bs3 = zero, zero, zero, zero
@@ -258,7 +310,10 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
             lo_b = tl.load(kcb + D8 + d8[None, :]).to(tl.uint16)
             hi16 = tl.load(kcb + QD + d8[None, :]).to(tl.uint16)
             kpb = KPh + page * stride_kpn + d8
-            vct = tl.load(VCh + slot[None, :] * stride_vcn + dv[:, None])
+            if VWORDS:  # [Dv/8 words, keys]
+                vct = tl.load(VCh + slot[None, :] * stride_vcn + tl.arange(0, QWV)[:, None])
+            else:
+                vct = tl.load(VCh + slot[None, :] * stride_vcn + dv[:, None])
             qc = tl.zeros([D8, BLOCK_M], tl.float32)  # per-dim terms of the row constant
             part = tl.zeros([BLK, BLOCK_M], tl.float32)
             for e in tl.static_range(8):
@@ -273,6 +328,24 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
                 # q . m, minus the offsets' share OFS * sum(qs + qh) (rounded operands: exact removal)
                 qc += qet * mn[:, None] - OFS * (qs.to(tl.float32) * (1.0 + HI_QMUL[e]))
             st = (part + tl.sum(qc, 0)[None, :]) * QSC
+        elif KWORDS:
+            kw = tl.load(kcb + tl.arange(0, QW)[None, :])  # [keys, D/8 words]
+            kpb = KPh + page * stride_kpn
+            if VWORDS:
+                vct = tl.load(VCh + slot[None, :] * stride_vcn + tl.arange(0, QWV)[:, None])
+            else:
+                vct = tl.load(VCh + slot[None, :] * stride_vcn + dv[:, None])
+            # s^T = sum_P extraction_P @ (q_P * s_P)^T + row constant (extraction scale 1)
+            qc = tl.zeros([QW, BLOCK_M], tl.float32)
+            part = tl.zeros([BLK, BLOCK_M], tl.float32)
+            for e in tl.static_range(8):
+                sc, mn = _unpack_params(tl.load(kpb + _word_dims(e, QW)))
+                qpt = _pick8(e, qw0, qw1, qw2, qw3, qw4, qw5, qw6, qw7)
+                qs = (qpt * sc[:, None]).to(WDT)
+                part = tl.dot(_word_code(kw, e, WDT, USE_ASM), qs, part)
+                # (q s) . m, minus the offset's share (from the rounded qs: exact removal)
+                qc += qpt * mn[:, None] - _word_ofs(e, USE_ASM) * qs.to(tl.float32)
+            st = part + tl.sum(qc, 0)[None, :]
         else:
             kc = tl.load(kcb + dq[None, :])
             kc2 = kc
@@ -282,7 +355,10 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
             if BITS == 4:
                 kc2 = tl.load(kcb + QD + dq[None, :])
             kpb = KPh + page * stride_kpn + dq
-            vct = tl.load(VCh + slot[None, :] * stride_vcn + dv[:, None])
+            if VWORDS:  # [Dv/8 words, keys]
+                vct = tl.load(VCh + slot[None, :] * stride_vcn + tl.arange(0, QWV)[:, None])
+            else:
+                vct = tl.load(VCh + slot[None, :] * stride_vcn + dv[:, None])
             # scores s^T [keys, rows] = sum_j op_j @ (q_j * s_j / ks_j)^T + row constant
             qc = tl.zeros([QD, BLOCK_M], tl.float32)  # per-dim terms of the row constant
             part = tl.zeros([BLK, BLOCK_M], tl.float32)
@@ -304,7 +380,8 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
         l_i = l_i * alpha + tl.sum(pt, 0)
         m_i = m_new
         al = alpha[None, :]
-        v16 = vct.to(tl.uint16)
+        if not VWORDS:
+            v16 = vct.to(tl.uint16)
         for j in tl.static_range(4):
             if (j * QDV) % GV == 0:  # first quarter of a value group: p * scale, row sums
                 vsc, vmn = _unpack_params(tl.load(VPh + slot * stride_vpn + (j * QDV) // GV))
@@ -312,35 +389,70 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
                 # anything non-finite there out of the output (0 * NaN)
                 vsc = tl.where(body, vsc, 0.0)
                 vmn = tl.where(body, vmn, 0.0)
-                pst = (pt * vsc[:, None]).to(PV_DT)
+                pst = (pt * vsc[:, None]).to(VDT)
                 gmn = tl.sum(pt * vmn[:, None], 0)
                 gsc = tl.sum(pst.to(tl.float32), 0)
-            if USE_ASM:
-                op = _quarter_v(v16, j, PV_DT, USE_ASM)
+            if VWORDS:  # quarter j = extractions j (even dims) and 4 + j (odd dims)
+                if j == 0:
+                    x0 = tl.dot(_word_code(vct, 0, VDT, USE_ASM), pst, x0 * al)
+                    x4 = tl.dot(_word_code(vct, 4, VDT, USE_ASM), pst, x4 * al)
+                elif j == 1:
+                    x1 = tl.dot(_word_code(vct, 1, VDT, USE_ASM), pst, x1 * al)
+                    x5 = tl.dot(_word_code(vct, 5, VDT, USE_ASM), pst, x5 * al)
+                elif j == 2:
+                    x2 = tl.dot(_word_code(vct, 2, VDT, USE_ASM), pst, x2 * al)
+                    x6 = tl.dot(_word_code(vct, 6, VDT, USE_ASM), pst, x6 * al)
+                else:
+                    x3 = tl.dot(_word_code(vct, 3, VDT, USE_ASM), pst, x3 * al)
+                    x7 = tl.dot(_word_code(vct, 7, VDT, USE_ASM), pst, x7 * al)
             else:
-                op = ((vct >> (2 * j)) & 3).to(PV_DT)
+                if USE_ASM:
+                    op = _quarter_v(v16, j, PV_DT, USE_ASM)
+                else:
+                    op = ((vct >> (2 * j)) & 3).to(PV_DT)
+                if j == 0:
+                    a0 = tl.dot(op, pst, a0 * al)
+                elif j == 1:
+                    a1 = tl.dot(op, pst, a1 * al)
+                elif j == 2:
+                    a2 = tl.dot(op, pst, a2 * al)
+                else:
+                    a3 = tl.dot(op, pst, a3 * al)
             if j == 0:
-                a0 = tl.dot(op, pst, a0 * al)
                 bm0 = bm0 * alpha + gmn
                 bs0 = bs0 * alpha + gsc
             elif j == 1:
-                a1 = tl.dot(op, pst, a1 * al)
                 bm1 = bm1 * alpha + gmn
                 bs1 = bs1 * alpha + gsc
             elif j == 2:
-                a2 = tl.dot(op, pst, a2 * al)
                 bm2 = bm2 * alpha + gmn
                 bs2 = bs2 * alpha + gsc
             else:
-                a3 = tl.dot(op, pst, a3 * al)
                 bm3 = bm3 * alpha + gmn
                 bs3 = bs3 * alpha + gsc
-    # a_j = (a'_j - OFS * sum(p sc)) / vs_j + sum(p mn), back to row-major [rows, Dv/4]
-    a0 = tl.trans((a0 - OFS * bs0[None, :]) * (1.0 / _v_scale(0) if USE_ASM else 1.0) + bm0[None, :])
-    a1 = tl.trans((a1 - OFS * bs1[None, :]) * (1.0 / _v_scale(1) if USE_ASM else 1.0) + bm1[None, :])
-    a2 = tl.trans((a2 - OFS * bs2[None, :]) * (1.0 / _v_scale(2) if USE_ASM else 1.0) + bm2[None, :])
-    a3 = tl.trans((a3 - OFS * bs3[None, :]) * (1.0 / _v_scale(3) if USE_ASM else 1.0) + bm3[None, :])
+    if VWORDS:
+        # quarter j = its even and odd dims interleaved, each x - ofs * sum(p sc) + sum(p mn)
+        a0 = _quarter_of_words(x0, x4, bs0, bm0, 0, QDV, BLOCK_M, USE_ASM)
+        a1 = _quarter_of_words(x1, x5, bs1, bm1, 1, QDV, BLOCK_M, USE_ASM)
+        a2 = _quarter_of_words(x2, x6, bs2, bm2, 2, QDV, BLOCK_M, USE_ASM)
+        a3 = _quarter_of_words(x3, x7, bs3, bm3, 3, QDV, BLOCK_M, USE_ASM)
+    else:
+        # a_j = (a'_j - OFS * sum(p sc)) / vs_j + sum(p mn), back to row-major [rows, Dv/4]
+        a0 = tl.trans((a0 - OFS * bs0[None, :]) * (1.0 / _v_scale(0) if USE_ASM else 1.0) + bm0[None, :])
+        a1 = tl.trans((a1 - OFS * bs1[None, :]) * (1.0 / _v_scale(1) if USE_ASM else 1.0) + bm1[None, :])
+        a2 = tl.trans((a2 - OFS * bs2[None, :]) * (1.0 / _v_scale(2) if USE_ASM else 1.0) + bm2[None, :])
+        a3 = tl.trans((a3 - OFS * bs3[None, :]) * (1.0 / _v_scale(3) if USE_ASM else 1.0) + bm3[None, :])
     return m_i, l_i, a0, a1, a2, a3
+
+
+@triton.jit
+def _quarter_of_words(ev, od, bs, bm, J: tl.constexpr, QDV: tl.constexpr, BLOCK_M: tl.constexpr,
+                      USE_ASM: tl.constexpr):
+    """Value quarter J [rows, Dv/4] (row-major) from its two code-word accumulators [Dv/8, rows]
+    (even dims: extraction J, odd dims: J + 4), each less its offset's share plus sum(p mn)."""
+    ev = tl.trans(ev - _word_ofs(J, USE_ASM) * bs[None, :] + bm[None, :])
+    od = tl.trans(od - _word_ofs(J + 4, USE_ASM) * bs[None, :] + bm[None, :])
+    return tl.reshape(tl.join(ev, od), [BLOCK_M, QDV])
 
 
 # num_mb (query blocks per KV head, extend only) follows the longest new-token run of the batch: a
@@ -365,7 +477,7 @@ def attend_channel_kernel(
     BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, HAS_NSPLITS: tl.constexpr,
     MIN_CHUNK: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, NB16: tl.constexpr,
     USE_ASM: tl.constexpr = False, STAGES: tl.constexpr = 2, PLANES: tl.constexpr = False,
-    EXT_DQ: tl.constexpr = False,
+    EXT_DQ: tl.constexpr = False, VWORDS: tl.constexpr = False, KWORDS: tl.constexpr = False,
 ):
     """SPLIT (decode): grid (B, Hkv, max splits), one query token per request (token b), rows =
     the GQA group; qo_indptr / num_mb unused. Not SPLIT (extend-prefix): grid (B, Hkv * num_mb, 1),
@@ -470,7 +582,7 @@ def attend_channel_kernel(
             q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, start_b, ring_lo, sink_lo, sink_hi,
             idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
             sm_scale_log2, logit_cap, Q + tok * stride_qt + hq * stride_qh,
-            D, DV, BITS, BLK, GV, BLOCK_M, LOGIT_CAP, PV_DT, USE_ASM, STAGES, PLANES)
+            D, DV, BITS, BLK, GV, BLOCK_M, LOGIT_CAP, PV_DT, USE_ASM, STAGES, PLANES, VWORDS, KWORDS)
         j_hi = j_lo  # the extend loop below walks nothing
     for jb in range(j_lo, j_hi):
         blk = tl.where(jb < n_a, jb, jb - n_a + start_b)
@@ -596,15 +708,20 @@ def decode_attention_channel(
     kv_indptr, kv_indices, req_rows, own_start, *, k_bits, k_block, v_group, sm_scale,
     sink_start=None, num_kv_splits=None, max_kv_splits=None, attn_logits=None, attn_lse=None,
     logit_cap=0.0, min_chunk=None, bf16_keys_per_split=None, num_warps=None, num_stages=2,
-    num_int2_stages=None, k3_variant=None,
+    num_int2_stages=None, k3_variant=None, code_reads=None, maxnreg=None,
 ):
     """See ops.decode_attention_channel; min_chunk / bf16_keys_per_split / num_warps /
-    num_stages are tuning knobs (decode.py's meaning). k3_variant: 'packed' / 'planes' (3-bit
+    num_stages / maxnreg are tuning knobs (decode.py's meaning; maxnreg caps registers per
+    thread: the one-warp body takes 245-255 at sm_90, 8 programs per SM, 168 would fit 12). k3_variant: 'packed' / 'planes' (3-bit
     keys; None: OSCAR_CHANNEL_DECODE_3BIT, default 'planes'; planes needs head_dim >= 128 and
-    runs packed below)."""
+    runs packed below). code_reads: 'bytes' / 'words' (None: OSCAR_CHANNEL_DECODE_READS, default
+    'bytes'; words reads value codes and 2-bit key codes as 16-bit words where the dim is >= 128)."""
     check_channel_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_bits, k_block, v_group)
     planes = (channel_3bit_variant(k3_variant) == "planes" and k_bits == 3
               and q.shape[-1] >= PLANES_MIN_DIM)
+    words = channel_code_reads(code_reads) == "words"
+    vwords = words and v_codes.shape[-1] * 4 >= WORDS_MIN_DIM
+    kwords = words and k_bits == 2 and q.shape[-1] >= WORDS_MIN_DIM
     sink_start = own_start if sink_start is None else sink_start
     B, Hq, D = q.shape
     Hkv = k_codes.shape[1]
@@ -619,7 +736,9 @@ def decode_attention_channel(
         q, q.stride(0), q.stride(1),
         attn_logits, attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
         attn_lse, attn_lse.stride(0), attn_lse.stride(1), attn_lse.stride(2),
-        *pool_launch_args(k_codes, kp, v_codes, vp, sink_k, sink_v, ring_k, ring_v),
+        # words: int16 views of the codes (their strides in words)
+        *pool_launch_args(k_codes.view(torch.int16) if kwords else k_codes, kp,
+                          v_codes.view(torch.int16) if vwords else v_codes, vp, sink_k, sink_v, ring_k, ring_v),
         kv_indptr, kv_indices, kv_indptr, req_rows, own_start, sink_start,  # qo_indptr: unused
         num_kv_splits if num_kv_splits is not None else kv_indptr,
         sm_scale * LOG2E, float(logit_cap), int(max_kv_splits), 1,
@@ -628,7 +747,9 @@ def decode_attention_channel(
         BLOCK_B=BLOCK_B, SPLIT=True, HAS_NSPLITS=num_kv_splits is not None, MIN_CHUNK=min_chunk,
         LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE, NB16=nb16,
         USE_ASM=USE_ASM and q.dtype == torch.bfloat16, STAGES=num_int2_stages or INT2_STAGES, PLANES=planes,
+        VWORDS=vwords, KWORDS=kwords,
         num_warps=num_warps or (PLANES_NUM_WARPS if planes else DECODE_NUM_WARPS[k_bits]), num_stages=num_stages,
+        **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     return merge_splits(o, attn_logits, attn_lse, kv_indptr, req_rows, own_start, sink_start,
                         num_kv_splits, max_kv_splits, nb16, min_chunk, sink_k.shape[1], ring_k.shape[1])
