@@ -514,7 +514,9 @@ def bench_store_channel(T, fmt):
     return ms, nbytes
 
 
-EXTEND_SHAPES = ((32768, 4096), (8192, 512))  # (prefix, new tokens), one request
+# (prefix, new tokens), one request; 32K + 128: a chat's next turn, where the per-channel extend's
+# grid is under a wave and its prefix split applies
+EXTEND_SHAPES = ((32768, 4096), (8192, 512), (32768, 128))
 # extend_fast settings also timed with --tune-extend (defaults: dequant asm, block_m 128, block_n 128,
 # 8 warps, 2 stages for the BF16 loops, attend.INT2_STAGES for the INT2 loop). int2_stages=2
 # is the INT2 loop's schedule before 2026-11-22 14:00 UTC (each tile's loads waited for right after
@@ -683,9 +685,12 @@ def bench_channel_extend(prefix, E, formats, variants):
         kw = dict(k_bits=fmt.k_bits, k_block=fmt.k_group, v_group=fmt.v_group, sm_scale=D ** -0.5,
                   max_len_extend=E, o=o, lse=lse)
         res, first = {}, None
-        for v in variants:  # "body" or "body:ROWS" (the launcher's block_m knob)
-            body, _, rows = v.partition(":")
-            extra = dict(extend_variant=body, **({"block_m": int(rows)} if rows else {}))
+        for v in variants:  # "body[:ROWS][+split]" (the launcher's block_m knob; +split: the prefix
+            # length given, so the launcher may split the prefix, as the backend does)
+            spec, plus, _ = v.partition("+split")
+            body, _, rows = spec.partition(":")
+            extra = dict(extend_variant=body, **({"block_m": int(rows)} if rows else {}),
+                         **({"max_len_prefix": prefix} if plus else {}))
             run = lambda: attend_channel.extend_prefix_attention_channel(*args, **kw, **extra)  # noqa: E731
             run()
             if first is None:
@@ -733,10 +738,11 @@ def main():
     ap.add_argument("--extend-only", action="store_true", help="only the extend-prefix check and timings "
                     "(no decode / store)")
     ap.add_argument("--tune-extend", action="store_true", help="also time a few extend_fast tile settings")
-    ap.add_argument("--channel-extend-variants", default="codes,dequant,dequant:128",
+    ap.add_argument("--channel-extend-variants", default="codes,dequant,dequant:128,codes+split,dequant+split",
                     help="per-channel extend-prefix bodies (attend_channel.CHANNEL_EXTEND_VARIANTS, BODY or "
-                    "BODY:ROWS for a block_m other than the launcher's) timed for every --channel-formats "
-                    "format at every extend shape, same run, each checked against the first ('' = none)")
+                    "BODY:ROWS for a block_m other than the launcher's, +split to let the launcher split the "
+                    "prefix as served) timed for every --channel-formats format at every extend shape, same "
+                    "run, each checked against the first ('' = none)")
     ap.add_argument("--fast-max-splits", default="", help="comma list: also time the fast kernel at these "
                     "max_kv_splits (BF16 splits + INT2 splits) for every shape")
     ap.add_argument("--bf16-splits", default="8,16,32,64", help="num_kv_splits values tried for SGLang BF16")

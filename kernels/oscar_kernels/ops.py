@@ -252,6 +252,8 @@ def extend_prefix_attention_channel(
     o: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
     extend_variant: str | None = None,
+    max_len_prefix: int | None = None,
+    num_splits: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """extend_prefix_attention for per-channel keys: E_b new query tokens of each request against
     its cached prefix (no mask).
@@ -266,7 +268,10 @@ def extend_prefix_attention_channel(
     Call it before storing the new tokens: the prefix's last W positions are read from the ring.
     extend_variant: 'codes' (MMAs on the codes, key scales folded into q) or 'dequant' (the page's
     keys and values dequantised once per tile); None = OSCAR_CHANNEL_EXTEND (unset or empty:
-    'codes'). Both give the same result up to rounding.
+    'codes'). Both give the same result up to rounding. max_len_prefix: the longest prefix of the
+    batch (host int, optional): when the grid is under a wave of the GPU, each prefix is split
+    into chunks walked by separate programs and merged by LSE (attend_channel.extend_prefix_splits;
+    None: never split); num_splits forces a split count.
     """
     args = dict(locals())  # before the import below adds a local
     from .triton import attend_channel as _ch

@@ -20,6 +20,7 @@ backend neither rotates V nor un-rotates the output.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from types import SimpleNamespace
@@ -104,6 +105,9 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         self.pool.note_extend(fb.req_pool_indices, fb.extend_prefix_lens)
         cpu = fb.extend_prefix_lens_cpu
         self._has_prefix = True if cpu is None else any(int(x) > 0 for x in cpu)
+        # the longest cached prefix, host-side: lets the per-channel prefix kernel split long
+        # prefixes when its grid is small (None: unknown, never split)
+        self._max_prefix = None if cpu is None else max((int(x) for x in cpu), default=0)
 
     # ------------------------------------------------------------------ warm-up
     def warm_up(self, model, dtype: torch.dtype) -> None:
@@ -132,8 +136,9 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             max_extend_len=T,
         )
         fb = SimpleNamespace(batch_size=1, req_pool_indices=torch.zeros(1, dtype=torch.int64, device=dev))
-        saved = (getattr(self, "forward_metadata", None), getattr(self, "_has_prefix", True))
-        self.forward_metadata, self._has_prefix = md, True
+        saved = (getattr(self, "forward_metadata", None), getattr(self, "_has_prefix", True),
+                 getattr(self, "_max_prefix", None))
+        self.forward_metadata, self._has_prefix, self._max_prefix = md, True, None
         try:
             q = torch.zeros(T, Hq * D, dtype=dtype, device=dev)
             k = torch.zeros(T, H * D, dtype=dtype, device=dev)
@@ -143,7 +148,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             if torch.device(dev).type == "cuda":
                 torch.cuda.synchronize()
         finally:
-            self.forward_metadata, self._has_prefix = saved
+            self.forward_metadata, self._has_prefix, self._max_prefix = saved
         logger.info("OSCAR INT2: prefill kernels compiled at start (%.1f s)", time.perf_counter() - t0)
 
     # ------------------------------------------------------------------ rotations
@@ -286,8 +291,11 @@ class OscarInt2TritonBackend(TritonAttnBackend):
                 True, None, md.max_extend_len, 1.0, 1.0, sm_scale=layer.scaling, logit_cap=cap,
                 lse_extend=lse_new, skip_prefix=True,
             )
-            prefix = (ops.extend_prefix_attention_channel if self.pool.channel
-                      else ops.extend_prefix_attention)
+            if self.pool.channel:
+                prefix = functools.partial(ops.extend_prefix_attention_channel,
+                                           max_len_prefix=getattr(self, "_max_prefix", None))
+            else:
+                prefix = ops.extend_prefix_attention
             o_pre, lse_pre = prefix(
                 self._rot_q(q3, layer.layer_id),
                 md.qo_indptr,

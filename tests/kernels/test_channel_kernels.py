@@ -357,6 +357,81 @@ def test_extend_prefix_channel_matches_reference(seed, D, bits, B, vg, gqa, bloc
     check_extend(o, lse, qo_indptr, prefix, q, pool.request_kv, sm)
 
 
+# splits: the prefix split count forced (num_splits; 7 > the body blocks of some requests, so
+# some splits see no key) or chosen from max_len_prefix by the policy (8 SMs off CUDA)
+@pytest.mark.parametrize("D,bits,B,variant,splits", [
+    (64, 3, 32, None, 3),
+    (64, 2, 32, "dequant", 7),
+    (128, 3, 64, None, 2),
+    (64, 4, 32, None, "policy"),
+])
+def test_extend_prefix_channel_split_prefix_matches_reference(seed, D, bits, B, variant, splits):
+    """The prefix split into chunks of body blocks (split 0 also reads the sink and the ring),
+    each chunk's normalised partial output and LSE merged: the same attention as the float64
+    reference over the whole prefix, for every request (empty prefix: o = 0, lse = -inf)."""
+    from oscar_kernels.triton import attend_channel as ch
+
+    hkv, gqa = 2, 2
+    reqs = EXT_32 if B == 32 else EXT_64
+    prefix, owns, sinks, ext = map(list, zip(*reqs))
+    pool = ChannelPool(channel_fmt(D, bits, B, 64), prefix, owns, sinks, hkv=hkv)
+    q = (torch.randn(sum(ext), hkv * gqa, D) * 2).bfloat16()
+    sm = 1 / math.sqrt(D)
+    if splits == "policy":
+        num_mb = math.ceil(max(ext) * gqa / ch.EXTEND_BLOCK_M)
+        kw = dict(max_len_prefix=max(prefix) * ch.EXTEND_SPLIT_MIN_KEYS // 64)  # as if 16x longer
+        assert ch.extend_prefix_splits(len(ext) * hkv * num_mb, kw["max_len_prefix"], DEV) > 1
+    else:
+        kw = dict(num_splits=splits)
+    o, lse, qo_indptr = run_extend(pool, q, ext, sm, extend_variant=variant, **kw)
+    check_extend(o, lse, qo_indptr, prefix, q, pool.request_kv, sm)
+
+
+def test_extend_prefix_split_policy():
+    """Splits only when the grid is under EXTEND_SPLIT_PROGRAMS_PER_SM programs per SM and the
+    longest prefix is known and long: chunks of >= EXTEND_SPLIT_MIN_KEYS keys, at most
+    EXTEND_MAX_SPLITS (8 SMs off CUDA)."""
+    from oscar_kernels.triton import attend_channel as ch
+
+    per, mink, most = ch.EXTEND_SPLIT_PROGRAMS_PER_SM, ch.EXTEND_SPLIT_MIN_KEYS, ch.EXTEND_MAX_SPLITS
+    cpu = torch.device("cpu")  # decode.sm_count: 8
+    assert ch.extend_prefix_splits(4, None, cpu) == 1  # prefix length unknown
+    assert ch.extend_prefix_splits(4, 0, cpu) == 1
+    assert ch.extend_prefix_splits(per * 8, 10**6, cpu) == 1  # a full wave already
+    assert ch.extend_prefix_splits(4, mink - 1, cpu) == 1  # too short to split
+    assert ch.extend_prefix_splits(4, 2 * mink, cpu) == 2  # limited by the chunk size
+    assert ch.extend_prefix_splits(4, 10**6, cpu) == math.ceil(per * 8 / 4)  # by the grid
+    assert ch.extend_prefix_splits(1, 10**7, cpu) == min(most, per * 8)
+
+
+def test_merge_extend_splits_is_one_softmax(seed):
+    """Partial attentions over disjoint key chunks (one chunk empty) merged by LSE equal the
+    float64 attention over all keys; rows whose chunks are all empty get o = 0, lse = -inf."""
+    from oscar_kernels.triton.attend_channel import merge_extend_splits
+
+    T, Hq, D, L = 5, 3, 16, 40
+    q, k, v = torch.randn(T, Hq, D), torch.randn(L, Hq, D) * 3, torch.randn(L, Hq, D)
+    cuts = [0, 7, 7, 31, L]  # chunk 1 is empty
+    parts, lses = [], []
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        if a == b:
+            parts.append(torch.zeros(T, Hq, D))
+            lses.append(torch.full((T, Hq), float("-inf")))
+            continue
+        o_c, lse_c = ref.attention(q.float(), k[a:b], v[a:b], sm_scale=0.3)
+        parts.append(o_c.float())
+        lses.append(lse_c.float())
+    o_part, lse_part = torch.stack(parts, 1), torch.stack(lses, 1)  # [T, S, Hq, D], [T, S, Hq]
+    lse_part[0] = float("-inf")  # token 0: no split saw a key
+    o = torch.full((T, Hq, D), float("nan"))
+    lse = torch.full((T, Hq), float("nan"))
+    merge_extend_splits(o_part, lse_part, o, lse)
+    o_ref, lse_ref = ref.attention(q.float(), k, v, sm_scale=0.3)
+    assert torch.all(o[0] == 0) and torch.all(lse[0] == float("-inf"))
+    assert rel_err(o[1:], o_ref[1:]) <= 1e-5
+    assert (lse[1:].double() - lse_ref[1:]).abs().max() <= 1e-5 * lse_ref.abs().max()
+
+
 def test_extend_channel_variant_switch(seed, monkeypatch):
     """OSCAR_CHANNEL_EXTEND picks the extend body (unset or empty: 'codes'), extend_variant
     overrides it, bad values are refused before anything runs."""

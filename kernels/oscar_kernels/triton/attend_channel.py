@@ -456,8 +456,10 @@ def _quarter_of_words(ev, od, bs, bm, J: tl.constexpr, QDV: tl.constexpr, BLOCK_
 
 
 # num_mb (query blocks per KV head, extend only) follows the longest new-token run of the batch: a
-# runtime argument, as in attend.attend_kernel (a constexpr would compile a kernel per chunk length)
-@triton.jit(do_not_specialize=["num_mb"])
+# runtime argument, as in attend.attend_kernel (a constexpr would compile a kernel per chunk length);
+# MAX_SPLITS too (an extend splits its prefix only sometimes: 1 would otherwise compile another
+# kernel on the first split call, a cold start in the middle of serving)
+@triton.jit(do_not_specialize=["num_mb", "MAX_SPLITS"])
 def attend_channel_kernel(
     Q, stride_qt, stride_qh,
     Out, stride_ot, stride_oh, stride_os,
@@ -480,10 +482,12 @@ def attend_channel_kernel(
     EXT_DQ: tl.constexpr = False, VWORDS: tl.constexpr = False, KWORDS: tl.constexpr = False,
 ):
     """SPLIT (decode): grid (B, Hkv, max splits), one query token per request (token b), rows =
-    the GQA group; qo_indptr / num_mb unused. Not SPLIT (extend-prefix): grid (B, Hkv * num_mb, 1),
-    rows = BLOCK_M (token, query head) pairs of query block mb of request b's tokens
-    qo_indptr[b]:qo_indptr[b+1], one program walks sink, ring and every body block; the split
-    arguments are unused and the output split strides are 0."""
+    the GQA group; qo_indptr / num_mb unused. Not SPLIT (extend-prefix): grid (B, Hkv * num_mb,
+    MAX_SPLITS), rows = BLOCK_M (token, query head) pairs of query block mb of request b's tokens
+    qo_indptr[b]:qo_indptr[b+1]; split 0 walks the sink and the ring, and split s the s-th of
+    MAX_SPLITS equal chunks of the body blocks (one program walks everything at MAX_SPLITS = 1);
+    each writes its normalised partial output and LSE at its split index (merge_extend_splits
+    combines them); num_kv_splits is unused."""
     QD: tl.constexpr = D // 4
     QDV: tl.constexpr = DV // 4
     b = tl.program_id(0)
@@ -498,7 +502,7 @@ def attend_channel_kernel(
         n_tok = tl.load(qo_indptr + b + 1) - tok0
         if mb * BLOCK_M >= n_tok * GQA:
             return
-        split = tl.program_id(2)  # always 0
+        split = tl.program_id(2)
 
     kv_start = tl.load(kv_indptr + b)
     kv_len = tl.load(kv_indptr + b + 1) - kv_start
@@ -512,11 +516,12 @@ def attend_channel_kernel(
             return
         _, _, s_lo, s_hi, r_lo, r_hi = split_ranges(
             split, n_splits, n_body, sink_lo, sink_hi, ring_lo, kv_len, BLK, NB16)
-    else:
-        s_lo = sink_lo
-        s_hi = sink_hi
-        r_lo = ring_lo
-        r_hi = kv_len
+    else:  # the BF16 keys are split 0's
+        first = split == 0
+        s_lo = tl.where(first, sink_lo, 0)
+        s_hi = tl.where(first, sink_hi, 0)
+        r_lo = tl.where(first, ring_lo, 0)
+        r_hi = tl.where(first, kv_len, 0)
 
     # body blocks: list A holds [0, hi_a), list B [sink_hi, ring_lo); see module docstring
     hi_a = tl.minimum(sink_lo, ring_lo)
@@ -530,8 +535,9 @@ def attend_channel_kernel(
         j_lo = tl.where(split >= NB16, tl.minimum((split - NB16) * chunk, n_blk), 0)
         j_hi = tl.where(split >= NB16, tl.minimum(j_lo + chunk, n_blk), 0)
     else:
-        j_lo = 0
-        j_hi = n_blk
+        chunk = tl.cdiv(n_blk, MAX_SPLITS)
+        j_lo = tl.minimum(split * chunk, n_blk)
+        j_hi = tl.minimum(j_lo + chunk, n_blk)
 
     # ---- query rows: (token, query head) pairs, row m -> token m // GQA, head kvh * GQA + m % GQA
     if SPLIT:  # decode: one token per request, rows = the GQA group
@@ -779,16 +785,55 @@ def channel_extend_variant(extend_variant=None) -> str:
     return kind
 
 
+# Prefix splits (issue 19: an extend grid under one wave). One program walks a (request, KV head,
+# query block)'s whole prefix, so a few new tokens over a long prefix (a chat's next turn: 100
+# tokens over 32K are 7 query blocks x 8 KV heads = 56 programs, on 132 SMs) leave most SMs idle
+# while each program walks 512 pages. The prefix is then split into equal chunks of body blocks,
+# one program each, merged by LSE (merge_extend_splits): enough splits for
+# EXTEND_SPLIT_PROGRAMS_PER_SM programs per SM, each with >= EXTEND_SPLIT_MIN_KEYS prefix keys,
+# at most EXTEND_MAX_SPLITS. The longest prefix must be known on the host (max_len_prefix; the
+# backend has it from SGLang's extend_prefix_lens_cpu): without it nothing is split.
+EXTEND_SPLIT_PROGRAMS_PER_SM = 2  # one 8-warp program per SM fits by registers; 2 evens the tail
+EXTEND_SPLIT_MIN_KEYS = 1024
+EXTEND_MAX_SPLITS = 32
+
+
+def extend_prefix_splits(programs: int, max_len_prefix, device) -> int:
+    """How many chunks the extend splits each prefix into (1 = not split): see EXTEND_*SPLIT*."""
+    from .decode import sm_count
+
+    if not max_len_prefix or programs <= 0:
+        return 1
+    want = triton.cdiv(EXTEND_SPLIT_PROGRAMS_PER_SM * sm_count(device), programs)
+    return max(1, min(want, int(max_len_prefix) // EXTEND_SPLIT_MIN_KEYS, EXTEND_MAX_SPLITS))
+
+
+def merge_extend_splits(o_part, lse_part, o, lse):
+    """o_part [T, S, Hq, Dv] / lse_part [T, S, Hq] (natural log; -inf: a split without keys) ->
+    o [T, Hq, Dv], lse [T, Hq] in place, as one softmax over all the splits' keys (o = 0,
+    lse = -inf where no split saw a key)."""
+    m = lse_part.amax(1)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    w = torch.exp(lse_part - m[:, None])  # exp(-inf) = 0
+    den = w.sum(1)
+    has = den > 0
+    o.copy_((o_part * w[..., None]).sum(1) / torch.where(has, den, 1.0)[..., None])
+    lse.copy_(torch.where(has, m + torch.log(torch.where(has, den, 1.0)), float("-inf")))
+    return o, lse
+
+
 def extend_prefix_attention_channel(
     q, qo_indptr, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
     kv_indptr, kv_indices, req_rows, own_start, *, k_bits, k_block, v_group, sm_scale,
     max_len_extend, sink_start=None, logit_cap=0.0, o=None, lse=None, block_m=None,
-    num_warps=None, num_stages=2, extend_variant=None,
+    num_warps=None, num_stages=2, extend_variant=None, max_len_prefix=None, num_splits=None,
 ):
     """See ops.extend_prefix_attention_channel; block_m / num_warps / num_stages are tuning knobs
     (block_m is rounded up to >= 16 and >= the GQA group, as extend_prefix.py does; num_warps
     default: 8 at head_dim 128, where 4 warps spill registers at sm_90 with 64 rows, else 4).
-    extend_variant: 'codes' / 'dequant' (None: OSCAR_CHANNEL_EXTEND, default 'codes')."""
+    extend_variant: 'codes' / 'dequant' (None: OSCAR_CHANNEL_EXTEND, default 'codes').
+    max_len_prefix: the batch's longest cached prefix (host int; None: unknown, no prefix split);
+    num_splits: the prefix split count (None: extend_prefix_splits' choice)."""
     check_channel_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_bits, k_block, v_group)
     dequant = channel_extend_variant(extend_variant) == "dequant"
     sink_start = own_start if sink_start is None else sink_start
@@ -801,19 +846,32 @@ def extend_prefix_attention_channel(
         return o, lse
     bm = max(block_m or EXTEND_BLOCK_M, 16, triton.next_power_of_2(gqa))
     num_mb = triton.cdiv(max(1, int(max_len_extend)) * gqa, bm)
+    splits = (extend_prefix_splits(B * Hkv * num_mb, max_len_prefix, q.device) if num_splits is None
+              else int(num_splits))
+    if splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    # split outputs [T, S, Hq, ...]: the same stride kinds as o / lse (head stride Dv / 1; the split
+    # stride, unused at S = 1, is passed the same way), so a split call compiles nothing new
+    o_out, lse_out = o, lse
+    if splits > 1:
+        o_out = torch.empty(T, splits, Hq, o.shape[-1], dtype=torch.float32, device=q.device)
+        lse_out = torch.empty(T, splits, Hq, dtype=torch.float32, device=q.device)
+    os_, ls_ = (o_out.stride(1), lse_out.stride(1)) if splits > 1 else (Hq * o.shape[-1], Hq)
     kp = as_param_words(k_params)
     vp = as_param_words(v_params)
-    attend_channel_kernel[(B, Hkv * num_mb, 1)](
+    attend_channel_kernel[(B, Hkv * num_mb, splits)](
         q, q.stride(0), q.stride(1),
-        o, o.stride(0), o.stride(1), 0,
-        lse, lse.stride(0), lse.stride(1), 0,
+        o_out, o_out.stride(0), o_out.stride(-2), os_,
+        lse_out, lse_out.stride(0), lse_out.stride(-1), ls_,
         *pool_launch_args(k_codes, kp, v_codes, vp, sink_k, sink_v, ring_k, ring_v),
         kv_indptr, kv_indices, qo_indptr, req_rows, own_start, sink_start,
         kv_indptr,  # num_kv_splits: unused
-        sm_scale * LOG2E, float(logit_cap), 1, num_mb,
+        sm_scale * LOG2E, float(logit_cap), splits, num_mb,
         GQA=gqa, D=D, DV=v_codes.shape[-1] * 4, BITS=k_bits, BLK=k_block, GV=v_group,
         S=sink_k.shape[1], W=ring_k.shape[1], BLOCK_M=bm, BLOCK_B=EXTEND_BLOCK_B, SPLIT=False,
         HAS_NSPLITS=False, MIN_CHUNK=1, LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE, NB16=0, EXT_DQ=dequant,
         num_warps=num_warps or (8 if D >= 128 else 4), num_stages=num_stages,
     )
+    if splits > 1:
+        merge_extend_splits(o_out, lse_out, o, lse)
     return o, lse
