@@ -83,6 +83,13 @@ CONFIGS: Dict[str, ServingConfig] = {
         ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton"],
         {"OSCAR_CHANNEL_DECODE_3BIT": "planes"},
     ),
+    # int2 with the per-channel decode reading codes as 16-bit words and the extend's dequantising
+    # body (attend_channel OSCAR_CHANNEL_DECODE_READS / OSCAR_CHANNEL_EXTEND; opt-in until timed)
+    "int2-words-dequant": ServingConfig(
+        "int2-words-dequant", "INT2 KV, oscar_triton, decode reads code words, extend dequantises",
+        ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton"],
+        {"OSCAR_CHANNEL_DECODE_READS": "words", "OSCAR_CHANNEL_EXTEND": "dequant"},
+    ),
     # int2 with the V rotation applied by the backend every step instead of folded into W_v / W_o
     "int2-vruntime": ServingConfig(
         "int2-vruntime", "INT2 KV, oscar_triton, V rotation at run time",
