@@ -387,6 +387,49 @@ def test_extend_prefix_channel_split_prefix_matches_reference(seed, D, bits, B, 
     check_extend(o, lse, qo_indptr, prefix, q, pool.request_kv, sm)
 
 
+@pytest.mark.parametrize("gqa,hkv", [(3, 3), (4, 8)])  # Hq 9 (S * Hq = 144 at 16 splits) and 32
+def test_extend_prefix_split_launch_compiles_nothing_new(seed, monkeypatch, gqa, hkv):
+    """A split extend launch passes arguments of the same specialisation kinds as an unsplit one
+    (Triton compiles one kernel per kind: ints equal to 1 or multiples of 16, 16-byte aligned
+    pointers), so the first split call of a warm server compiles nothing."""
+    from oscar_kernels.triton import attend_channel as ch
+
+    kern = ch.attend_channel_kernel
+    names, skip = kern.arg_names, set(ch.NOT_SPECIALIZED)  # the interpreter keeps no such list
+    assert {"MAX_SPLITS", "num_mb"} <= skip and set(getattr(kern, "do_not_specialize", skip)) == skip
+    pool = ChannelPool(channel_fmt(64, 3, 32, 64), [200], [0], [0], hkv=hkv)
+    q = torch.randn(3, hkv * gqa, 64).bfloat16()
+
+    def kinds(**kw):
+        seen = []
+
+        class Rec:
+            def __getitem__(self, grid):
+                return lambda *a, **k: seen.append((grid, a, k))
+        monkeypatch.setattr(ch, "attend_channel_kernel", Rec())
+        try:  # the recorder computes nothing, so the merge reads uninitialised partials: unchecked
+            run_extend(pool, q, [3], 0.1, **kw)
+        finally:
+            monkeypatch.setattr(ch, "attend_channel_kernel", kern)
+        (grid, a, k), = seen
+        out = []
+        for name, v in zip(names, a):
+            if name in skip:
+                continue
+            if isinstance(v, torch.Tensor):
+                out.append((name, v.dtype, v.data_ptr() % 16 == 0))
+            elif isinstance(v, bool) or not isinstance(v, int):
+                out.append((name, type(v)))
+            else:
+                out.append((name, v == 1, v % 16 == 0))
+        return grid, out, k
+
+    g1, one, k1 = kinds()
+    g16, split, k16 = kinds(num_splits=16)
+    assert g1[2] == 1 and g16[2] == 16 and k1 == k16
+    assert one == split, [(x, y) for x, y in zip(one, split) if x != y]
+
+
 def test_extend_prefix_split_policy():
     """Splits only when the grid is under EXTEND_SPLIT_PROGRAMS_PER_SM programs per SM and the
     longest prefix is known and long: chunks of >= EXTEND_SPLIT_MIN_KEYS keys, at most

@@ -459,7 +459,10 @@ def _quarter_of_words(ev, od, bs, bm, J: tl.constexpr, QDV: tl.constexpr, BLOCK_
 # runtime argument, as in attend.attend_kernel (a constexpr would compile a kernel per chunk length);
 # MAX_SPLITS too (an extend splits its prefix only sometimes: 1 would otherwise compile another
 # kernel on the first split call, a cold start in the middle of serving)
-@triton.jit(do_not_specialize=["num_mb", "MAX_SPLITS"])
+NOT_SPECIALIZED = ("num_mb", "MAX_SPLITS")
+
+
+@triton.jit(do_not_specialize=list(NOT_SPECIALIZED))
 def attend_channel_kernel(
     Q, stride_qt, stride_qh,
     Out, stride_ot, stride_oh, stride_os,
@@ -850,12 +853,16 @@ def extend_prefix_attention_channel(
               else int(num_splits))
     if splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-    # split outputs [T, S, Hq, ...]: the same stride kinds as o / lse (head stride Dv / 1; the split
-    # stride, unused at S = 1, is passed the same way), so a split call compiles nothing new
+    # split outputs [T, S, Hq, ...] with the same stride kinds as o / lse (Triton specialises ints
+    # that are 1 or multiples of 16): head strides Dv and 1, split strides Hq * Dv and Hq (unused
+    # at S = 1, passed alike), token strides padded by one where S * Hq would be a multiple of 16
+    # and Hq is not, so a split call compiles nothing new (a first split would otherwise compile in
+    # the middle of serving)
     o_out, lse_out = o, lse
     if splits > 1:
         o_out = torch.empty(T, splits, Hq, o.shape[-1], dtype=torch.float32, device=q.device)
-        lse_out = torch.empty(T, splits, Hq, dtype=torch.float32, device=q.device)
+        row = splits * Hq + (1 if (splits * Hq) % 16 == 0 and Hq % 16 else 0)
+        lse_out = torch.empty(T, row, dtype=torch.float32, device=q.device)[:, :splits * Hq].view(T, splits, Hq)
     os_, ls_ = (o_out.stride(1), lse_out.stride(1)) if splits > 1 else (Hq * o.shape[-1], Hq)
     kp = as_param_words(k_params)
     vp = as_param_words(v_params)
