@@ -670,6 +670,19 @@ def bench_extend(prefix, E, tune=False, skip=()):
     return r
 
 
+def time_channel_variant(cc, ref_kw, var_kw, copy_gbs):
+    """A per-channel decode variant (launcher knobs var_kw) checked against the ref_kw launch's
+    output on the same inputs (fresh closures read the same input copy), then timed in a CUDA
+    graph: ms, GB/s, % of copy bandwidth, relative error."""
+    cc.fn(**ref_kw)()
+    o_ref = cc.o.float().clone()
+    cc.fn(**var_kw)()
+    err = ((cc.o.float() - o_ref).norm() / o_ref.norm()).item()
+    assert err < 2e-2, f"per-channel decode {var_kw} and {ref_kw or 'the default'} disagree: rel. error {err:.1e}"
+    tt = bench_graph(cc.fn(**var_kw), cc.copies)
+    return dict(ms=tt, gbs=cc.bytes / tt / 1e6, pct_copy=100 * cc.bytes / tt / 1e6 / copy_gbs, rel_err=err)
+
+
 def bench_channel_extend(prefix, E, formats, variants):
     """Per-channel extend-prefix (ops.extend_prefix_attention_channel) on the served layouts
     (formats: {name: KVFormat}, page blocks, sink / ring of the format), one request, E new tokens over
@@ -851,28 +864,17 @@ def main():
                               speedup_vs_bf16=bf[best_s] / t)
             log(f"  channel {name} B={B} L={L}: {t * 1e3:.1f} us, {cc.bytes / 1e6:.1f} MB, "
                 f"{chan[name]['gbs']:.0f} GB/s ({chan[name]['pct_copy']:.0f}% of copy), {bf[best_s] / t:.2f}x SGLang BF16")
-            for v in k3_variants if channel_formats[name].k_bits == 3 else ():
-                cc.fn(k3_variant="packed")()  # same copy of the inputs for both (a fresh closure)
-                o_ref = cc.o.float().clone()
-                cc.fn(k3_variant=v)()
-                err = ((cc.o.float() - o_ref).norm() / o_ref.norm()).item()
-                assert err < 2e-2, f"3-bit decode {v} and packed disagree: rel. error {err:.1e}"
-                tt = bench_graph(cc.fn(k3_variant=v), cc.copies)
-                chan[name].setdefault("k3_variants", {})[v] = dict(
-                    ms=tt, gbs=cc.bytes / tt / 1e6, pct_copy=100 * cc.bytes / tt / 1e6 / copy_gbs, rel_err_vs_packed=err)
-                log(f"  channel {name} 3-bit {v} B={B} L={L}: {tt * 1e3:.1f} us ({cc.bytes / tt / 1e6 / copy_gbs:.0%} of copy), "
-                    f"rel. error vs packed {err:.1e}")
-            for v in code_reads:
-                cc.fn()()  # the main column's output on a fresh copy of the inputs, then the variant's
-                o_ref = cc.o.float().clone()
-                cc.fn(code_reads=v)()
-                err = ((cc.o.float() - o_ref).norm() / o_ref.norm()).item()
-                assert err < 2e-2, f"per-channel decode with {v} reads and the default disagree: rel. error {err:.1e}"
-                tt = bench_graph(cc.fn(code_reads=v), cc.copies)
-                chan[name].setdefault("code_reads", {})[v] = dict(
-                    ms=tt, gbs=cc.bytes / tt / 1e6, pct_copy=100 * cc.bytes / tt / 1e6 / copy_gbs, rel_err_vs_default=err)
-                log(f"  channel {name} {v} reads B={B} L={L}: {tt * 1e3:.1f} us ({cc.bytes / tt / 1e6 / copy_gbs:.0%} of copy), "
-                    f"rel. error vs default {err:.1e}")
+            # variants timed next to the main column, each checked against a reference body first:
+            # (result key, knob, its values, the reference's knobs, the error's key)
+            for key, knob, values, ref_kw, err_key in (
+                    ("k3_variants", "k3_variant", k3_variants if channel_formats[name].k_bits == 3 else (),
+                     dict(k3_variant="packed"), "rel_err_vs_packed"),
+                    ("code_reads", "code_reads", code_reads, {}, "rel_err_vs_default")):
+                for v in values:
+                    res = time_channel_variant(cc, ref_kw, {knob: v}, copy_gbs)
+                    chan[name].setdefault(key, {})[v] = {**res, err_key: res.pop("rel_err")}
+                    log(f"  channel {name} {knob}={v} B={B} L={L}: {res['ms'] * 1e3:.1f} us "
+                        f"({res['pct_copy']:.0f}% of copy), {err_key} {chan[name][key][v][err_key]:.1e}")
             for knobs in channel_tune:
                 try:
                     tt = bench_graph(cc.fn(**knobs), cc.copies)
