@@ -217,8 +217,9 @@ def decode_attention_channel(
     assembly) or 'planes' (a 2-bit and a 1-bit plane, two MMAs; head_dim >= 128, else packed);
     None = OSCAR_CHANNEL_DECODE_3BIT (unset or empty: 'planes'). code_reads: how codes are read,
     'bytes' or 'words' (value codes and 2-bit key codes as 16-bit code words, as the per-token fast
-    kernel, where the dim is >= 128); None = OSCAR_CHANNEL_DECODE_READS (unset or empty: 'bytes'). All read the same pool
-    and give the same result up to rounding. Returns o (rotated V space, like decode_attention).
+    kernel, where the dim is >= 128); None = OSCAR_CHANNEL_DECODE_READS (unset or empty: 'bytes').
+    All read the same pool and give the same result up to rounding. Returns o (rotated V space,
+    like decode_attention).
     """
     args = dict(locals())  # before the import below adds a local
     from .triton import attend_channel as _ch
