@@ -143,6 +143,18 @@ def _code_to_f32(c):
 
 
 @triton.jit
+def _code_operand(c, DT: tl.constexpr):
+    """int32 codes in [0, 128) as exact DT values for an MMA operand. bf16 (CUDA): 128 + code
+    from the exponent trick, minus 128 in packed bf16 (exact), instead of one int-to-bf16
+    conversion per code (sm_90 issues those at 16 per clock and SM); otherwise a cast."""
+    if DT == tl.bfloat16:  # the decode's 3-bit operand idiom (_key_operand), less its offset
+        r = (c | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - 128.0
+    else:
+        r = c.to(DT)
+    return r
+
+
+@triton.jit
 def _dequant(c, sc, mn, AXIS: tl.constexpr, DT: tl.constexpr):
     """code * scale + min as DT, for int32 codes c [rows, cols] in [0, 128) and fp32 (scale, min)
     vectors along AXIS (0: one per column, keys; 1: one per row, values). bf16 (CUDA): packed bf16
@@ -151,7 +163,7 @@ def _dequant(c, sc, mn, AXIS: tl.constexpr, DT: tl.constexpr):
     rounded to bf16 first: a relative 2^-9 of each, well under the codes' step); no int-to-float
     or fp32-to-bf16 conversions per element. Otherwise (the interpreter's fp32) in fp32."""
     if DT == tl.bfloat16:
-        x = (c.to(tl.int16) | 0x4300).to(tl.bfloat16, bitcast=True)
+        x = (c | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
         s16 = sc.to(tl.bfloat16)
         m16 = mn.to(tl.bfloat16)
         if AXIS == 0:
@@ -655,7 +667,7 @@ def attend_channel_kernel(
                 qj = _pick4(j, q0, q1, q2, q3).to(tl.float32)
                 # (q * s) . code + q . m: q scaled once per block, one constant per row
                 qs = (qj * sc[None, :]).to(PV_DT)
-                cj = _key_quarter(kc, kc2, hb, j, BITS, QD).to(PV_DT)
+                cj = _code_operand(_key_quarter(kc, kc2, hb, j, BITS, QD), PV_DT)
                 qk += tl.dot(qs, tl.trans(cj))
                 qm += tl.sum(qj * mn[None, :], 1)
         qk += qm[:, None]
@@ -684,7 +696,7 @@ def attend_channel_kernel(
                 vj = _dequant((vc.to(tl.int32) >> (2 * j)) & 3, vsc, vmn, 1, PV_DT)
                 upd = tl.dot(prd, vj)
             else:
-                upd = tl.dot(ps, ((vc >> (2 * j)) & 3).to(PV_DT)) + pm
+                upd = tl.dot(ps, _code_operand((vc.to(tl.int32) >> (2 * j)) & 3, PV_DT)) + pm
             if j == 0:
                 a0 += upd
             elif j == 1:
