@@ -285,16 +285,13 @@ def load_config(env: Mapping[str, str] | None = None) -> OscarConfig:
             kw[key] = val.lower() in ("1", "true", "yes")
             sources[key] = var
 
-    # a kernel switch: the kernels read it themselves; checked here so a bad value stops the start
-    val, var = _get(env, "OSCAR_CHANNEL_DECODE_3BIT")
-    if val is not None and val not in CHANNEL_3BIT_VARIANTS:
-        raise OscarConfigError(f"{var} must be 'packed' or 'planes', got {val!r}")
-    val, var = _get(env, "OSCAR_CHANNEL_EXTEND")
-    if val is not None and val not in CHANNEL_EXTEND_VARIANTS:
-        raise OscarConfigError(f"{var} must be 'codes' or 'dequant', got {val!r}")
-    val, var = _get(env, "OSCAR_CHANNEL_DECODE_READS")
-    if val is not None and val not in CHANNEL_CODE_READS:
-        raise OscarConfigError(f"{var} must be 'bytes' or 'words', got {val!r}")
+    # the kernel switches: the kernels read them themselves; checked here so a bad value stops the start
+    for name, choices in (("OSCAR_CHANNEL_DECODE_3BIT", CHANNEL_3BIT_VARIANTS),
+                          ("OSCAR_CHANNEL_EXTEND", CHANNEL_EXTEND_VARIANTS),
+                          ("OSCAR_CHANNEL_DECODE_READS", CHANNEL_CODE_READS)):
+        val, var = _get(env, name)
+        if val is not None and val not in choices:
+            raise OscarConfigError(f"{var} must be {' or '.join(repr(c) for c in choices)}, got {val!r}")
 
     return OscarConfig(sources=sources, **kw)
 

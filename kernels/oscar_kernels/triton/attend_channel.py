@@ -94,24 +94,24 @@ CHANNEL_READS_ENV = "OSCAR_CHANNEL_DECODE_READS"
 CHANNEL_READS_DEFAULT = "bytes"
 
 
-def channel_code_reads(code_reads=None) -> str:
-    """How decode reads codes: code_reads if given, else OSCAR_CHANNEL_DECODE_READS (unset or
-    empty: 'bytes'); a bad value raises ValueError naming where it came from."""
-    src = "code_reads" if code_reads is not None else CHANNEL_READS_ENV
-    kind = code_reads if code_reads is not None else (os.environ.get(CHANNEL_READS_ENV) or CHANNEL_READS_DEFAULT)
-    if kind not in CHANNEL_CODE_READS:
-        raise ValueError(f"{src} must be 'bytes' or 'words', got {kind!r}")
+def _kernel_choice(arg_name, value, env, choices, default) -> str:
+    """A kernel switch: `value` if given, else the environment variable `env` (unset or empty:
+    `default`); a value not in `choices` raises ValueError naming where it came from."""
+    src = arg_name if value is not None else env
+    kind = value if value is not None else (os.environ.get(env) or default)
+    if kind not in choices:
+        raise ValueError(f"{src} must be {' or '.join(repr(c) for c in choices)}, got {kind!r}")
     return kind
+
+
+def channel_code_reads(code_reads=None) -> str:
+    """How decode reads codes: code_reads if given, else OSCAR_CHANNEL_DECODE_READS ('bytes')."""
+    return _kernel_choice("code_reads", code_reads, CHANNEL_READS_ENV, CHANNEL_CODE_READS, CHANNEL_READS_DEFAULT)
 
 
 def channel_3bit_variant(k3_variant=None) -> str:
-    """The 3-bit decode variant: k3_variant if given, else OSCAR_CHANNEL_DECODE_3BIT (default
-    'planes'); a bad value raises ValueError naming where it came from."""
-    src = "k3_variant" if k3_variant is not None else CHANNEL_3BIT_ENV
-    kind = k3_variant if k3_variant is not None else (os.environ.get(CHANNEL_3BIT_ENV) or CHANNEL_3BIT_DEFAULT)
-    if kind not in CHANNEL_3BIT_VARIANTS:
-        raise ValueError(f"{src} must be 'packed' or 'planes', got {kind!r}")
-    return kind
+    """The 3-bit decode variant: k3_variant if given, else OSCAR_CHANNEL_DECODE_3BIT ('planes')."""
+    return _kernel_choice("k3_variant", k3_variant, CHANNEL_3BIT_ENV, CHANNEL_3BIT_VARIANTS, CHANNEL_3BIT_DEFAULT)
 
 
 @triton.jit
@@ -280,6 +280,7 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
     # code-word operands are fp16 (their exponent trick); fp32 in the interpreter
     WDT: tl.constexpr = tl.float32 if PV_DT == tl.float32 else tl.float16
     VDT: tl.constexpr = WDT if VWORDS else PV_DT
+    VCOLS: tl.constexpr = QWV if VWORDS else QDV
     D8: tl.constexpr = D // 8
     OFS: tl.constexpr = BODY_OFS if USE_ASM else 0.0
     QSC = 1.0 if LOGIT_CAP else sm_scale_log2
@@ -330,7 +331,6 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
     bs0, bs1, bs2, bs3 = zero, zero, zero, zero
     offs = tl.arange(0, BLK)
     dq = tl.arange(0, QD)
-    dv = tl.arange(0, QDV)
     for jb in tl.range(j_lo, j_hi, num_stages=STAGES):
         blk = tl.where(jb < n_a, jb, jb - n_a + start_b)
         p = blk * BLK + offs
@@ -340,6 +340,8 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
         page = (tl.load(idx_base + blk * BLK) // BLK).to(tl.int64)
         slot = page * BLK + offs
         kcb = KCh + slot[:, None] * stride_kcn
+        # value codes transposed: [Dv/4 bytes, keys], or [Dv/8 words, keys] with VWORDS
+        vct = tl.load(VCh + slot[None, :] * stride_vcn + tl.arange(0, VCOLS)[:, None])
         if PLANES:
             # the two halves of the 2-bit plane and the 1-bit plane, D/8 bytes each per key
             d8 = tl.arange(0, D8)
@@ -347,10 +349,6 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
             lo_b = tl.load(kcb + D8 + d8[None, :]).to(tl.uint16)
             hi16 = tl.load(kcb + QD + d8[None, :]).to(tl.uint16)
             kpb = KPh + page * stride_kpn + d8
-            if VWORDS:  # [Dv/8 words, keys]
-                vct = tl.load(VCh + slot[None, :] * stride_vcn + tl.arange(0, QWV)[:, None])
-            else:
-                vct = tl.load(VCh + slot[None, :] * stride_vcn + dv[:, None])
             qc = tl.zeros([D8, BLOCK_M], tl.float32)  # per-dim terms of the row constant
             part = tl.zeros([BLK, BLOCK_M], tl.float32)
             for e in tl.static_range(8):
@@ -368,10 +366,6 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
         elif KWORDS:
             kw = tl.load(kcb + tl.arange(0, QW)[None, :])  # [keys, D/8 words]
             kpb = KPh + page * stride_kpn
-            if VWORDS:
-                vct = tl.load(VCh + slot[None, :] * stride_vcn + tl.arange(0, QWV)[:, None])
-            else:
-                vct = tl.load(VCh + slot[None, :] * stride_vcn + dv[:, None])
             # s^T = sum_P extraction_P @ (q_P * s_P)^T + row constant (extraction scale 1)
             qc = tl.zeros([QW, BLOCK_M], tl.float32)
             part = tl.zeros([BLK, BLOCK_M], tl.float32)
@@ -392,10 +386,6 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
             if BITS == 4:
                 kc2 = tl.load(kcb + QD + dq[None, :])
             kpb = KPh + page * stride_kpn + dq
-            if VWORDS:  # [Dv/8 words, keys]
-                vct = tl.load(VCh + slot[None, :] * stride_vcn + tl.arange(0, QWV)[:, None])
-            else:
-                vct = tl.load(VCh + slot[None, :] * stride_vcn + dv[:, None])
             # scores s^T [keys, rows] = sum_j op_j @ (q_j * s_j / ks_j)^T + row constant
             qc = tl.zeros([QD, BLOCK_M], tl.float32)  # per-dim terms of the row constant
             part = tl.zeros([BLK, BLOCK_M], tl.float32)
@@ -814,14 +804,9 @@ CHANNEL_EXTEND_DEFAULT = "codes"
 
 
 def channel_extend_variant(extend_variant=None) -> str:
-    """The extend-prefix body: extend_variant if given, else OSCAR_CHANNEL_EXTEND (unset or empty:
-    'codes'); a bad value raises ValueError naming where it came from."""
-    src = "extend_variant" if extend_variant is not None else CHANNEL_EXTEND_ENV
-    kind = extend_variant if extend_variant is not None else (os.environ.get(CHANNEL_EXTEND_ENV)
-                                                              or CHANNEL_EXTEND_DEFAULT)
-    if kind not in CHANNEL_EXTEND_VARIANTS:
-        raise ValueError(f"{src} must be 'codes' or 'dequant', got {kind!r}")
-    return kind
+    """The extend-prefix body: extend_variant if given, else OSCAR_CHANNEL_EXTEND ('codes')."""
+    return _kernel_choice("extend_variant", extend_variant, CHANNEL_EXTEND_ENV, CHANNEL_EXTEND_VARIANTS,
+                          CHANNEL_EXTEND_DEFAULT)
 
 
 # Prefix splits (issue 19: an extend grid under one wave). One program walks a (request, KV head,
