@@ -357,6 +357,24 @@ def test_extend_prefix_channel_matches_reference(seed, D, bits, B, vg, gqa, bloc
     check_extend(o, lse, qo_indptr, prefix, q, pool.request_kv, sm)
 
 
+def _extend_launches(monkeypatch, pool, q, ext, **kw):
+    """[(grid, positional args, keywords)] of the kernel launches an extend-prefix call makes, the
+    kernel replaced by a recorder for the call (it computes nothing: outputs are not checked)."""
+    from oscar_kernels.triton import attend_channel as ch
+
+    seen, kern = [], ch.attend_channel_kernel
+
+    class Rec:
+        def __getitem__(self, grid):
+            return lambda *a, **k: seen.append((grid, a, k))
+    monkeypatch.setattr(ch, "attend_channel_kernel", Rec())
+    try:
+        run_extend(pool, q, ext, 0.1, **kw)
+    finally:
+        monkeypatch.setattr(ch, "attend_channel_kernel", kern)
+    return seen
+
+
 # splits: the prefix split count forced (num_splits; 7 > the body blocks of some requests, so
 # some splits see no key) or chosen from max_len_prefix by the policy (8 SMs off CUDA)
 @pytest.mark.parametrize("D,bits,B,variant,splits", [
@@ -401,17 +419,7 @@ def test_extend_prefix_split_launch_compiles_nothing_new(seed, monkeypatch, gqa,
     q = torch.randn(3, hkv * gqa, 64).bfloat16()
 
     def kinds(**kw):
-        seen = []
-
-        class Rec:
-            def __getitem__(self, grid):
-                return lambda *a, **k: seen.append((grid, a, k))
-        monkeypatch.setattr(ch, "attend_channel_kernel", Rec())
-        try:  # the recorder computes nothing, so the merge reads uninitialised partials: unchecked
-            run_extend(pool, q, [3], 0.1, **kw)
-        finally:
-            monkeypatch.setattr(ch, "attend_channel_kernel", kern)
-        (grid, a, k), = seen
+        (grid, a, k), = _extend_launches(monkeypatch, pool, q, [3], **kw)
         out = []
         for name, v in zip(names, a):
             if name in skip:
@@ -478,25 +486,12 @@ def test_merge_extend_splits_is_one_softmax(seed):
 def test_extend_channel_variant_switch(seed, monkeypatch):
     """OSCAR_CHANNEL_EXTEND picks the extend body (unset or empty: 'codes'), extend_variant
     overrides it, bad values are refused before anything runs."""
-    from oscar_kernels.triton import attend_channel as ch
-
     fmt = channel_fmt(64, 2, 32, 64)
     pool = ChannelPool(fmt, [70], [0], [0], hkv=1)
     q = torch.randn(2, 2, 64).bfloat16()
 
     def launched(**kw):
-        seen = []
-        real = ch.attend_channel_kernel
-
-        class Spy:
-            def __getitem__(self, grid):
-                return lambda *a, **k: seen.append(k["EXT_DQ"])
-        monkeypatch.setattr(ch, "attend_channel_kernel", Spy())
-        try:  # the spy computes nothing: only the launch's choice matters here
-            run_extend(pool, q, [2], 0.1, **kw)
-        finally:
-            monkeypatch.setattr(ch, "attend_channel_kernel", real)
-        return seen
+        return [k["EXT_DQ"] for _, _, k in _extend_launches(monkeypatch, pool, q, [2], **kw)]
 
     monkeypatch.delenv("OSCAR_CHANNEL_EXTEND", raising=False)
     assert launched() == [False] and launched(extend_variant="dequant") == [True]
