@@ -253,22 +253,30 @@ def fit() -> dict:
     return {"limit": H100_SMEM_PER_BLOCK, "kernels": out}
 
 
+def _channel_pool(N, rows, bits, D, block, v_group) -> dict:
+    """A per-channel pool of N slots (head-major, as the plugin's) and `rows` request rows of
+    sink / ring, zeros: only the launch's shapes and strides matter for compiling."""
+    import torch
+
+    from oscar_kernels.format import code_bytes
+
+    hm = lambda *s, dt: torch.zeros(HKV, *s, dtype=dt).transpose(0, 1)  # noqa: E731
+    return dict(k_codes=hm(N, code_bytes(bits, D), dt=torch.uint8), k_params=hm(N // block, D, 2, dt=torch.float16),
+                v_codes=hm(N, D // 4, dt=torch.uint8), v_params=hm(N, D // v_group, 2, dt=torch.float16),
+                **{n: torch.zeros(rows, S_, HKV, D, dtype=torch.bfloat16)
+                   for n, S_ in (("sink_k", SINK), ("sink_v", SINK), ("ring_k", WINDOW), ("ring_v", WINDOW))})
+
+
 def channel(bits=3, batch=64, L=32768, D=128, block=64, v_group=64, **knobs) -> dict:
     """Stage 1 of ops.decode_attention_channel as the served format launches it (Llama-8B: Hq=32,
     Hkv=8, GQA 4, sink 64, ring 256, page blocks of `block`, 2-bit values in groups of v_group),
     default split plan; `knobs` go to the launcher (num_warps, num_stages, ...)."""
     import torch
 
-    from oscar_kernels.format import code_bytes
     from oscar_kernels.triton import attend_channel as ch, decode as dec
 
     B, N = batch, batch * L + block
-    pool = dict(k_codes=torch.zeros(HKV, N, code_bytes(bits, D), dtype=torch.uint8).transpose(0, 1),
-                k_params=torch.zeros(HKV, N // block, D, 2, dtype=torch.float16).transpose(0, 1),
-                v_codes=torch.zeros(HKV, N, D // 4, dtype=torch.uint8).transpose(0, 1),
-                v_params=torch.zeros(HKV, N, D // v_group, 2, dtype=torch.float16).transpose(0, 1),
-                **{n: torch.zeros(B + 1, S_, HKV, D, dtype=torch.bfloat16)
-                   for n, S_ in (("sink_k", SINK), ("sink_v", SINK), ("ring_k", WINDOW), ("ring_v", WINDOW))})
+    pool = _channel_pool(N, B + 1, bits, D, block, v_group)
     meta = dict(kv_indptr=torch.arange(0, B * L + 1, L, dtype=torch.int32),
                 kv_indices=torch.arange(block, B * L + block, dtype=torch.int32),
                 req_rows=torch.arange(B, dtype=torch.int32) + 1, own_start=torch.zeros(B + 1, dtype=torch.int32))
@@ -291,16 +299,10 @@ def channel_extend(bits=3, E=8192, L=32768, D=128, block=64, v_group=64, variant
     (block_m, num_warps, num_stages)."""
     import torch
 
-    from oscar_kernels.format import code_bytes
     from oscar_kernels.triton import attend_channel as ch
 
     N = L + block
-    pool = dict(k_codes=torch.zeros(HKV, N, code_bytes(bits, D), dtype=torch.uint8).transpose(0, 1),
-                k_params=torch.zeros(HKV, N // block, D, 2, dtype=torch.float16).transpose(0, 1),
-                v_codes=torch.zeros(HKV, N, D // 4, dtype=torch.uint8).transpose(0, 1),
-                v_params=torch.zeros(HKV, N, D // v_group, 2, dtype=torch.float16).transpose(0, 1),
-                **{n: torch.zeros(2, S_, HKV, D, dtype=torch.bfloat16)
-                   for n, S_ in (("sink_k", SINK), ("sink_v", SINK), ("ring_k", WINDOW), ("ring_v", WINDOW))})
+    pool = _channel_pool(N, 2, bits, D, block, v_group)
     meta = dict(kv_indptr=torch.tensor([0, L - E], dtype=torch.int32),
                 kv_indices=torch.arange(block, L - E + block, dtype=torch.int32),
                 req_rows=torch.ones(1, dtype=torch.int32), own_start=torch.zeros(2, dtype=torch.int32))
