@@ -20,7 +20,6 @@ backend neither rotates V nor un-rotates the output.
 """
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from types import SimpleNamespace
@@ -291,17 +290,17 @@ class OscarInt2TritonBackend(TritonAttnBackend):
                 True, None, md.max_extend_len, 1.0, 1.0, sm_scale=layer.scaling, logit_cap=cap,
                 lse_extend=lse_new, skip_prefix=True,
             )
-            if self.pool.channel:
-                prefix = functools.partial(ops.extend_prefix_attention_channel,
-                                           max_len_prefix=getattr(self, "_max_prefix", None))
-            else:
-                prefix = ops.extend_prefix_attention
+            prefix = (ops.extend_prefix_attention_channel if self.pool.channel
+                      else ops.extend_prefix_attention)
+            # the channel kernel may split long prefixes: it needs the longest, host-side
+            split_hint = {"max_len_prefix": getattr(self, "_max_prefix", None)} if self.pool.channel else {}
             o_pre, lse_pre = prefix(
                 self._rot_q(q3, layer.layer_id),
                 md.qo_indptr,
                 **self._cached_kv_args(layer, fb),
                 max_len_extend=md.max_extend_len,
                 logit_cap=cap,
+                **split_hint,
             )
             o_pre = self._unrot_o(o_pre, layer.layer_id)
             o = merge_by_lse(o_pre, lse_pre, o_new, lse_new).to(q.dtype)
