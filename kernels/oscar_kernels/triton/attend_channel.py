@@ -177,7 +177,8 @@ def _dequant(c, sc, mn, AXIS: tl.constexpr, DT: tl.constexpr):
 # with the bf16 exponent trick instead of int -> float conversions: bits 0x4300 | x are 128 + x,
 # so a masked code field ORed under that exponent is BODY_OFS + code * scale exactly (one lop3 per
 # two codes, attend_fast._quarter_v; 4-bit nibbles and 3-bit codes below). The offsets are removed
-# per row: for keys through the (q * s) . m row constant, for values after the loop (attend_fast).
+# per tile: for keys through the (q * s) . m row constant, for values from the accumulators before
+# each tile's MMA (attend_fast).
 BODY_OFS = tl.constexpr(128.0)
 
 
@@ -328,7 +329,6 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
         a3 = tl.trans(a3 * _v_scale(3) if USE_ASM else a3)
     zero = tl.zeros([BLOCK_M], tl.float32)
     bm0, bm1, bm2, bm3 = zero, zero, zero, zero
-    bs0, bs1, bs2, bs3 = zero, zero, zero, zero
     offs = tl.arange(0, BLK)
     dq = tl.arange(0, QD)
     for jb in tl.range(j_lo, j_hi, num_stages=STAGES):
@@ -418,67 +418,67 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
                 vmn = tl.where(body, vmn, 0.0)
                 pst = (pt * vsc[:, None]).to(VDT)
                 gmn = tl.sum(pt * vmn[:, None], 0)
-                gsc = tl.sum(pst.to(tl.float32), 0)
+                # the operands' offsets times this tile's sum(p sc) (of the rounded p * sc) come
+                # off each accumulator before the tile's MMA adds them. Removed once after the
+                # loop (before 2026-11-26) they left fp32 sums 64-128x the output to cancel: the
+                # error grew with the tiles a split walks, to 0.14 (peaked) and 4.4 (flat
+                # attention) relative at 32K keys in one split (H100; tests/gpu/test_long_decode.py)
+                gs = tl.sum(pst.to(tl.float32), 0)[None, :]
             if VWORDS:  # quarter j = extractions j (even dims) and 4 + j (odd dims)
                 if j == 0:
-                    x0 = tl.dot(_word_code(vct, 0, VDT, USE_ASM), pst, x0 * al)
-                    x4 = tl.dot(_word_code(vct, 4, VDT, USE_ASM), pst, x4 * al)
+                    x0 = tl.dot(_word_code(vct, 0, VDT, USE_ASM), pst, x0 * al - _word_ofs(0, USE_ASM) * gs)
+                    x4 = tl.dot(_word_code(vct, 4, VDT, USE_ASM), pst, x4 * al - _word_ofs(4, USE_ASM) * gs)
                 elif j == 1:
-                    x1 = tl.dot(_word_code(vct, 1, VDT, USE_ASM), pst, x1 * al)
-                    x5 = tl.dot(_word_code(vct, 5, VDT, USE_ASM), pst, x5 * al)
+                    x1 = tl.dot(_word_code(vct, 1, VDT, USE_ASM), pst, x1 * al - _word_ofs(1, USE_ASM) * gs)
+                    x5 = tl.dot(_word_code(vct, 5, VDT, USE_ASM), pst, x5 * al - _word_ofs(5, USE_ASM) * gs)
                 elif j == 2:
-                    x2 = tl.dot(_word_code(vct, 2, VDT, USE_ASM), pst, x2 * al)
-                    x6 = tl.dot(_word_code(vct, 6, VDT, USE_ASM), pst, x6 * al)
+                    x2 = tl.dot(_word_code(vct, 2, VDT, USE_ASM), pst, x2 * al - _word_ofs(2, USE_ASM) * gs)
+                    x6 = tl.dot(_word_code(vct, 6, VDT, USE_ASM), pst, x6 * al - _word_ofs(6, USE_ASM) * gs)
                 else:
-                    x3 = tl.dot(_word_code(vct, 3, VDT, USE_ASM), pst, x3 * al)
-                    x7 = tl.dot(_word_code(vct, 7, VDT, USE_ASM), pst, x7 * al)
+                    x3 = tl.dot(_word_code(vct, 3, VDT, USE_ASM), pst, x3 * al - _word_ofs(3, USE_ASM) * gs)
+                    x7 = tl.dot(_word_code(vct, 7, VDT, USE_ASM), pst, x7 * al - _word_ofs(7, USE_ASM) * gs)
             else:
                 if USE_ASM:
                     op = _quarter_v(v16, j, PV_DT, USE_ASM)
                 else:
                     op = ((vct >> (2 * j)) & 3).to(PV_DT)
                 if j == 0:
-                    a0 = tl.dot(op, pst, a0 * al)
+                    a0 = tl.dot(op, pst, a0 * al - OFS * gs)
                 elif j == 1:
-                    a1 = tl.dot(op, pst, a1 * al)
+                    a1 = tl.dot(op, pst, a1 * al - OFS * gs)
                 elif j == 2:
-                    a2 = tl.dot(op, pst, a2 * al)
+                    a2 = tl.dot(op, pst, a2 * al - OFS * gs)
                 else:
-                    a3 = tl.dot(op, pst, a3 * al)
+                    a3 = tl.dot(op, pst, a3 * al - OFS * gs)
             if j == 0:
                 bm0 = bm0 * alpha + gmn
-                bs0 = bs0 * alpha + gsc
             elif j == 1:
                 bm1 = bm1 * alpha + gmn
-                bs1 = bs1 * alpha + gsc
             elif j == 2:
                 bm2 = bm2 * alpha + gmn
-                bs2 = bs2 * alpha + gsc
             else:
                 bm3 = bm3 * alpha + gmn
-                bs3 = bs3 * alpha + gsc
     if VWORDS:
-        # quarter j = its even and odd dims interleaved, each x - ofs * sum(p sc) + sum(p mn)
-        a0 = _quarter_of_words(x0, x4, bs0, bm0, 0, QDV, BLOCK_M, USE_ASM)
-        a1 = _quarter_of_words(x1, x5, bs1, bm1, 1, QDV, BLOCK_M, USE_ASM)
-        a2 = _quarter_of_words(x2, x6, bs2, bm2, 2, QDV, BLOCK_M, USE_ASM)
-        a3 = _quarter_of_words(x3, x7, bs3, bm3, 3, QDV, BLOCK_M, USE_ASM)
+        # quarter j = its even and odd dims interleaved, each x + sum(p mn)
+        a0 = _quarter_of_words(x0, x4, bm0, QDV, BLOCK_M)
+        a1 = _quarter_of_words(x1, x5, bm1, QDV, BLOCK_M)
+        a2 = _quarter_of_words(x2, x6, bm2, QDV, BLOCK_M)
+        a3 = _quarter_of_words(x3, x7, bm3, QDV, BLOCK_M)
     else:
-        # a_j = (a'_j - OFS * sum(p sc)) / vs_j + sum(p mn), back to row-major [rows, Dv/4]
-        a0 = tl.trans((a0 - OFS * bs0[None, :]) * (1.0 / _v_scale(0) if USE_ASM else 1.0) + bm0[None, :])
-        a1 = tl.trans((a1 - OFS * bs1[None, :]) * (1.0 / _v_scale(1) if USE_ASM else 1.0) + bm1[None, :])
-        a2 = tl.trans((a2 - OFS * bs2[None, :]) * (1.0 / _v_scale(2) if USE_ASM else 1.0) + bm2[None, :])
-        a3 = tl.trans((a3 - OFS * bs3[None, :]) * (1.0 / _v_scale(3) if USE_ASM else 1.0) + bm3[None, :])
+        # a_j = a'_j / vs_j + sum(p mn) (offsets taken off per tile), back to row-major [rows, Dv/4]
+        a0 = tl.trans(a0 * (1.0 / _v_scale(0) if USE_ASM else 1.0) + bm0[None, :])
+        a1 = tl.trans(a1 * (1.0 / _v_scale(1) if USE_ASM else 1.0) + bm1[None, :])
+        a2 = tl.trans(a2 * (1.0 / _v_scale(2) if USE_ASM else 1.0) + bm2[None, :])
+        a3 = tl.trans(a3 * (1.0 / _v_scale(3) if USE_ASM else 1.0) + bm3[None, :])
     return m_i, l_i, a0, a1, a2, a3
 
 
 @triton.jit
-def _quarter_of_words(ev, od, bs, bm, J: tl.constexpr, QDV: tl.constexpr, BLOCK_M: tl.constexpr,
-                      USE_ASM: tl.constexpr):
-    """Value quarter J [rows, Dv/4] (row-major) from its two code-word accumulators [Dv/8, rows]
-    (even dims: extraction J, odd dims: J + 4), each less its offset's share plus sum(p mn)."""
-    ev = tl.trans(ev - _word_ofs(J, USE_ASM) * bs[None, :] + bm[None, :])
-    od = tl.trans(od - _word_ofs(J + 4, USE_ASM) * bs[None, :] + bm[None, :])
+def _quarter_of_words(ev, od, bm, QDV: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Value quarter [rows, Dv/4] (row-major) from its two code-word accumulators [Dv/8, rows]
+    (even dims: extraction J, odd dims: J + 4; offsets already taken off per tile) plus sum(p mn)."""
+    ev = tl.trans(ev + bm[None, :])
+    od = tl.trans(od + bm[None, :])
     return tl.reshape(tl.join(ev, od), [BLOCK_M, QDV])
 
 

@@ -108,6 +108,9 @@ def _quarter_k(c16, J: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr):
         return (c16.to(tl.int32) & (3 << (2 * J))).to(DT)
 
 
+V_OFS = tl.constexpr(128.0)  # what _quarter_v's bf16 exponent trick adds to every value code
+
+
 @triton.jit
 def _quarter_v(c16, J: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr):
     """Quarter J of uint16-widened codes: V_OFS + code_J * _v_scale(J) in DT (bf16 trick)."""
@@ -209,19 +212,23 @@ def _scores_softmax(part, kpw, qs_ofs, qsum, i0, i_hi, m_i, l_i, sm_scale_log2, 
 
 
 @triton.jit
-def _p_times_scale(pt, vpw, alpha, b_mn, b_sc, DT: tl.constexpr):
-    """p^T * V scale per key (the V MMAs' operand, in DT) and the per-row V sums sum(p*mn),
-    sum(p*sc) rescaled by alpha (added to the accumulators once, after the loop)."""
+def _p_times_scale(pt, vpw, alpha, b_mn, DT: tl.constexpr):
+    """p^T * V scale per key (the V MMAs' operand, in DT), the per-row sum(p*mn) rescaled by alpha
+    (added to the accumulators once, after the loop), and this tile's sum(p*sc) [1, rows] of the
+    rounded operand: the code operands' offsets times it are taken off each accumulator before the
+    tile's MMA adds them. (Taken off once after the loop, as before 2026-11-26, they left fp32 sums
+    64-128x the output to cancel: an error growing with the keys per split, 3.3e-2 relative at 32K
+    keys in one split here, up to 4.4 in the per-channel decode; H100.)"""
     vsc, vmn = _unpack_params(vpw)
     pst = (pt * vsc[:, None]).to(DT)
     b_mn = b_mn * alpha + tl.sum(pt * vmn[:, None], 0)
-    b_sc = b_sc * alpha + tl.sum(pst.to(tl.float32), 0)
-    return pst, b_mn, b_sc
+    gs = tl.sum(pst.to(tl.float32), 0)[None, :]
+    return pst, b_mn, gs
 
 
 @triton.jit
 def _int2_tile(i0, i_hi, kc, kpw, vct, vpw,
-               q0t, q1t, q2t, q3t, qs_ofs, qsum, m_i, l_i, b_mn, b_sc, a0, a1, a2, a3, sm_scale_log2, logit_cap,
+               q0t, q1t, q2t, q3t, qs_ofs, qsum, m_i, l_i, b_mn, a0, a1, a2, a3, sm_scale_log2, logit_cap,
                MASKED: tl.constexpr, BLOCK_N: tl.constexpr,
                LOGIT_CAP: tl.constexpr, KDT: tl.constexpr, PV_DT: tl.constexpr, USE_ASM: tl.constexpr):
     """One tile of BLOCK_N INT2 keys (codes and params from _int2_fetch): scores s^T = codes @ q^T,
@@ -235,33 +242,35 @@ def _int2_tile(i0, i_hi, kc, kpw, vct, vpw,
                                           logit_cap, MASKED, BLOCK_N, LOGIT_CAP)
 
     # o^T += codes^T @ (p*sc)
-    pst, b_mn, b_sc = _p_times_scale(pt, vpw, alpha, b_mn, b_sc, PV_DT)
+    pst, b_mn, gs = _p_times_scale(pt, vpw, alpha, b_mn, PV_DT)
     v16 = vct.to(tl.uint16)
     al = alpha[None, :]
-    a0 = tl.dot(_quarter_v(v16, 0, PV_DT, USE_ASM), pst, a0 * al)
-    a1 = tl.dot(_quarter_v(v16, 1, PV_DT, USE_ASM), pst, a1 * al)
-    a2 = tl.dot(_quarter_v(v16, 2, PV_DT, USE_ASM), pst, a2 * al)
-    a3 = tl.dot(_quarter_v(v16, 3, PV_DT, USE_ASM), pst, a3 * al)
-    return m_i, l_i, b_mn, b_sc, a0, a1, a2, a3
+    ofs = gs * (V_OFS if USE_ASM else 0.0)  # _quarter_v's offsets' share of this tile
+    a0 = tl.dot(_quarter_v(v16, 0, PV_DT, USE_ASM), pst, a0 * al - ofs)
+    a1 = tl.dot(_quarter_v(v16, 1, PV_DT, USE_ASM), pst, a1 * al - ofs)
+    a2 = tl.dot(_quarter_v(v16, 2, PV_DT, USE_ASM), pst, a2 * al - ofs)
+    a3 = tl.dot(_quarter_v(v16, 3, PV_DT, USE_ASM), pst, a3 * al - ofs)
+    return m_i, l_i, b_mn, a0, a1, a2, a3
 
 
 @triton.jit
-def _pv_words(vwt, pst, al, a0, a1, a2, a3, a4, a5, a6, a7, DT: tl.constexpr, USE_ASM: tl.constexpr):
-    """o^T_p += extraction_p(V words)^T @ (p*sc) for the 8 extractions."""
-    a0 = tl.dot(_word_code(vwt, 0, DT, USE_ASM), pst, a0 * al)
-    a1 = tl.dot(_word_code(vwt, 1, DT, USE_ASM), pst, a1 * al)
-    a2 = tl.dot(_word_code(vwt, 2, DT, USE_ASM), pst, a2 * al)
-    a3 = tl.dot(_word_code(vwt, 3, DT, USE_ASM), pst, a3 * al)
-    a4 = tl.dot(_word_code(vwt, 4, DT, USE_ASM), pst, a4 * al)
-    a5 = tl.dot(_word_code(vwt, 5, DT, USE_ASM), pst, a5 * al)
-    a6 = tl.dot(_word_code(vwt, 6, DT, USE_ASM), pst, a6 * al)
-    a7 = tl.dot(_word_code(vwt, 7, DT, USE_ASM), pst, a7 * al)
+def _pv_words(vwt, pst, al, gs, a0, a1, a2, a3, a4, a5, a6, a7, DT: tl.constexpr, USE_ASM: tl.constexpr):
+    """o^T_p += extraction_p(V words)^T @ (p*sc) less its offset's share (ofs_p * gs: gs is the
+    tile's sum(p*sc)) for the 8 extractions."""
+    a0 = tl.dot(_word_code(vwt, 0, DT, USE_ASM), pst, a0 * al - _word_ofs(0, USE_ASM) * gs)
+    a1 = tl.dot(_word_code(vwt, 1, DT, USE_ASM), pst, a1 * al - _word_ofs(1, USE_ASM) * gs)
+    a2 = tl.dot(_word_code(vwt, 2, DT, USE_ASM), pst, a2 * al - _word_ofs(2, USE_ASM) * gs)
+    a3 = tl.dot(_word_code(vwt, 3, DT, USE_ASM), pst, a3 * al - _word_ofs(3, USE_ASM) * gs)
+    a4 = tl.dot(_word_code(vwt, 4, DT, USE_ASM), pst, a4 * al - _word_ofs(4, USE_ASM) * gs)
+    a5 = tl.dot(_word_code(vwt, 5, DT, USE_ASM), pst, a5 * al - _word_ofs(5, USE_ASM) * gs)
+    a6 = tl.dot(_word_code(vwt, 6, DT, USE_ASM), pst, a6 * al - _word_ofs(6, USE_ASM) * gs)
+    a7 = tl.dot(_word_code(vwt, 7, DT, USE_ASM), pst, a7 * al - _word_ofs(7, USE_ASM) * gs)
     return a0, a1, a2, a3, a4, a5, a6, a7
 
 
 @triton.jit
 def _int2_tile_words(i0, i_hi, kw, kpw, vwt, vpw,
-                     q0t, q1t, q2t, q3t, q4t, q5t, q6t, q7t, qs_ofs, qsum, m_i, l_i, b_mn, b_sc,
+                     q0t, q1t, q2t, q3t, q4t, q5t, q6t, q7t, qs_ofs, qsum, m_i, l_i, b_mn,
                      a0, a1, a2, a3, a4, a5, a6, a7, sm_scale_log2, logit_cap,
                      MASKED: tl.constexpr, BLOCK_N: tl.constexpr, LOGIT_CAP: tl.constexpr,
                      DT: tl.constexpr, USE_ASM: tl.constexpr):
@@ -278,10 +287,10 @@ def _int2_tile_words(i0, i_hi, kw, kpw, vwt, vpw,
     pt, alpha, m_i, l_i = _scores_softmax(part, kpw, qs_ofs, qsum, i0, i_hi, m_i, l_i, sm_scale_log2,
                                           logit_cap, MASKED, BLOCK_N, LOGIT_CAP)
 
-    pst, b_mn, b_sc = _p_times_scale(pt, vpw, alpha, b_mn, b_sc, DT)
-    a0, a1, a2, a3, a4, a5, a6, a7 = _pv_words(vwt, pst, alpha[None, :], a0, a1, a2, a3, a4, a5, a6, a7,
+    pst, b_mn, gs = _p_times_scale(pt, vpw, alpha, b_mn, DT)
+    a0, a1, a2, a3, a4, a5, a6, a7 = _pv_words(vwt, pst, alpha[None, :], gs, a0, a1, a2, a3, a4, a5, a6, a7,
                                                DT, USE_ASM)
-    return m_i, l_i, b_mn, b_sc, a0, a1, a2, a3, a4, a5, a6, a7
+    return m_i, l_i, b_mn, a0, a1, a2, a3, a4, a5, a6, a7
 
 
 @triton.jit
@@ -391,10 +400,10 @@ def _q_word_slice(qbt, rmask, QSC, P: tl.constexpr, QW: tl.constexpr, DT: tl.con
 
 
 @triton.jit
-def _store_word_part(ob, x, b_mn, b_sc, inv_l, rmask, P: tl.constexpr, QWV: tl.constexpr, USE_ASM: tl.constexpr):
+def _store_word_part(ob, x, b_mn, inv_l, rmask, P: tl.constexpr, QWV: tl.constexpr):
     """Extraction P's accumulator [Dv/8, rows] -> normalised partial output at its dims:
-    (p*sc) @ (ofs_p + c) + p @ mn = x + sum(p*mn) - ofs_p * sum(p*sc) per row."""
-    tl.store(ob + _word_dims(P, QWV)[:, None], (x + b_mn - _word_ofs(P, USE_ASM) * b_sc) * inv_l,
+    (p*sc) @ c + p @ mn = x + sum(p*mn) per row (the offsets came off per tile)."""
+    tl.store(ob + _word_dims(P, QWV)[:, None], (x + b_mn) * inv_l,
              mask=rmask[None, :])
 
 
@@ -431,36 +440,34 @@ def _int2_words_part(qbt, rmask, ob, KCh, stride_kcn, KPh, stride_kpn, VCh, stri
     x2, x6 = _words_of_quarter(a2, QWV, BLOCK_M)
     x3, x7 = _words_of_quarter(a3, QWV, BLOCK_M)
     b_mn = tl.zeros([BLOCK_M], dtype=tl.float32)
-    b_sc = tl.zeros([BLOCK_M], dtype=tl.float32)
     i_full = i_lo + (i_hi - i_lo) // BLOCK_N * BLOCK_N
     for i0 in tl.range(i_lo, i_full, BLOCK_N, num_stages=INT2_STAGES):
         kw, kpw, vwt, vpw = _int2_fetch(_int2_slots(i0, i_hi, sink_lo, hole, idx_base, BLOCK_N, OFS32),
                                               KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
                                               QW, QWV)
-        m_i, l_i, b_mn, b_sc, x0, x1, x2, x3, x4, x5, x6, x7 = _int2_tile_words(
+        m_i, l_i, b_mn, x0, x1, x2, x3, x4, x5, x6, x7 = _int2_tile_words(
             i0, i_hi, kw, kpw, vwt, vpw, q0t, q1t, q2t, q3t, q4t, q5t, q6t, q7t, qs_ofs, qsum, m_i, l_i,
-            b_mn, b_sc, x0, x1, x2, x3, x4, x5, x6, x7, sm_scale_log2, logit_cap, False, BLOCK_N, LOGIT_CAP,
+            b_mn, x0, x1, x2, x3, x4, x5, x6, x7, sm_scale_log2, logit_cap, False, BLOCK_N, LOGIT_CAP,
             DT, USE_ASM)
     if i_full < i_hi:
         kw, kpw, vwt, vpw = _int2_fetch(_int2_slots(i_full, i_hi, sink_lo, hole, idx_base, BLOCK_N, OFS32),
                                               KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
                                               QW, QWV)
-        m_i, l_i, b_mn, b_sc, x0, x1, x2, x3, x4, x5, x6, x7 = _int2_tile_words(
+        m_i, l_i, b_mn, x0, x1, x2, x3, x4, x5, x6, x7 = _int2_tile_words(
             i_full, i_hi, kw, kpw, vwt, vpw, q0t, q1t, q2t, q3t, q4t, q5t, q6t, q7t, qs_ofs, qsum, m_i, l_i,
-            b_mn, b_sc, x0, x1, x2, x3, x4, x5, x6, x7, sm_scale_log2, logit_cap, True, BLOCK_N, LOGIT_CAP,
+            b_mn, x0, x1, x2, x3, x4, x5, x6, x7, sm_scale_log2, logit_cap, True, BLOCK_N, LOGIT_CAP,
             DT, USE_ASM)
     has = l_i > 0
     inv_l = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)[None, :]
     b_mn = b_mn[None, :]
-    b_sc = b_sc[None, :]
-    _store_word_part(ob, x0, b_mn, b_sc, inv_l, rmask, 0, QWV, USE_ASM)
-    _store_word_part(ob, x1, b_mn, b_sc, inv_l, rmask, 1, QWV, USE_ASM)
-    _store_word_part(ob, x2, b_mn, b_sc, inv_l, rmask, 2, QWV, USE_ASM)
-    _store_word_part(ob, x3, b_mn, b_sc, inv_l, rmask, 3, QWV, USE_ASM)
-    _store_word_part(ob, x4, b_mn, b_sc, inv_l, rmask, 4, QWV, USE_ASM)
-    _store_word_part(ob, x5, b_mn, b_sc, inv_l, rmask, 5, QWV, USE_ASM)
-    _store_word_part(ob, x6, b_mn, b_sc, inv_l, rmask, 6, QWV, USE_ASM)
-    _store_word_part(ob, x7, b_mn, b_sc, inv_l, rmask, 7, QWV, USE_ASM)
+    _store_word_part(ob, x0, b_mn, inv_l, rmask, 0, QWV)
+    _store_word_part(ob, x1, b_mn, inv_l, rmask, 1, QWV)
+    _store_word_part(ob, x2, b_mn, inv_l, rmask, 2, QWV)
+    _store_word_part(ob, x3, b_mn, inv_l, rmask, 3, QWV)
+    _store_word_part(ob, x4, b_mn, inv_l, rmask, 4, QWV)
+    _store_word_part(ob, x5, b_mn, inv_l, rmask, 5, QWV)
+    _store_word_part(ob, x6, b_mn, inv_l, rmask, 6, QWV)
+    _store_word_part(ob, x7, b_mn, inv_l, rmask, 7, QWV)
     return m_i, l_i
 
 
@@ -490,7 +497,6 @@ def attend_fast_kernel(
     QD: tl.constexpr = D // 4
     QDV: tl.constexpr = DV // 4
     K_OFS: tl.constexpr = 1024.0 if USE_ASM else 0.0  # offsets of _quarter_k / _quarter_v
-    V_OFS: tl.constexpr = 128.0 if USE_ASM else 0.0
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -572,34 +578,32 @@ def attend_fast_kernel(
         a1 = tl.trans(a1 * _v_scale(1))
         a2 = tl.trans(a2 * _v_scale(2))
         a3 = tl.trans(a3 * _v_scale(3))
-        # per-row parts of the V sums, added to the accumulators once after the loop (rescaled by
-        # alpha like them): sum_k p*mn and sum_k p*sc; the tile's p @ codes accumulates in the MMA
+        # per-row part of the V sums, added to the accumulators once after the loop (rescaled by
+        # alpha like them): sum_k p*mn; the tile's p @ codes accumulates in the MMA
         b_mn = tl.zeros([BLOCK_M], dtype=tl.float32)
-        b_sc = tl.zeros([BLOCK_M], dtype=tl.float32)
         dv = tl.arange(0, QDV)
         # whole tiles without masks, then the partial last tile (if any) with them
         i_full = i_lo + (i_hi - i_lo) // BLOCK_N * BLOCK_N
         for i0 in tl.range(i_lo, i_full, BLOCK_N, num_stages=INT2_STAGES):  # see INT2_STAGES
             kc, kpw, vct, vpw = _int2_fetch(_int2_slots(i0, i_hi, sink_lo, hole, idx_base, BLOCK_N, OFS32),
                                             KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn, QD, QDV)
-            m_i, l_i, b_mn, b_sc, a0, a1, a2, a3 = _int2_tile(
-                i0, i_hi, kc, kpw, vct, vpw, q0t, q1t, q2t, q3t, qs_ofs, qsum, m_i, l_i, b_mn, b_sc,
+            m_i, l_i, b_mn, a0, a1, a2, a3 = _int2_tile(
+                i0, i_hi, kc, kpw, vct, vpw, q0t, q1t, q2t, q3t, qs_ofs, qsum, m_i, l_i, b_mn,
                 a0, a1, a2, a3, sm_scale_log2, logit_cap, False, BLOCK_N, LOGIT_CAP, KDT, PV_DT, USE_ASM)
         if i_full < i_hi:  # the partial last tile, masked
             kc, kpw, vct, vpw = _int2_fetch(_int2_slots(i_full, i_hi, sink_lo, hole, idx_base, BLOCK_N, OFS32),
                                             KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn, QD, QDV)
-            m_i, l_i, b_mn, b_sc, a0, a1, a2, a3 = _int2_tile(
-                i_full, i_hi, kc, kpw, vct, vpw, q0t, q1t, q2t, q3t, qs_ofs, qsum, m_i, l_i, b_mn, b_sc,
+            m_i, l_i, b_mn, a0, a1, a2, a3 = _int2_tile(
+                i_full, i_hi, kc, kpw, vct, vpw, q0t, q1t, q2t, q3t, qs_ofs, qsum, m_i, l_i, b_mn,
                 a0, a1, a2, a3, sm_scale_log2, logit_cap, True, BLOCK_N, LOGIT_CAP, KDT, PV_DT, USE_ASM)
 
-        # (p*sc) @ (V_OFS + s_j c) = V_OFS sum(p*sc) + s_j (p*sc) @ c, and s_j p @ v_hat_j =
-        # s_j (p*sc) @ c + s_j p @ mn: add s_j * sum(p*mn) - V_OFS * sum(p*sc) per row
+        # (p*sc) @ (V_OFS + s_j c) less V_OFS sum(p*sc) (per tile) is s_j (p*sc) @ c, and
+        # s_j p @ v_hat_j = s_j (p*sc) @ c + s_j p @ mn: add s_j * sum(p*mn) per row
         b_mn = b_mn[None, :]
-        b_ofs = V_OFS * b_sc[None, :]
-        a0 = a0 + (b_mn * _v_scale(0) - b_ofs)
-        a1 = (a1 + (b_mn * _v_scale(1) - b_ofs)) * (1.0 / _v_scale(1))
-        a2 = (a2 + (b_mn * _v_scale(2) - b_ofs)) * (1.0 / _v_scale(2))
-        a3 = (a3 + (b_mn * _v_scale(3) - b_ofs)) * (1.0 / _v_scale(3))
+        a0 = a0 + b_mn * _v_scale(0)
+        a1 = (a1 + b_mn * _v_scale(1)) * (1.0 / _v_scale(1))
+        a2 = (a2 + b_mn * _v_scale(2)) * (1.0 / _v_scale(2))
+        a3 = (a3 + b_mn * _v_scale(3)) * (1.0 / _v_scale(3))
 
         # ---- normalised partial output ------------------------------------------------------------
         has = l_i > 0
