@@ -396,7 +396,8 @@ def test_extend_prefix_channel_split_prefix_matches_reference(seed, D, bits, B, 
     q = (torch.randn(sum(ext), hkv * gqa, D) * 2).bfloat16()
     sm = 1 / math.sqrt(D)
     if splits == "policy":
-        num_mb = math.ceil(max(ext) * gqa / ch.EXTEND_BLOCK_M)
+        dequant = ch.channel_extend_variant(variant) == "dequant"
+        num_mb = math.ceil(max(ext) * gqa / ch.extend_block_m(dequant, D))
         kw = dict(max_len_prefix=max(prefix) * ch.EXTEND_SPLIT_MIN_KEYS // 64)  # as if 16x longer
         assert ch.extend_prefix_splits(len(ext) * hkv * num_mb, kw["max_len_prefix"], DEV) > 1
     else:
@@ -484,7 +485,7 @@ def test_merge_extend_splits_is_one_softmax(seed):
 
 
 def test_extend_channel_variant_switch(seed, monkeypatch):
-    """OSCAR_CHANNEL_EXTEND picks the extend body (unset or empty: 'codes'), extend_variant
+    """OSCAR_CHANNEL_EXTEND picks the extend body (unset or empty: 'dequant'), extend_variant
     overrides it, bad values are refused before anything runs."""
     fmt = channel_fmt(64, 2, 32, 64)
     pool = ChannelPool(fmt, [70], [0], [0], hkv=1)
@@ -494,11 +495,11 @@ def test_extend_channel_variant_switch(seed, monkeypatch):
         return [k["EXT_DQ"] for _, _, k in _extend_launches(monkeypatch, pool, q, [2], **kw)]
 
     monkeypatch.delenv("OSCAR_CHANNEL_EXTEND", raising=False)
-    assert launched() == [False] and launched(extend_variant="dequant") == [True]
-    monkeypatch.setenv("OSCAR_CHANNEL_EXTEND", "")
-    assert launched() == [False]
-    monkeypatch.setenv("OSCAR_CHANNEL_EXTEND", "dequant")
     assert launched() == [True] and launched(extend_variant="codes") == [False]
+    monkeypatch.setenv("OSCAR_CHANNEL_EXTEND", "")
+    assert launched() == [True]
+    monkeypatch.setenv("OSCAR_CHANNEL_EXTEND", "codes")
+    assert launched() == [False] and launched(extend_variant="dequant") == [True]
     monkeypatch.setenv("OSCAR_CHANNEL_EXTEND", "fast")
     with pytest.raises(ValueError, match="OSCAR_CHANNEL_EXTEND must be 'codes' or 'dequant', got 'fast'"):
         launched()

@@ -63,7 +63,7 @@ def _seen(x_rot, which, kv_len, own, sink_start):
                                  sink_start=sink_start).double()
 
 
-@pytest.mark.parametrize("extend_body", [None, "dequant"])  # OSCAR_CHANNEL_EXTEND: default, opt-in
+@pytest.mark.parametrize("extend_body", [None, "codes"])  # OSCAR_CHANNEL_EXTEND: default (dequant), opt-in
 def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, seed, extend_body, monkeypatch):
     from oscar_sglang.runtime.pool import note_new_rows
 

@@ -87,8 +87,9 @@ PLANES_MIN_DIM = 128
 # two codes, 8 extractions of D/8 dims each; needs a value / key dim >= 128, below it reads bytes;
 # 3- and 4-bit keys keep their byte reads). Values are the same per-token 2-bit groups as the fast
 # kernel's and 2-bit keys the same quarter-split bytes, so its validated extractions are reused;
-# the per-channel key scales are read at each extraction's dims. Not yet timed on a GPU, so not the
-# default (sm_90 census: docs/benchmarks.md "Findings").
+# the per-channel key scales are read at each extraction's dims. H100, 2026-11-26: 8-13% faster than
+# bytes (B=8 x 32K), but not the default: over 32K keys in one split its error against float64 is
+# 3.2e-2 where bytes give 1.0e-2 (fp16 operands; docs/benchmarks.md "Findings").
 CHANNEL_CODE_READS = ("bytes", "words")
 CHANNEL_READS_ENV = "OSCAR_CHANNEL_DECODE_READS"
 CHANNEL_READS_DEFAULT = "bytes"
@@ -790,21 +791,23 @@ def decode_attention_channel(
                         num_kv_splits, max_kv_splits, nb16, min_chunk, sink_k.shape[1], ring_k.shape[1])
 
 
-EXTEND_BLOCK_M = 64  # (token, query head) rows per extend program
+EXTEND_BLOCK_M = 64  # (token, query head) rows per extend program (codes; dequant above head_dim 128)
+EXTEND_BLOCK_M_DEQUANT = 128  # dequant at head_dim <= 128: a page's dequantised tile serves 2x the rows
 EXTEND_BLOCK_B = 64  # BF16 sink / ring keys per extend tile
-# Extend-prefix body variants (OSCAR_CHANNEL_EXTEND or extend_variant=...): "codes" (the default)
-# feeds the codes to the MMAs and folds each page's key scales into q (BLOCK_M x D multiplies per
-# tile, plus the q . m row constant and per-row p * scale for values); "dequant" dequantises the
-# page's keys and values once (BLK x D multiply-adds each) and multiplies q by the keys, p by the
-# values. sm_90 census (tests/kernels/sm90.py channel-extend): see docs/benchmarks.md "Findings";
-# not yet timed on a GPU, so not the default.
+# Extend-prefix body variants (OSCAR_CHANNEL_EXTEND or extend_variant=...): "dequant" (the default)
+# dequantises the page's keys and values once (BLK x D multiply-adds each, packed bf16 on CUDA) and
+# multiplies q by the keys, p by the values; "codes" feeds the codes to the MMAs and folds each
+# page's key scales into q (BLOCK_M x D multiplies per tile, plus the q . m row constant and per-row
+# p * scale for values). H100, 2026-11-26 (bench/results/kernels/, docs/benchmarks.md): dequant
+# with 128 rows 2.5x codes at 32K + 4096 (12.2 vs 30.5 ms, 1.13x SGLang BF16's prefix part),
+# 2.4x at 8K + 512; results agree to 5e-3 (keys / values rounded to bf16, as a BF16 cache holds them).
 CHANNEL_EXTEND_VARIANTS = ("codes", "dequant")
 CHANNEL_EXTEND_ENV = "OSCAR_CHANNEL_EXTEND"
-CHANNEL_EXTEND_DEFAULT = "codes"
+CHANNEL_EXTEND_DEFAULT = "dequant"
 
 
 def channel_extend_variant(extend_variant=None) -> str:
-    """The extend-prefix body: extend_variant if given, else OSCAR_CHANNEL_EXTEND ('codes')."""
+    """The extend-prefix body: extend_variant if given, else OSCAR_CHANNEL_EXTEND ('dequant')."""
     return _kernel_choice("extend_variant", extend_variant, CHANNEL_EXTEND_ENV, CHANNEL_EXTEND_VARIANTS,
                           CHANNEL_EXTEND_DEFAULT)
 
@@ -820,6 +823,11 @@ def channel_extend_variant(extend_variant=None) -> str:
 EXTEND_SPLIT_PROGRAMS_PER_SM = 2  # one 8-warp program per SM fits by registers; 2 evens the tail
 EXTEND_SPLIT_MIN_KEYS = 1024
 EXTEND_MAX_SPLITS = 32
+
+
+def extend_block_m(dequant: bool, head_dim: int) -> int:
+    """Default (token, query head) rows per extend program for the body and head size."""
+    return EXTEND_BLOCK_M_DEQUANT if dequant and head_dim <= 128 else EXTEND_BLOCK_M
 
 
 def extend_prefix_splits(programs: int, max_len_prefix, device) -> int:
@@ -853,9 +861,9 @@ def extend_prefix_attention_channel(
     num_warps=None, num_stages=2, extend_variant=None, max_len_prefix=None, num_splits=None,
 ):
     """See ops.extend_prefix_attention_channel; block_m / num_warps / num_stages are tuning knobs
-    (block_m is rounded up to >= 16 and >= the GQA group, as extend_prefix.py does; num_warps
-    default: 8 at head_dim 128, where 4 warps spill registers at sm_90 with 64 rows, else 4).
-    extend_variant: 'codes' / 'dequant' (None: OSCAR_CHANNEL_EXTEND, default 'codes').
+    (block_m default: extend_block_m; rounded up to >= 16 and >= the GQA group, as extend_prefix.py
+    does; num_warps default: 8 at head_dim 128, where 4 warps spill registers at sm_90 with 64
+    rows, else 4). extend_variant: 'codes' / 'dequant' (None: OSCAR_CHANNEL_EXTEND, default 'dequant').
     max_len_prefix: the batch's longest cached prefix (host int; None: unknown, no prefix split);
     num_splits: the prefix split count (None: extend_prefix_splits' choice)."""
     check_channel_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_bits, k_block, v_group)
@@ -868,7 +876,7 @@ def extend_prefix_attention_channel(
     o, lse = extend_outputs(q, qo_indptr, kv_indptr, v_codes, o, lse)
     if T == 0 or B == 0:
         return o, lse
-    bm = max(block_m or EXTEND_BLOCK_M, 16, triton.next_power_of_2(gqa))
+    bm = max(block_m or extend_block_m(dequant, D), 16, triton.next_power_of_2(gqa))
     num_mb = triton.cdiv(max(1, int(max_len_extend)) * gqa, bm)
     splits = (extend_prefix_splits(B * Hkv * num_mb, max_len_prefix, q.device) if num_splits is None
               else int(num_splits))
