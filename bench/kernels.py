@@ -673,12 +673,15 @@ def bench_extend(prefix, E, tune=False, skip=()):
 def time_channel_variant(cc, ref_kw, var_kw, copy_gbs):
     """A per-channel decode variant (launcher knobs var_kw) checked against the ref_kw launch's
     output on the same inputs (fresh closures read the same input copy), then timed in a CUDA
-    graph: ms, GB/s, % of copy bandwidth, relative error."""
+    graph: ms, GB/s, % of copy bandwidth, relative error. A variant that disagrees (>= 2e-2) is
+    not timed: ms None and `disagrees` (the run goes on; one such failure once cost a whole run)."""
     cc.fn(**ref_kw)()
     o_ref = cc.o.float().clone()
     cc.fn(**var_kw)()
     err = ((cc.o.float() - o_ref).norm() / o_ref.norm()).item()
-    assert err < 2e-2, f"per-channel decode {var_kw} and {ref_kw or 'the default'} disagree: rel. error {err:.1e}"
+    if not err < 2e-2:
+        log(f"  per-channel decode {var_kw} and {ref_kw or 'the default'} DISAGREE: rel. error {err:.1e}; not timed")
+        return dict(ms=None, gbs=None, pct_copy=None, rel_err=err, disagrees=True)
     tt = bench_graph(cc.fn(**var_kw), cc.copies)
     return dict(ms=tt, gbs=cc.bytes / tt / 1e6, pct_copy=100 * cc.bytes / tt / 1e6 / copy_gbs, rel_err=err)
 
@@ -709,7 +712,10 @@ def bench_channel_extend(prefix, E, formats, variants):
             if first is None:
                 first = o.clone()
             err = ((o - first).norm() / first.norm().clamp_min(1e-30)).item()
-            assert err < 2e-2, f"channel extend {v} and {variants[0]} disagree: rel. error {err:.1e}"
+            if not err < 2e-2:  # not timed; the run goes on (time_channel_variant's note)
+                log(f"  channel extend {name} {v} and {variants[0]} DISAGREE: rel. error {err:.1e}; not timed")
+                res[v] = dict(ms=None, tflops=None, rel_err_vs_first=err, disagrees=True)
+                continue
             t = bench(run)
             res[v] = dict(ms=t, tflops=flops / t / 1e9, rel_err_vs_first=err)
             log(f"  channel extend {name} {v} prefix={prefix} E={E}: {t:.2f} ms ({flops / t / 1e9:.0f} TFLOP/s), "
@@ -751,7 +757,7 @@ def main():
     ap.add_argument("--extend-only", action="store_true", help="only the extend-prefix check and timings "
                     "(no decode / store)")
     ap.add_argument("--tune-extend", action="store_true", help="also time a few extend_fast tile settings")
-    ap.add_argument("--channel-extend-variants", default="codes,dequant,dequant:128,codes+split,dequant+split",
+    ap.add_argument("--channel-extend-variants", default="codes,dequant,dequant:64,codes+split,dequant+split",
                     help="per-channel extend-prefix bodies (attend_channel.CHANNEL_EXTEND_VARIANTS, BODY or "
                     "BODY:ROWS for a block_m other than the launcher's, +split to let the launcher split the "
                     "prefix as served) timed for every --channel-formats format at every extend shape, same "
@@ -873,8 +879,9 @@ def main():
                 for v in values:
                     res = time_channel_variant(cc, ref_kw, {knob: v}, copy_gbs)
                     chan[name].setdefault(key, {})[v] = {**res, err_key: res.pop("rel_err")}
-                    log(f"  channel {name} {knob}={v} B={B} L={L}: {res['ms'] * 1e3:.1f} us "
-                        f"({res['pct_copy']:.0f}% of copy), {err_key} {chan[name][key][v][err_key]:.1e}")
+                    if res["ms"] is not None:
+                        log(f"  channel {name} {knob}={v} B={B} L={L}: {res['ms'] * 1e3:.1f} us "
+                            f"({res['pct_copy']:.0f}% of copy), {err_key} {chan[name][key][v][err_key]:.1e}")
             for knobs in channel_tune:
                 try:
                     tt = bench_graph(cc.fn(**knobs), cc.copies)
@@ -988,7 +995,10 @@ def main():
                 c = r["channel"][n]
                 for kind, res in (("3-bit", c.get("k3_variants") or {}), ("reads", c.get("code_reads") or {})):
                     md += [f"- `{n}` B={r['B']} L={r['L'] // 1024}K, {kind} `{v}`: {x['ms'] * 1e3:.1f} us "
-                           f"({x['pct_copy']:.0f}% of copy; main column {c['ms'] * 1e3:.1f} us)" for v, x in res.items()]
+                           f"({x['pct_copy']:.0f}% of copy; main column {c['ms'] * 1e3:.1f} us)" if x["ms"] is not None
+                           else f"- `{n}` B={r['B']} L={r['L'] // 1024}K, {kind} `{v}`: not timed, its output "
+                           f"differs from the reference body's by {x.get('rel_err_vs_default', x.get('rel_err_vs_packed')):.1e}"
+                           for v, x in res.items()]
     fi_rows = [r for r in rows if r.get("flashinfer_ms")]
     if fi_rows:  # the second BF16 baseline, same run
         md += ["", "| B | L | FlashInfer BF16 decode (best of CUDA-core / tensor-core) | FlashInfer GB/s | "
@@ -1021,6 +1031,7 @@ def main():
             md.append(f"\nPer-channel extend-prefix `{name}`, prefix {e['prefix'] // 1024}K + {e['E']}: "
                       + ", ".join(f"{v} {r['ms']:.2f} ms ({r['tflops']:.0f} TFLOP/s, "
                                   f"{e['sglang_prefix_ms'] / r['ms']:.2f}x SGLang BF16's prefix part)"
+                                  if r["ms"] is not None else f"{v} not timed (differs by {r['rel_err_vs_first']:.1e})"
                                   for v, r in res.items()) + ".")
     for e in ex:
         md.append(f"\nG=32 (same shape, 3 bits/element), prefix {e['prefix'] // 1024}K + {e['E']}: base "

@@ -178,7 +178,9 @@ def _facts(url: str) -> dict:
 
     from _serving_server import _get_json
 
-    info = _get_json(url + "/server_info", timeout=30)
+    # long timeout: a FlashInfer server JIT-compiles its prefill on SGLang's own start-up warm-up
+    # request, and /server_info waits on the busy scheduler (30 s was too short for fp8 + flashinfer)
+    info = _get_json(url + "/server_info", timeout=600)
     facts = server_facts(info, None)
     return {"max_running_requests": facts["max_running_requests"], "kv_tokens": facts["max_total_num_tokens"],
             "context_tokens": facts["context_tokens"], "server_kv_cache_dtype": facts["kv_cache_dtype"],
