@@ -92,13 +92,17 @@ def test_channel_extend_dequant_fewer_instructions_no_spills():
     """The per-channel extend-prefix's 'dequant' body (keys and values dequantised once per page
     tile) at a chunked prefill's shape (D=128, 3-bit keys, 8K new tokens over 24K): no register
     spills, MMAs in the body loop, and fewer SASS instructions per body tile than the 'codes'
-    body at the same rows and warps. Both are compiled here; no fixed count is assumed."""
+    body at the same rows and warps; and 'dequant' at its default rows (128, the launcher's since
+    it became the default) without spills either. All are compiled here; no fixed count is assumed."""
     codes = sm90.run("channel-extend", "--bits", "3", "--variant", "codes")
-    dequant = sm90.run("channel-extend", "--bits", "3", "--variant", "dequant")
-    assert not codes["dequant"] and dequant["dequant"], (codes, dequant)
+    dequant = sm90.run("channel-extend", "--bits", "3", "--variant", "dequant", "--block-m", str(codes["block_m"]))
+    default = sm90.run("channel-extend", "--bits", "3", "--variant", "dequant")
+    assert not codes["dequant"] and dequant["dequant"] and default["dequant"], (codes, dequant, default)
     assert (codes["block_m"], codes["num_warps"]) == (dequant["block_m"], dequant["num_warps"])
-    for r in (codes, dequant):
+    assert default["block_m"] == 2 * codes["block_m"] and default["num_warps"] == codes["num_warps"], default
+    for r in (codes, dequant, default):
         body = r["loops"][0]
         assert body["hmma"] + body["hgmma"] > 0 and 200 < body["instructions"] < 20000, r
-    assert dequant["spill_stores"] == 0 and dequant["spill_loads"] == 0 and dequant["stack"] == 0, dequant
+    for r in (dequant, default):
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, r
     assert dequant["loops"][0]["instructions"] < codes["loops"][0]["instructions"], (codes, dequant)
