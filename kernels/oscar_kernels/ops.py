@@ -269,10 +269,10 @@ def extend_prefix_attention_channel(
     Call it before storing the new tokens: the prefix's last W positions are read from the ring.
     extend_variant: 'dequant' (the page's keys and values dequantised once per tile; 2.5x faster on
     the H100) or 'codes' (MMAs on the codes, key scales folded into q); None = OSCAR_CHANNEL_EXTEND
-    (unset or empty: 'dequant'). Both give the same result up to rounding. max_len_prefix: the longest prefix of the
-    batch (host int, optional): when the grid is under a wave of the GPU, each prefix is split
-    into chunks walked by separate programs and merged by LSE (attend_channel.extend_prefix_splits;
-    None: never split); num_splits forces a split count.
+    (unset or empty: 'dequant'). Both give the same result up to rounding. max_len_prefix: the
+    longest prefix of the batch (host int, optional): when the grid is under a wave of the GPU,
+    each prefix is split into chunks walked by separate programs and merged by LSE
+    (attend_channel.extend_prefix_splits; None: never split); num_splits forces a split count.
     """
     args = dict(locals())  # before the import below adds a local
     from .triton import attend_channel as _ch

@@ -750,8 +750,9 @@ def decode_attention_channel(
     num_stages / maxnreg are tuning knobs (decode.py's meaning; maxnreg caps registers per
     thread: the one-warp body takes 245-255 at sm_90, 8 programs per SM, 168 would fit 12).
     k3_variant: 'packed' / 'planes' (3-bit keys; None: OSCAR_CHANNEL_DECODE_3BIT, default
-    'planes'; planes needs head_dim >= 128 and runs packed below). code_reads: 'bytes' / 'words' (None: OSCAR_CHANNEL_DECODE_READS, default
-    'bytes'; words reads value codes and 2-bit key codes as 16-bit words where the dim is >= 128)."""
+    'planes'; planes needs head_dim >= 128 and runs packed below). code_reads: 'bytes' / 'words'
+    (None: OSCAR_CHANNEL_DECODE_READS, default 'bytes'; words reads value codes and 2-bit key codes
+    as 16-bit words where the dim is >= 128)."""
     check_channel_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_bits, k_block, v_group)
     planes = (channel_3bit_variant(k3_variant) == "planes" and k_bits == 3
               and q.shape[-1] >= PLANES_MIN_DIM)
