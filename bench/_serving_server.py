@@ -101,6 +101,13 @@ CONFIGS: Dict[str, ServingConfig] = {
         "INT2 KV, oscar_triton",
         ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton"],
     ),
+    # int2 with the new tokens of a prefill chunk on SGLang's Triton extend kernel (the default
+    # until 2026-11-26; OSCAR_NEW_TOKEN_ATTENTION, now FlashInfer's ragged prefill by default)
+    "int2-triton-new-tokens": ServingConfig(
+        "int2-triton-new-tokens", "INT2 KV, oscar_triton, new tokens on SGLang's Triton extend",
+        ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton"],
+        {"OSCAR_NEW_TOKEN_ATTENTION": "triton"},
+    ),
     # int2 with SGLang's mixed chunked prefill (prefill chunks ride along decode steps)
     "int2-mixed-chunk": ServingConfig(
         "int2-mixed-chunk", "INT2 KV, oscar_triton, --enable-mixed-chunk",

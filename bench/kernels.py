@@ -670,6 +670,72 @@ def bench_extend(prefix, E, tune=False, skip=()):
     return r
 
 
+# batches of the new tokens' attention: one prefill chunk of 8K tokens as one request, four, sixteen
+NEW_TOKEN_BATCHES = ((8192,), (2048,) * 4, (512,) * 16, (4096,))
+
+
+def bench_new_tokens(lens):
+    """The new tokens' attention of an extend (runtime/new_tokens.py, causal, BF16, with the LSE the
+    prefix merge needs) on one batch of requests of `lens` new tokens: SGLang's Triton extend kernel
+    and FlashInfer's ragged prefill, their outputs checked against each other (LSEs both in natural
+    log), then timed (ms, median, L2 flushed). Also the LSE merge at this T: the PyTorch one the
+    backend used before vs ops.merge_attention_states (float32 prefix part + BF16 new part -> BF16)."""
+    from types import SimpleNamespace
+
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+
+    from oscar_sglang.runtime.new_tokens import FlashInferNewTokens, TritonNewTokens, workspace_bytes
+
+    T = sum(lens)
+    qo_cpu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int64)
+    qo = qo_cpu.to(DEV)
+    out = torch.randn(D, device=DEV) * (1 + 6 * (torch.rand(D, device=DEV) > 0.95))  # outlier channels
+    q = (torch.randn(T, HQ, D, device=DEV) * out).bfloat16()
+    k = (torch.randn(T, HKV, D, device=DEV) * out).bfloat16()
+    v = torch.randn(T, HKV, D, device=DEV).bfloat16()
+    layer = SimpleNamespace(scaling=D ** -0.5, logit_capping_method="tanh")
+    r = dict(lens=list(lens), T=T, flops=sum(2 * HQ * D * n * n for n in lens))
+    tri = TritonNewTokens(extend_attention_fwd, torch.zeros(len(lens) + 1, dtype=torch.int32, device=DEV))
+    tri.plan(qo, list(lens), max(lens))
+    o_t, l_t = tri.run(q, k, v, layer, 0.0, want_lse=True)
+    r["triton_ms"] = bench(lambda: tri.run(q, k, v, layer, 0.0, want_lse=True))
+    try:
+        fi = FlashInferNewTokens(device=DEV, num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D, v_head_dim=D,
+                                 dtype=torch.bfloat16, workspace_bytes=workspace_bytes())
+        fi.plan(qo, list(lens), max(lens))
+        o_f, l_f = fi.run(q, k, v, layer, 0.0, want_lse=True)
+        r["rel_err_vs_triton"] = ((o_f.float() - o_t).norm() / o_t.norm()).item()
+        r["lse_abs_err_vs_triton"] = (l_f * math.log(2.0) - l_t).abs().max().item()
+        r["flashinfer_ms"] = bench(lambda: fi.run(q, k, v, layer, 0.0, want_lse=True))
+    except Exception as e:  # no FlashInfer JIT here: report it, keep the Triton row
+        log(f"  new tokens {lens[0]}x{len(lens)}: FlashInfer failed: {type(e).__name__}: {str(e)[:300]}")
+        r["flashinfer_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    # the merge with a float32 prefix part
+    o_pre = torch.randn(T, HQ, D, device=DEV)
+    l_pre = torch.randn(T, HQ, device=DEV) * 4 + 8
+
+    def torch_merge():
+        lse = torch.logaddexp(l_pre, l_t)
+        wa = torch.exp(l_pre - lse).nan_to_num_(0.0).unsqueeze(-1)
+        wb = torch.exp(l_t - lse).nan_to_num_(0.0).unsqueeze(-1)
+        return (o_pre * wa + o_t.bfloat16() * wb).bfloat16()
+
+    r["merge_torch_ms"] = bench(torch_merge)
+    r["merge_kernel_ms"] = bench(lambda: ops.merge_attention_states(o_pre, l_pre, o_t.bfloat16(), l_t,
+                                                                    out_dtype=torch.bfloat16))
+    r["merge_rel_err"] = ((ops.merge_attention_states(o_pre, l_pre, o_t.bfloat16(), l_t, out_dtype=torch.bfloat16)
+                           .float() - torch_merge().float()).norm() / torch_merge().float().norm()).item()
+    fi_txt = (f"FlashInfer {r['flashinfer_ms']:.2f} ms ({r['flops'] / r['flashinfer_ms'] / 1e9:.0f} TFLOP/s, "
+              f"{r['triton_ms'] / r['flashinfer_ms']:.2f}x; vs Triton rel. error {r['rel_err_vs_triton']:.1e}, "
+              f"LSE {r['lse_abs_err_vs_triton']:.1e})" if "flashinfer_ms" in r else "FlashInfer failed")
+    log(f"new tokens {lens[0]}x{len(lens)}: Triton {r['triton_ms']:.2f} ms "
+        f"({r['flops'] / r['triton_ms'] / 1e9:.0f} TFLOP/s), {fi_txt}; merge torch {r['merge_torch_ms']:.3f} ms, "
+        f"kernel {r['merge_kernel_ms']:.3f} ms")
+    del q, k, v, o_t, l_t, o_pre, l_pre
+    torch.cuda.empty_cache()
+    return r
+
+
 def time_channel_variant(cc, ref_kw, var_kw, copy_gbs):
     """A per-channel decode variant (launcher knobs var_kw) checked against the ref_kw launch's
     output on the same inputs (fresh closures read the same input copy), then timed in a CUDA
@@ -756,6 +822,8 @@ def main():
     ap.add_argument("--skip-store-extend", action="store_true", help="decode only (no store / extend timings)")
     ap.add_argument("--extend-only", action="store_true", help="only the extend-prefix check and timings "
                     "(no decode / store)")
+    ap.add_argument("--new-tokens-only", action="store_true", help="only the new tokens' attention "
+                    "(SGLang Triton vs FlashInfer ragged prefill) and the LSE merge")
     ap.add_argument("--tune-extend", action="store_true", help="also time a few extend_fast tile settings")
     ap.add_argument("--channel-extend-variants", default="codes,dequant,dequant:64,codes+split,dequant+split",
                     help="per-channel extend-prefix bodies (attend_channel.CHANNEL_EXTEND_VARIANTS, BODY or "
@@ -768,6 +836,8 @@ def main():
     ap.add_argument("--flashinfer", action="store_true", help="also time FlashInfer's BF16 paged decode "
                     "(JIT-compiled on first use; best of its CUDA-core and tensor-core decode)")
     args = ap.parse_args()
+    if args.new_tokens_only:
+        args.extend_only = args.skip_store_extend = True
     t_start = time.time()
     dev_name = torch.cuda.get_device_name()
     log(f"device: {dev_name}, torch {torch.__version__}, triton {triton.__version__}")
@@ -939,6 +1009,8 @@ def main():
         if channel_formats and ext_variants:
             ex[-1]["channel"] = bench_channel_extend(prefix, E, channel_formats, ext_variants)
     raw["extend"] = ex
+    nt = [bench_new_tokens(lens) for lens in
+          (NEW_TOKEN_BATCHES if args.new_tokens_only or not args.skip_store_extend else ())]
 
     # acceptance (issue 2)
     acc = []
@@ -1037,6 +1109,15 @@ def main():
         md.append(f"\nG=32 (same shape, 3 bits/element), prefix {e['prefix'] // 1024}K + {e['E']}: base "
                   f"{e['base_g32_ms']:.2f} ms, fast {e['fast_g32_ms']:.2f} ms "
                   f"({e['flops'] / e['fast_g32_ms'] / 1e9:.0f} TFLOP/s, {e['base_g32_ms'] / e['fast_g32_ms']:.2f}x).")
+    if nt:
+        md += ["", "| new tokens' attention (causal, BF16, with LSE) | SGLang Triton extend | FlashInfer ragged "
+               "prefill | FlashInfer vs Triton | LSE merge: PyTorch | merge kernel |", "|---|---:|---:|---:|---:|---:|"]
+    for n in nt:
+        fi = (f"{n['flashinfer_ms']:.2f} ms, {n['flops'] / n['flashinfer_ms'] / 1e9:.0f} TFLOP/s | "
+              f"**{n['triton_ms'] / n['flashinfer_ms']:.2f}x**" if "flashinfer_ms" in n else "failed | -")
+        md.append(f"| {len(n['lens'])} x {n['lens'][0]} tokens | {n['triton_ms']:.2f} ms, "
+                  f"{n['flops'] / n['triton_ms'] / 1e9:.0f} TFLOP/s | {fi} | {n['merge_torch_ms']:.3f} ms "
+                  f"| {n['merge_kernel_ms']:.3f} ms |")
     if acc:
         md += ["", "Acceptance (issue 2), this run:", ""]
         md += [f"- {'PASS' if ok else 'FAIL'}: {name}" for name, ok in acc]
@@ -1047,7 +1128,7 @@ def main():
     doc = _results.document(
         f"synthetic: Hq={HQ}, Hkv={HKV}, D={D}, INT2 group {GROUP}, sink {SINK} + ring {WINDOW} BF16 keys",
         [{"part": "decode", **r} for r in raw["decode"]] + [{"part": "store", **s} for s in st]
-        + [{"part": "extend", **e} for e in ex], device=dev_name, copy_gbs=copy_gbs, tune=raw["tune"],
+        + [{"part": "extend", **e} for e in ex] + [{"part": "new_tokens", **n} for n in nt], device=dev_name, copy_gbs=copy_gbs, tune=raw["tune"],
         acceptance=acc, versions={"torch": torch.__version__, "triton": triton.__version__,
                                   "python": platform.python_version()})
     log(f"wrote {_results.write(args.json or _results.default_path('kernels'), doc)}")

@@ -182,9 +182,13 @@ def _facts(url: str) -> dict:
     # request, and /server_info waits on the busy scheduler (30 s was too short for fp8 + flashinfer)
     info = _get_json(url + "/server_info", timeout=600)
     facts = server_facts(info, None)
+    oscar = ((info or {}).get("internal_states") or [{}])[0] or {}
+    oscar = oscar.get("oscar_int2") or {}
     return {"max_running_requests": facts["max_running_requests"], "kv_tokens": facts["max_total_num_tokens"],
             "context_tokens": facts["context_tokens"], "server_kv_cache_dtype": facts["kv_cache_dtype"],
-            "server_attention_backend": facts["attention_backend"]}
+            "server_attention_backend": facts["attention_backend"],
+            # int2 only: the kernel of a prefill chunk's new tokens (runtime/new_tokens.py)
+            "new_token_attention": oscar.get("new_token_attention")}
 
 
 async def _pool(url: str, idle_timeout_s: float) -> dict:
@@ -382,6 +386,13 @@ def server_cmd(config: str, args, port: int) -> List[str]:
                           args.mem_fraction_static, list(args.server_arg))
 
 
+def uses_flashinfer(config) -> bool:
+    """Whether the server compiles FlashInfer kernels at start: SGLang's flashinfer backend, and
+    int2, whose prefill runs FlashInfer's ragged prefill unless OSCAR_NEW_TOKEN_ATTENTION=triton."""
+    kv, backend = kv_and_backend(config)
+    return backend == "flashinfer" or (kv == "int2" and config.env.get("OSCAR_NEW_TOKEN_ATTENTION") != "triton")
+
+
 def run_config(config: str, loads: List[str], args, table: Table, clock: Clock, port: int) -> None:
     """Start the configuration's server (or use its --url), measure, stop it."""
     extra = {"side_by_side": args.side_by_side}
@@ -390,7 +401,7 @@ def run_config(config: str, loads: List[str], args, table: Table, clock: Clock, 
                           {**extra, "server_started_by_bench": False})
     from _serving_server import ServerProcess, log_size, log_slice, parse_decode_log
 
-    startup = STARTUP_S + (FLASHINFER_JIT_S if kv_and_backend(CONFIGS[config])[1] == "flashinfer" else 0)
+    startup = STARTUP_S + (FLASHINFER_JIT_S if uses_flashinfer(CONFIGS[config]) else 0)
     first = min((estimate_s(ld) for ld in loads), default=0)
     if not clock.fits(startup + first):
         for ld in loads:

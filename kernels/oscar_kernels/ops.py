@@ -321,3 +321,26 @@ def store_kv_channel(
     from .triton import store_channel as _st
 
     return _st.store_kv_channel(**args)
+
+
+def merge_attention_states(
+    o_a: torch.Tensor,
+    lse_a: torch.Tensor,
+    o_b: torch.Tensor,
+    lse_b: torch.Tensor,
+    *,
+    lse_b_base2: bool = False,
+    out_dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Softmax-merge two partial attentions over disjoint keys (reference.merge_attention_states).
+
+    o_a, o_b [T, Hq, Dv] (any float dtypes), lse_a, lse_b [T, Hq] float32, natural log, except
+    lse_b in base 2 when lse_b_base2 (FlashInfer's LSEs). An LSE of -inf means no keys on that
+    side (weight 0; no keys on either side gives 0). Returns the merged output in out_dtype
+    (default o_a's) or written into out. One pass; no allocation besides the output.
+    """
+    from .triton import merge as _mg
+
+    return _mg.merge_attention_states(o_a, lse_a, o_b, lse_b, lse_b_base2=lse_b_base2,
+                                      out_dtype=out_dtype, out=out)

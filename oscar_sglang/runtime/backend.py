@@ -8,10 +8,11 @@ cached keys change:
            BF16 sink/ring copies), then one INT2-aware split-K decode over sink + INT2 + ring,
            then un-rotate the output by R_v^T. Graph-safe: no host sync, no data-dependent shape.
            The pool's KV format picks the ops: per-channel keys (pool.channel) or per-token groups.
-* extend:  new tokens attend to each other with SGLang's stock extend kernel in plain BF16
-           (skip_prefix, returns LSE); the cached prefix is read by the INT2-aware prefix kernel
-           (rotated q, LSE); the two are merged by LSE, then the new tokens are stored. Storing
-           after attention keeps the ring holding [P - W, P) for the prefix reader.
+* extend:  new tokens attend to each other in plain BF16 (runtime/new_tokens.py: FlashInfer's
+           ragged prefill by default, or SGLang's Triton extend kernel; LSE out); the cached
+           prefix is read by the INT2-aware prefix kernel (rotated q, LSE); one kernel merges
+           the two by LSE, then the new tokens are stored. Storing after attention keeps the
+           ring holding [P - W, P) for the prefix reader.
 
 Rotations are applied after RoPE (the backend sees post-RoPE q/k), and q.k is unchanged because
 R_k is orthogonal. Each TP rank holds only its KV heads' matrices (pool.k_rot / v_rot). Where the
@@ -30,6 +31,7 @@ from sglang.srt.layers.attention.triton_backend import TritonAttnBackend, logit_
 from oscar_kernels import ops
 
 from . import debug_tap
+from .new_tokens import FlashInferNewTokens, TritonNewTokens, workspace_bytes
 from .pool import OscarInt2KVPool
 
 BACKEND_NAME = "oscar_triton"
@@ -67,12 +69,36 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         # prefix length 0 for every request: the stock extend kernel then sees only new tokens
         self._zero_kv_indptr = torch.zeros_like(self.kv_indptr)
         self._prepare_rotations(getattr(model_runner, "dtype", torch.bfloat16))
+        self._new_tokens = self._make_new_token_attention(model_runner)
         if not _WARMED_UP["done"] and getattr(model_runner, "model", None) is not None:
             self.warm_up(model_runner.model, getattr(model_runner, "dtype", torch.bfloat16))
             _WARMED_UP["done"] = True
         self._token_rows = None
         self._token_seq_lens = None
         self._has_prefix = True
+
+    def _make_new_token_attention(self, model_runner):
+        """The kernel for attention among an extend's new tokens (OSCAR_NEW_TOKEN_ATTENTION)."""
+        from .config import load_config
+        from .state import RUNTIME_INFO
+
+        choice = load_config().new_token_attention
+        if choice == "triton":
+            impl = TritonNewTokens(self.extend_attention_fwd, self._zero_kv_indptr)
+        else:
+            impl = FlashInferNewTokens(
+                device=self.device,
+                num_qo_heads=self.num_head,      # this rank's heads (TritonAttnBackend's counts)
+                num_kv_heads=self.pool.head_num,
+                head_dim=self.pool.head_dim,
+                v_head_dim=self.pool.v_head_dim,
+                dtype=getattr(model_runner, "dtype", torch.bfloat16),
+                workspace_bytes=workspace_bytes(),
+            )
+        RUNTIME_INFO["new_token_attention"] = impl.name
+        logger.info("OSCAR INT2: an extend's new tokens attend with %s (OSCAR_NEW_TOKEN_ATTENTION)",
+                    "FlashInfer's ragged prefill" if impl.name == "flashinfer" else "SGLang's Triton extend kernel")
+        return impl
 
     # ------------------------------------------------------------------ metadata
     def init_forward_metadata(self, forward_batch):
@@ -102,6 +128,8 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         self._token_rows = torch.repeat_interleave(fb.req_pool_indices, lens, output_size=n)
         self._token_seq_lens = torch.repeat_interleave(fb.seq_lens, lens, output_size=n)
         self.pool.note_extend(fb.req_pool_indices, fb.extend_prefix_lens)
+        md = self.forward_metadata
+        self._new_tokens.plan(md.qo_indptr, getattr(fb, "extend_seq_lens_cpu", None), md.max_extend_len)
         cpu = fb.extend_prefix_lens_cpu
         self._has_prefix = True if cpu is None else any(int(x) > 0 for x in cpu)
         # the longest cached prefix, host-side: lets the per-channel prefix kernel split long
@@ -110,12 +138,13 @@ class OscarInt2TritonBackend(TritonAttnBackend):
 
     # ------------------------------------------------------------------ warm-up
     def warm_up(self, model, dtype: torch.dtype) -> None:
-        """Compile the prefill kernels of the cached-prefix path (the INT2 prefix kernel and
-        SGLang's extend kernel returning LSE) at start. SGLang's own start-up request has no
-        cached prefix, so they used to compile on the first prompt longer than one prefill chunk:
-        its TTFT on the H100 was 6.99 s fresh vs 1.90 s warm at 32K. Decode needs nothing here:
-        CUDA-graph capture compiles it. Runs forward_extend once, reading padding slot 0 / row 0
-        and storing nothing; a failure stops the start (better than failing a user's request)."""
+        """Compile the prefill kernels at start: the cached-prefix path (the INT2 prefix kernel,
+        the new tokens' kernel returning LSE, the merge) and the path without a prefix. SGLang's
+        own start-up request has no cached prefix, so the former used to compile on the first
+        prompt longer than one prefill chunk: its TTFT on the H100 was 6.99 s fresh vs 1.90 s warm
+        at 32K. Decode needs nothing here: CUDA-graph capture compiles it. Runs forward_extend
+        twice, reading padding slot 0 / row 0 and storing nothing; a failure stops the start
+        (better than failing a user's request)."""
         from .absorb import attention_modules
 
         layer = next((m.attn for m in attention_modules(model)
@@ -142,10 +171,20 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             q = torch.zeros(T, Hq * D, dtype=dtype, device=dev)
             k = torch.zeros(T, H * D, dtype=dtype, device=dev)
             v = torch.zeros(T, H * Dv, dtype=dtype, device=dev)
-            # the output is not checked: it reads whatever padding slot 0 / row 0 hold
-            self.forward_extend(q, k, v, layer, fb, save_kv_cache=False)
+            self._new_tokens.plan(md.qo_indptr, [T], T)
+            # the outputs are not checked: they read whatever padding slot 0 / row 0 hold
+            for has_prefix in (True, False):
+                self._has_prefix = has_prefix
+                self.forward_extend(q, k, v, layer, fb, save_kv_cache=False)
             if torch.device(dev).type == "cuda":
                 torch.cuda.synchronize()
+        except Exception as e:
+            raise RuntimeError(
+                f"OSCAR INT2: compiling the prefill kernels at start failed ({type(e).__name__}: "
+                f"{e}). With OSCAR_NEW_TOKEN_ATTENTION={self._new_tokens.name}: FlashInfer's JIT "
+                f"needs the CUDA toolkit headers (nvidia-cuda-cccl) and nvcc; or set "
+                f"OSCAR_NEW_TOKEN_ATTENTION=triton"
+            ) from e
         finally:
             self.forward_metadata, self._has_prefix, self._max_prefix = saved
         logger.info("OSCAR INT2: prefill kernels compiled at start (%.1f s)", time.perf_counter() - t0)
@@ -272,24 +311,12 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         v3 = v.reshape(-1, H, Dv).contiguous()
         T = q3.shape[0]
         cap = logit_capping_mod(layer.logit_capping_method, layer.logit_cap)
-        bs = fb.batch_size
-        zero_indptr = self._zero_kv_indptr[: bs + 1]
 
         if not self._has_prefix:
-            # nothing cached yet: exactly SGLang's BF16 path over the new tokens
-            o = q.new_empty((T, Hq, Dv))
-            self.extend_attention_fwd(
-                q3, k3, v3, o, k3, v3, md.qo_indptr, zero_indptr, md.kv_indices[:0], None, True,
-                None, md.max_extend_len, 1.0, 1.0, sm_scale=layer.scaling, logit_cap=cap,
-            )
+            # nothing cached yet: the new tokens' attention is the whole answer
+            o, _ = self._new_tokens.run(q3, k3, v3, layer, layer.logit_cap, want_lse=False)
         else:
-            o_new = torch.empty((T, Hq, Dv), dtype=torch.float32, device=q.device)
-            lse_new = torch.empty((T, Hq), dtype=torch.float32, device=q.device)
-            self.extend_attention_fwd(
-                q3, k3, v3, o_new, k3, v3, md.qo_indptr, zero_indptr, md.kv_indices[:0], None,
-                True, None, md.max_extend_len, 1.0, 1.0, sm_scale=layer.scaling, logit_cap=cap,
-                lse_extend=lse_new, skip_prefix=True,
-            )
+            o_new, lse_new = self._new_tokens.run(q3, k3, v3, layer, layer.logit_cap, want_lse=True)
             prefix = (ops.extend_prefix_attention_channel if self.pool.channel
                       else ops.extend_prefix_attention)
             # the channel kernel may split long prefixes: it needs the longest, host-side
@@ -303,7 +330,8 @@ class OscarInt2TritonBackend(TritonAttnBackend):
                 **split_hint,
             )
             o_pre = self._unrot_o(o_pre, layer.layer_id)
-            o = merge_by_lse(o_pre, lse_pre, o_new, lse_new).to(q.dtype)
+            o = ops.merge_attention_states(o_pre, lse_pre, o_new, lse_new,
+                                           lse_b_base2=self._new_tokens.lse_base2, out_dtype=q.dtype)
 
         if debug_tap.enabled(layer.layer_id):  # off unless OSCAR_DEBUG_TAP_DIR is set
             debug_tap.record_extend(self, layer, fb, q3, k3, v3, o)
@@ -311,10 +339,3 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             self._store(layer, fb, k3, v3, self._token_rows, self._token_seq_lens)
         return o.reshape(T, Hq * Dv)
 
-
-def merge_by_lse(o_a, lse_a, o_b, lse_b):
-    """Softmax-merge two partial attentions over disjoint keys; lse_a may be -inf (no keys)."""
-    lse = torch.logaddexp(lse_a, lse_b)
-    wa = torch.exp(lse_a - lse).nan_to_num_(0.0).unsqueeze(-1)
-    wb = torch.exp(lse_b - lse).nan_to_num_(0.0).unsqueeze(-1)
-    return o_a * wa + o_b * wb

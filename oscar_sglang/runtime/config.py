@@ -100,7 +100,15 @@ ENV_VARS: dict[str, tuple[str | None, str]] = {
         "faster on the H100, 3x the error of 'bytes' over 32K keys in one split). Read by the kernels "
         "(oscar_kernels/triton/attend_channel.py)",
     ),
+    "OSCAR_NEW_TOKEN_ATTENTION": (
+        None,
+        "attention among the new tokens of a prefill chunk (plain BF16): 'flashinfer' (default: "
+        "FlashInfer's ragged prefill, as SGLang's flashinfer backend; compiled by FlashInfer's "
+        "JIT at start where no prebuilt kernel exists) or 'triton' (SGLang's Triton extend "
+        "kernel)",
+    ),
 }
+NEW_TOKEN_ATTENTION = ("flashinfer", "triton")
 # values of OSCAR_CHANNEL_DECODE_3BIT / OSCAR_CHANNEL_EXTEND / OSCAR_CHANNEL_DECODE_READS
 # (attend_channel.CHANNEL_3BIT_VARIANTS / CHANNEL_EXTEND_VARIANTS / CHANNEL_CODE_READS; checked here
 # at start without importing the kernels)
@@ -136,6 +144,7 @@ class OscarConfig:
     side_buffer_fraction: float = DEFAULT_SIDE_BUFFER_FRACTION
     allow_model_mismatch: bool = False
     v_absorb: bool = True
+    new_token_attention: str = NEW_TOKEN_ATTENTION[0]
     sources: dict = field(default_factory=dict, compare=False)  # setting -> env var it came from
 
     @property
@@ -284,6 +293,14 @@ def load_config(env: Mapping[str, str] | None = None) -> OscarConfig:
                 raise OscarConfigError(f"{var}={val!r} must be 0 or 1")
             kw[key] = val.lower() in ("1", "true", "yes")
             sources[key] = var
+
+    val, var = _get(env, "OSCAR_NEW_TOKEN_ATTENTION")
+    if val is not None:
+        if val.strip().lower() not in NEW_TOKEN_ATTENTION:
+            raise OscarConfigError(f"{var} must be {' or '.join(repr(c) for c in NEW_TOKEN_ATTENTION)}, "
+                                   f"got {val!r}")
+        kw["new_token_attention"] = val.strip().lower()
+        sources["new_token_attention"] = var
 
     # the kernel switches: the kernels read them themselves; checked here so a bad value stops the start
     for name, choices in (("OSCAR_CHANNEL_DECODE_3BIT", CHANNEL_3BIT_VARIANTS),

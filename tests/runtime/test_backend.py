@@ -26,6 +26,8 @@ import torch
 from oscar_kernels import reference as ref
 from oscar_kernels.format import Int2Format
 
+from .fake_flashinfer import fake_flashinfer_new_tokens
+
 Hq, H, D, S, W = 4, 2, 64, 4, 8
 K_CLIP, V_CLIP = 0.9, 1.0
 
@@ -62,8 +64,10 @@ def _signed_perm(*lead):
     return out
 
 
-def _make(backend_cls, rows=4, slots=64, exact=False):
+def _make(backend_cls, rows=4, slots=64, exact=False, new_tokens="triton"):
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+
+    from oscar_sglang.runtime.new_tokens import TritonNewTokens
 
     from oscar_sglang.runtime.pool import OscarInt2KVPool, take_pending_rows
 
@@ -77,8 +81,8 @@ def _make(backend_cls, rows=4, slots=64, exact=False):
     b = backend_cls.__new__(backend_cls)  # the metadata half (ModelRunner) is SGLang's, tested on GPU
     b.pool, b.v_head_dim, b.max_kv_splits = pool, D, 4
     b._prepare_rotations(torch.bfloat16)
-    b.extend_attention_fwd = extend_attention_fwd
-    b._zero_kv_indptr = torch.zeros(rows + 1, dtype=torch.int32)
+    b._new_tokens = (TritonNewTokens(extend_attention_fwd, torch.zeros(rows + 1, dtype=torch.int32))
+                     if new_tokens == "triton" else fake_flashinfer_new_tokens(Hq, H, D, D))
     layer = SimpleNamespace(layer_id=0, tp_q_head_num=Hq, tp_k_head_num=H, qk_head_dim=D, v_head_dim=D,
                             scaling=1 / math.sqrt(D), logit_cap=0.0, logit_capping_method="tanh",
                             k_scale=None, v_scale=None, sliding_window_size=-1)
@@ -129,8 +133,11 @@ def _rot(x, R):  # x [n, H, D] -> rotated like the backend (fp32 GEMM, result in
     return torch.einsum("thd,hde->the", x.float(), R.expand(H, D, D) if R.dim() == 2 else R).to(x.dtype)
 
 
-def test_extend_chunks_radix_share_and_decode(backend_cls, seed):
-    b, pool, layer, Rk, Rv = _make(backend_cls, exact=True)
+# the new tokens' attention: SGLang's Triton kernel, and FlashInfer's ragged prefill (a CPU
+# stand-in with base-2 LSEs; the real one in tests/gpu)
+@pytest.mark.parametrize("new_tokens", ["triton", "flashinfer"])
+def test_extend_chunks_radix_share_and_decode(backend_cls, seed, new_tokens):
+    b, pool, layer, Rk, Rv = _make(backend_cls, exact=True, new_tokens=new_tokens)
     req_to_token = torch.zeros(4, 64, dtype=torch.int64)
     rowA, rowB = 1, 2
     LA, LB_new, share = 20, 7, 8
@@ -157,7 +164,7 @@ def test_extend_chunks_radix_share_and_decode(backend_cls, seed):
         rows = torch.tensor([r for r, *_ in reqs])
         fb = SimpleNamespace(
             batch_size=len(reqs), req_pool_indices=rows, seq_lens=pre + ext, extend_seq_lens=ext,
-            extend_prefix_lens=pre, extend_prefix_lens_cpu=pre.tolist(),
+            extend_prefix_lens=pre, extend_prefix_lens_cpu=pre.tolist(), extend_seq_lens_cpu=ext.tolist(),
             positions=torch.cat([torch.arange(s, e) for *_, s, e, _ in reqs]),
             out_cache_loc=torch.cat([req_to_token[r, s:e] for r, _, _, _, s, e, _ in reqs]),
         )
@@ -303,8 +310,8 @@ def test_no_v_rotation_when_the_weights_hold_it(backend_cls, seed):
 
 def test_warm_up_runs_the_cached_prefix_path_and_stores_nothing(backend_cls, monkeypatch, seed):
     """warm_up compiles what the first long prompt used to compile (the INT2 prefix kernel and
-    SGLang's extend kernel with LSE) by running forward_extend once on padding slot 0 / row 0,
-    with no store and the backend's per-forward state restored."""
+    the new tokens' kernel with LSE) and the path without a prefix, by running forward_extend
+    twice on padding slot 0 / row 0, with no store and the backend's per-forward state restored."""
     from oscar_kernels import ops
 
     from tests.runtime.test_absorb import Attn
@@ -315,13 +322,13 @@ def test_warm_up_runs_the_cached_prefix_path_and_stores_nothing(backend_cls, mon
     for name in ("scaling", "logit_cap", "logit_capping_method", "k_scale", "v_scale", "sliding_window_size"):
         setattr(model.layers[0].attn, name, getattr(layer, name))
     calls = []
-    real_prefix, real_ext = ops.extend_prefix_attention, b.extend_attention_fwd
+    real_prefix, real_ext = ops.extend_prefix_attention, b._new_tokens._fwd
     monkeypatch.setattr(ops, "extend_prefix_attention", lambda *a, **k: calls.append("prefix") or real_prefix(*a, **k))
-    b.extend_attention_fwd = lambda *a, **k: calls.append(("extend", k.get("skip_prefix"))) or real_ext(*a, **k)
+    b._new_tokens._fwd = lambda *a, **k: calls.append(("extend", k.get("skip_prefix"))) or real_ext(*a, **k)
     before = [t.clone() for t in (*pool.k_codes, *pool.v_codes, *pool.ring_k, *pool.sink_k)]
     b.forward_metadata, b._has_prefix = "sentinel", False
     b.warm_up(model, torch.bfloat16)
-    assert calls == [("extend", True), "prefix"]
+    assert calls == [("extend", True), "prefix", ("extend", None)]
     assert b.forward_metadata == "sentinel" and b._has_prefix is False
     after = (*pool.k_codes, *pool.v_codes, *pool.ring_k, *pool.sink_k)
     assert all(torch.equal(x, y) for x, y in zip(before, after))

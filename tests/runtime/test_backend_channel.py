@@ -26,6 +26,7 @@ import torch
 from oscar_kernels import reference as ref
 from oscar_kernels.format import KVFormat
 
+from .fake_flashinfer import fake_flashinfer_new_tokens
 from .test_backend import (  # noqa: F401
     Hq, H, D, _close, _decode_batch, _heavy, _reference, _rot, _signed_perm, backend_cls,
 )
@@ -34,8 +35,10 @@ B, S, W = 32, 4, 32
 FMT = KVFormat(D, k_bits=3, k_layout="channel", k_group=B, v_group=32, sink=S, window=W)
 
 
-def _make(backend_cls, rows=4, pages=8):
+def _make(backend_cls, rows=4, pages=8, new_tokens="triton"):
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+
+    from oscar_sglang.runtime.new_tokens import TritonNewTokens
 
     from oscar_sglang.runtime.kv_format import resolve
     from oscar_sglang.runtime.pool import OscarInt2KVPool, take_pending_rows
@@ -49,8 +52,8 @@ def _make(backend_cls, rows=4, pages=8):
     b = backend_cls.__new__(backend_cls)
     b.pool, b.v_head_dim, b.max_kv_splits = pool, D, 4
     b._prepare_rotations(torch.bfloat16)
-    b.extend_attention_fwd = extend_attention_fwd
-    b._zero_kv_indptr = torch.zeros(rows + 1, dtype=torch.int32)
+    b._new_tokens = (TritonNewTokens(extend_attention_fwd, torch.zeros(rows + 1, dtype=torch.int32))
+                     if new_tokens == "triton" else fake_flashinfer_new_tokens(Hq, H, D, D))
     layer = SimpleNamespace(layer_id=0, tp_q_head_num=Hq, tp_k_head_num=H, qk_head_dim=D, v_head_dim=D,
                             scaling=1 / math.sqrt(D), logit_cap=0.0, logit_capping_method="tanh",
                             k_scale=None, v_scale=None, sliding_window_size=-1)
@@ -63,8 +66,11 @@ def _seen(x_rot, which, kv_len, own, sink_start):
                                  sink_start=sink_start).double()
 
 
-@pytest.mark.parametrize("extend_body", [None, "codes"])  # OSCAR_CHANNEL_EXTEND: default (dequant), opt-in
-def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, seed, extend_body, monkeypatch):
+# OSCAR_CHANNEL_EXTEND: default (dequant), opt-in; the new tokens' attention: SGLang's Triton
+# kernel, FlashInfer's ragged prefill (a CPU stand-in with base-2 LSEs; the real one in tests/gpu)
+@pytest.mark.parametrize("extend_body,new_tokens", [(None, "triton"), ("codes", "triton"), (None, "flashinfer")])
+def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, seed, extend_body, new_tokens,
+                                                                  monkeypatch):
     from oscar_sglang.runtime.pool import note_new_rows
 
     if extend_body is None:
@@ -72,7 +78,7 @@ def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, 
     else:
         monkeypatch.setenv("OSCAR_CHANNEL_EXTEND", extend_body)
 
-    b, pool, layer, Rk, Rv = _make(backend_cls)
+    b, pool, layer, Rk, Rv = _make(backend_cls, new_tokens=new_tokens)
     assert pool.channel and pool.k_codes[0].shape[-1] == 3 * D // 8
     req_to_token = torch.zeros(4, 128, dtype=torch.int64)
     rowA, rowB = 1, 2
@@ -100,7 +106,7 @@ def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, 
         rows = torch.tensor([r for r, *_ in reqs])
         fb = SimpleNamespace(
             batch_size=len(reqs), req_pool_indices=rows, seq_lens=pre + ext, extend_seq_lens=ext,
-            extend_prefix_lens=pre, extend_prefix_lens_cpu=pre.tolist(),
+            extend_prefix_lens=pre, extend_prefix_lens_cpu=pre.tolist(), extend_seq_lens_cpu=ext.tolist(),
             positions=torch.cat([torch.arange(s, e) for *_, s, e, _ in reqs]),
             out_cache_loc=torch.cat([req_to_token[r, s:e] for r, _, _, _, s, e, _ in reqs]),
             forward_mode=SimpleNamespace(is_extend=lambda: True),

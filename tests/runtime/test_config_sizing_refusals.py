@@ -69,6 +69,7 @@ def test_our_names_and_fork_aliases(tmp_path):
         ({"OSCAR_CHANNEL_DECODE_3BIT": "fast"}, ["OSCAR_CHANNEL_DECODE_3BIT", "'packed' or 'planes'"]),
         ({"OSCAR_CHANNEL_EXTEND": "fast"}, ["OSCAR_CHANNEL_EXTEND", "'codes' or 'dequant'"]),
         ({"OSCAR_CHANNEL_DECODE_READS": "int16"}, ["OSCAR_CHANNEL_DECODE_READS", "'bytes' or 'words'"]),
+        ({"OSCAR_NEW_TOKEN_ATTENTION": "fa3"}, ["OSCAR_NEW_TOKEN_ATTENTION", "'flashinfer' or 'triton'"]),
     ],
 )
 def test_bad_env_is_refused_with_the_variable_name(env, words):
@@ -93,6 +94,12 @@ def test_channel_decode_switch_values_are_the_kernels():
                           (CHANNEL_READS_ENV, CHANNEL_CODE_READS)):
         for v in variants + ("",):
             C.load_config({env: v})
+
+
+def test_new_token_attention_defaults_to_flashinfer():
+    assert C.load_config({}).new_token_attention == "flashinfer"
+    cfg = C.load_config({"OSCAR_NEW_TOKEN_ATTENTION": "Triton"})
+    assert cfg.new_token_attention == "triton" and cfg.sources["new_token_attention"] == "OSCAR_NEW_TOKEN_ATTENTION"
 
 
 def test_env_help_lists_every_variable():
