@@ -112,3 +112,28 @@ def test_report_merges_parts_and_relabels_pre_fix_int2(tmp_path, seed):
     assert f"| int2 vs bf16-splits64 | {lat_new:.2f} ms vs {1.5 * lat_new:.2f} ms" in table
     assert f"| int2-splits8 vs bf16 | {12 / 10:.2f}x | no |" in table
     assert f"{int(cap_b * ratio) / cap_b:.2f}x" in table
+
+
+def test_a_started_server_is_ready_only_after_sglangs_own_start_up_request(tmp_path, monkeypatch):
+    """/server_info answers while SGLang's start-up request still runs; a measured request sent
+    then waits behind it (a "fresh" TTFT of 5.3 s instead of 2.0 s at 32K on the H100). The bench
+    waits for the line SGLang logs when that request is done (server status Up)."""
+    from types import SimpleNamespace
+
+    import _serving_server as ss
+
+    log = tmp_path / "server.log"
+    log.write_text("Uvicorn running on http://127.0.0.1:1\n")
+    srv = ss.ServerProcess(["sglang"], {}, log, 1)
+    srv.proc = SimpleNamespace(poll=lambda: None)
+    polls = []
+    monkeypatch.setattr(ss, "_get_json", lambda url, timeout=10.0: polls.append(url) or {})
+
+    def sleep(_):
+        if len(polls) == 3:  # SGLang finishes its start-up request after the third poll
+            log.write_text(log.read_text() + ss.READY_LINE + "\n")
+
+    monkeypatch.setattr(ss.time, "sleep", sleep)
+    srv.wait_ready(60)
+    assert len(polls) == 4 and all(u.endswith("/server_info") for u in polls)
+    assert srv.startup_s is not None
