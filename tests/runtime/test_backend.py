@@ -341,3 +341,24 @@ def test_pool_codes_are_head_major(backend_cls):
     for t in (pool.k_codes[0], pool.v_codes[0], pool.k_params[0], pool.v_params[0]):
         assert t.shape[1] == H and t.stride(0) * t.shape[0] == t.stride(1)
         assert t.transpose(0, 1).is_contiguous()
+
+
+def test_flashinfer_new_tokens_refuse_what_they_cannot_do(monkeypatch):
+    """Without FlashInfer the default says what to set instead; a layer whose logit cap is not
+    tanh is refused by name (FlashInfer's prefill caps with tanh only)."""
+    import sys
+
+    from oscar_sglang.runtime.new_tokens import FlashInferNewTokens, NewTokenAttentionError
+
+    from .fake_flashinfer import fake_flashinfer_new_tokens
+
+    monkeypatch.setitem(sys.modules, "flashinfer", None)  # import flashinfer -> ImportError
+    with pytest.raises(NewTokenAttentionError, match="OSCAR_NEW_TOKEN_ATTENTION=triton"):
+        FlashInferNewTokens(device="cpu", num_qo_heads=Hq, num_kv_heads=H, head_dim=D, v_head_dim=D,
+                            dtype=torch.float32, workspace_bytes=64)
+    nt = fake_flashinfer_new_tokens(Hq, H, D, D)
+    nt.plan(torch.tensor([0, 3]), [3], 3)
+    x = torch.randn(3, Hq, D)
+    layer = SimpleNamespace(scaling=0.1, logit_capping_method="gelu")
+    with pytest.raises(NotImplementedError, match="OSCAR_NEW_TOKEN_ATTENTION=triton"):
+        nt.run(x, x[:, :H], x[:, :H], layer, 30.0, want_lse=True)
