@@ -752,6 +752,39 @@ def time_channel_variant(cc, ref_kw, var_kw, copy_gbs):
     return dict(ms=tt, gbs=cc.bytes / tt / 1e6, pct_copy=100 * cc.bytes / tt / 1e6 / copy_gbs, rel_err=err)
 
 
+def prefix_flashinfer_run(c, fmt, q, E, prefix, o, lse):
+    """OSCAR_PREFIX_ATTENTION=flashinfer over case c's request 0 (runtime/prefix_flashinfer.py):
+    BF16 pieces of the prefix, FlashInfer's ragged prefill over each, LSE merges; writes o (float32)
+    and lse (natural log) as the INT2 prefix kernel does. Returns the per-layer call."""
+    from types import SimpleNamespace
+
+    from oscar_sglang.runtime.new_tokens import workspace_bytes
+    from oscar_sglang.runtime.prefix_flashinfer import FlashInferPrefix
+
+    fp = FlashInferPrefix(workspace=torch.empty(workspace_bytes(), dtype=torch.uint8, device=DEV),
+                          num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D, v_head_dim=D, dtype=torch.bfloat16,
+                          block=fmt.k_group)
+    fp.plan([E], [prefix], DEV)
+    kv = dict(k_codes=c.k_codes, k_params=c.k_params, v_codes=c.v_codes, v_params=c.v_params, sink_k=c.sink_k,
+              sink_v=c.sink_v, ring_k=c.ring_k, ring_v=c.ring_v, kv_indptr=c.indptr, kv_indices=c.indices[0],
+              req_rows=c.rows[0], own_start=c.own, sink_start=c.own, k_bits=fmt.k_bits, k_block=fmt.k_group,
+              v_group=fmt.v_group)
+    layer = SimpleNamespace(scaling=D ** -0.5)
+
+    def run():
+        acc = None
+        for o_p, l_p in fp.run(q, layer, kv, None):
+            if acc is None:
+                acc = (o_p, l_p, True)
+                continue
+            nl = torch.empty_like(l_p)
+            acc = (ops.merge_attention_states(acc[0], acc[1], o_p, l_p, lse_a_base2=acc[2], lse_b_base2=True,
+                                              out_dtype=torch.float32, lse_out=nl), nl, False)
+        o.copy_(acc[0])
+        lse.copy_(acc[1] * (math.log(2.0) if acc[2] else 1.0))
+    return run
+
+
 def bench_channel_extend(prefix, E, formats, variants):
     """Per-channel extend-prefix (ops.extend_prefix_attention_channel) on the served layouts
     (formats: {name: KVFormat}, page blocks, sink / ring of the format), one request, E new tokens over
@@ -768,12 +801,21 @@ def bench_channel_extend(prefix, E, formats, variants):
                   max_len_extend=E, o=o, lse=lse)
         res, first = {}, None
         for v in variants:  # "body[:ROWS][+split]" (the launcher's block_m knob; +split: the prefix
-            # length given, so the launcher may split the prefix, as the backend does)
-            spec, plus, _ = v.partition("+split")
-            body, _, rows = spec.partition(":")
-            extra = dict(extend_variant=body, **({"block_m": int(rows)} if rows else {}),
-                         **({"max_len_prefix": prefix} if plus else {}))
-            run = lambda: attend_channel.extend_prefix_attention_channel(*args, **kw, **extra)  # noqa: E731
+            # length given, so the launcher may split the prefix, as the backend does); "flashinfer":
+            # OSCAR_PREFIX_ATTENTION=flashinfer's pieces (planned once, outside the timing: per forward)
+            if v == "flashinfer":
+                try:
+                    run = prefix_flashinfer_run(c, fmt, q, E, prefix, o, lse)
+                except Exception as e:  # no FlashInfer JIT here: report it, go on
+                    log(f"  channel extend {name} flashinfer failed: {type(e).__name__}: {str(e)[:300]}")
+                    res[v] = dict(ms=None, tflops=None, error=f"{type(e).__name__}: {str(e)[:300]}")
+                    continue
+            else:
+                spec, plus, _ = v.partition("+split")
+                body, _, rows = spec.partition(":")
+                extra = dict(extend_variant=body, **({"block_m": int(rows)} if rows else {}),
+                             **({"max_len_prefix": prefix} if plus else {}))
+                run = lambda: attend_channel.extend_prefix_attention_channel(*args, **kw, **extra)  # noqa: E731
             run()
             if first is None:
                 first = o.clone()
@@ -824,11 +866,14 @@ def main():
                     "(no decode / store)")
     ap.add_argument("--new-tokens-only", action="store_true", help="only the new tokens' attention "
                     "(SGLang Triton vs FlashInfer ragged prefill) and the LSE merge")
+    ap.add_argument("--extend-shapes", default=",".join(f"{p}x{e}" for p, e in EXTEND_SHAPES),
+                    help="extend-prefix shapes, comma list of PREFIXxNEW (e.g. 131072x8192)")
     ap.add_argument("--tune-extend", action="store_true", help="also time a few extend_fast tile settings")
     ap.add_argument("--channel-extend-variants", default="codes,dequant,dequant:64,codes+split,dequant+split",
                     help="per-channel extend-prefix bodies (attend_channel.CHANNEL_EXTEND_VARIANTS, BODY or "
                     "BODY:ROWS for a block_m other than the launcher's, +split to let the launcher split the "
-                    "prefix as served) timed for every --channel-formats format at every extend shape, same "
+                    "prefix as served; 'flashinfer': OSCAR_PREFIX_ATTENTION=flashinfer's BF16 pieces through "
+                    "FlashInfer) timed for every --channel-formats format at every extend shape, same "
                     "run, each checked against the first ('' = none)")
     ap.add_argument("--fast-max-splits", default="", help="comma list: also time the fast kernel at these "
                     "max_kv_splits (BF16 splits + INT2 splits) for every shape")
@@ -1002,7 +1047,8 @@ def main():
     if not args.skip_store_extend:
         log("extend-prefix correctness (GPU, vs float64 reference):")
         wrong = [w for g in (128, 32) for w in check_extend(g)]
-    for prefix, E in () if args.skip_store_extend else EXTEND_SHAPES:
+    extend_shapes = [tuple(int(x) for x in sh.split("x")) for sh in args.extend_shapes.split(",") if sh]
+    for prefix, E in () if args.skip_store_extend else extend_shapes:
         ex.append(bench_extend(prefix, E, tune=args.tune_extend, skip=wrong))
         ex[-1]["fast_check_failed"] = "fast" in wrong
         ext_variants = [v for v in args.channel_extend_variants.split(",") if v]
@@ -1103,7 +1149,7 @@ def main():
             md.append(f"\nPer-channel extend-prefix `{name}`, prefix {e['prefix'] // 1024}K + {e['E']}: "
                       + ", ".join(f"{v} {r['ms']:.2f} ms ({r['tflops']:.0f} TFLOP/s, "
                                   f"{e['sglang_prefix_ms'] / r['ms']:.2f}x SGLang BF16's prefix part)"
-                                  if r["ms"] is not None else f"{v} not timed (differs by {r['rel_err_vs_first']:.1e})"
+                                  if r["ms"] is not None else f"{v} not timed ({r.get('error') or 'differs by %.1e' % r['rel_err_vs_first']})"
                                   for v, r in res.items()) + ".")
     for e in ex:
         md.append(f"\nG=32 (same shape, 3 bits/element), prefix {e['prefix'] // 1024}K + {e['E']}: base "
@@ -1128,7 +1174,8 @@ def main():
     doc = _results.document(
         f"synthetic: Hq={HQ}, Hkv={HKV}, D={D}, INT2 group {GROUP}, sink {SINK} + ring {WINDOW} BF16 keys",
         [{"part": "decode", **r} for r in raw["decode"]] + [{"part": "store", **s} for s in st]
-        + [{"part": "extend", **e} for e in ex] + [{"part": "new_tokens", **n} for n in nt], device=dev_name, copy_gbs=copy_gbs, tune=raw["tune"],
+        + [{"part": "extend", **e} for e in ex] + [{"part": "new_tokens", **n} for n in nt],
+        device=dev_name, copy_gbs=copy_gbs, tune=raw["tune"],
         acceptance=acc, versions={"torch": torch.__version__, "triton": triton.__version__,
                                   "python": platform.python_version()})
     log(f"wrote {_results.write(args.json or _results.default_path('kernels'), doc)}")

@@ -329,18 +329,62 @@ def merge_attention_states(
     o_b: torch.Tensor,
     lse_b: torch.Tensor,
     *,
+    lse_a_base2: bool = False,
     lse_b_base2: bool = False,
     out_dtype: torch.dtype | None = None,
     out: torch.Tensor | None = None,
+    lse_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Softmax-merge two partial attentions over disjoint keys (reference.merge_attention_states).
 
-    o_a, o_b [T, Hq, Dv] (any float dtypes), lse_a, lse_b [T, Hq] float32, natural log, except
-    lse_b in base 2 when lse_b_base2 (FlashInfer's LSEs). An LSE of -inf means no keys on that
-    side (weight 0; no keys on either side gives 0). Returns the merged output in out_dtype
-    (default o_a's) or written into out. One pass; no allocation besides the output.
+    o_a, o_b [T, Hq, Dv] (any float dtypes), lse_a, lse_b [T, Hq] float32, natural log, or base 2
+    where lse_a_base2 / lse_b_base2 (FlashInfer's LSEs). An LSE of -inf means no keys on that
+    side: weight 0, whatever that side's output holds (no keys on either side gives 0). Returns
+    the merged output in out_dtype (default o_a's) or written into out; lse_out (float32 [T, Hq],
+    optional) receives the merged LSE in natural log. One pass; no allocation besides the output.
     """
     from .triton import merge as _mg
 
-    return _mg.merge_attention_states(o_a, lse_a, o_b, lse_b, lse_b_base2=lse_b_base2,
-                                      out_dtype=out_dtype, out=out)
+    return _mg.merge_attention_states(o_a, lse_a, o_b, lse_b, lse_a_base2=lse_a_base2,
+                                      lse_b_base2=lse_b_base2, out_dtype=out_dtype, out=out,
+                                      lse_out=lse_out)
+
+
+def dequant_prefix_channel(
+    k_codes: torch.Tensor,
+    k_params: torch.Tensor,
+    v_codes: torch.Tensor,
+    v_params: torch.Tensor,
+    sink_k: torch.Tensor,
+    sink_v: torch.Tensor,
+    ring_k: torch.Tensor,
+    ring_v: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    req_rows: torch.Tensor,
+    own_start: torch.Tensor,
+    piece_lo: torch.Tensor,
+    out_indptr: torch.Tensor,
+    out_k: torch.Tensor,
+    out_v: torch.Tensor,
+    *,
+    k_bits: int,
+    k_block: int,
+    v_group: int,
+    max_piece_len: int,
+    sink_start: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the readers of a batch's cached prefixes see (per-channel keys), as BF16 rows.
+
+    Pool tensors, kv_indptr / kv_indices (the prefix of request b, position order), req_rows,
+    own_start, sink_start: as extend_prefix_attention_channel. A piece: request b's positions
+    [piece_lo[b], piece_lo[b] + n_b), n_b = out_indptr[b + 1] - out_indptr[b], piece_lo[b] a
+    multiple of k_block, written to rows out_indptr[b] .. of out_k [N, H, D] / out_v [N, H, Dv]
+    (bf16); max_piece_len >= every n_b (host int, sizes the grid). Each position comes from its
+    source (BF16 sink / ring copy, or the quantised body dequantised as the extend's 'dequant' body
+    does, in bf16 on CUDA). Returns (out_k, out_v).
+    """
+    args = dict(locals())  # before the import below adds a local
+    from .triton import dequant_channel as _dq
+
+    return _dq.dequant_prefix_channel(**args)

@@ -32,6 +32,7 @@ from oscar_kernels import ops
 
 from . import debug_tap
 from .new_tokens import FlashInferNewTokens, TritonNewTokens, workspace_bytes
+from .prefix_flashinfer import FlashInferPrefix
 from .pool import OscarInt2KVPool
 
 BACKEND_NAME = "oscar_triton"
@@ -70,6 +71,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         self._zero_kv_indptr = torch.zeros_like(self.kv_indptr)
         self._prepare_rotations(getattr(model_runner, "dtype", torch.bfloat16))
         self._new_tokens = self._make_new_token_attention(model_runner)
+        self._prefix_fi = self._make_prefix_attention(model_runner)
         if not _WARMED_UP["done"] and getattr(model_runner, "model", None) is not None:
             self.warm_up(model_runner.model, getattr(model_runner, "dtype", torch.bfloat16))
             _WARMED_UP["done"] = True
@@ -99,6 +101,28 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         logger.info("OSCAR INT2: an extend's new tokens attend with %s (OSCAR_NEW_TOKEN_ATTENTION)",
                     "FlashInfer's ragged prefill" if impl.name == "flashinfer" else "SGLang's Triton extend kernel")
         return impl
+
+    def _make_prefix_attention(self, model_runner):
+        """None (the INT2-aware prefix kernel) or FlashInferPrefix (OSCAR_PREFIX_ATTENTION)."""
+        from .config import load_config
+        from .state import RUNTIME_INFO
+
+        choice = load_config().prefix_attention
+        RUNTIME_INFO["prefix_attention"] = choice
+        if choice == "int2":
+            return None
+        if not self.pool.channel:
+            raise RuntimeError("OSCAR_PREFIX_ATTENTION=flashinfer reads per-channel key formats only; "
+                               "with OSCAR_KV_FORMAT=token leave OSCAR_PREFIX_ATTENTION unset (int2)")
+        ws = getattr(self._new_tokens, "_ws", None)
+        if ws is None:
+            ws = torch.empty(workspace_bytes(), dtype=torch.uint8, device=self.device)
+        logger.info("OSCAR INT2: a prefill chunk reads its cached prefix as BF16 pieces through "
+                    "FlashInfer's prefill (OSCAR_PREFIX_ATTENTION=flashinfer)")
+        return FlashInferPrefix(workspace=ws, num_qo_heads=self.num_head, num_kv_heads=self.pool.head_num,
+                                head_dim=self.pool.head_dim, v_head_dim=self.pool.v_head_dim,
+                                dtype=getattr(model_runner, "dtype", torch.bfloat16),
+                                block=self.pool.kv_format.k_group)
 
     # ------------------------------------------------------------------ metadata
     def init_forward_metadata(self, forward_batch):
@@ -132,6 +156,10 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         self._new_tokens.plan(md.qo_indptr, getattr(fb, "extend_seq_lens_cpu", None), md.max_extend_len)
         cpu = fb.extend_prefix_lens_cpu
         self._has_prefix = True if cpu is None else any(int(x) > 0 for x in cpu)
+        if getattr(self, "_prefix_fi", None) is not None and self._has_prefix:
+            ext = getattr(fb, "extend_seq_lens_cpu", None)
+            self._prefix_fi.plan(fb.extend_seq_lens.tolist() if ext is None else ext,
+                                 fb.extend_prefix_lens.tolist() if cpu is None else cpu, md.qo_indptr.device)
         # the longest cached prefix, host-side: lets the per-channel prefix kernel split long
         # prefixes when its grid is small (None: unknown, never split)
         self._max_prefix = None if cpu is None else max((int(x) for x in cpu), default=0)
@@ -172,6 +200,8 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             k = torch.zeros(T, H * D, dtype=dtype, device=dev)
             v = torch.zeros(T, H * Dv, dtype=dtype, device=dev)
             self._new_tokens.plan(md.qo_indptr, [T], T)
+            if getattr(self, "_prefix_fi", None) is not None:
+                self._prefix_fi.plan([T], [P], dev)
             # the outputs are not checked: they read whatever padding slot 0 / row 0 hold
             for has_prefix in (True, False):
                 self._has_prefix = has_prefix
@@ -179,11 +209,11 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             if torch.device(dev).type == "cuda":
                 torch.cuda.synchronize()
         except Exception as e:
+            hint = ("FlashInfer's JIT (OSCAR_NEW_TOKEN_ATTENTION=flashinfer, the default) needs nvcc "
+                    "and the CUDA headers (nvidia-cuda-cccl); OSCAR_NEW_TOKEN_ATTENTION=triton avoids it"
+                    if self._new_tokens.name == "flashinfer" else "the Triton kernels did not compile")
             raise RuntimeError(
-                f"OSCAR INT2: compiling the prefill kernels at start failed ({type(e).__name__}: "
-                f"{e}). With OSCAR_NEW_TOKEN_ATTENTION={self._new_tokens.name}: FlashInfer's JIT "
-                f"needs the CUDA toolkit headers (nvidia-cuda-cccl) and nvcc; or set "
-                f"OSCAR_NEW_TOKEN_ATTENTION=triton"
+                f"OSCAR INT2: compiling the prefill kernels at start failed ({type(e).__name__}: {e}); {hint}"
             ) from e
         finally:
             self.forward_metadata, self._has_prefix, self._max_prefix = saved
@@ -315,6 +345,8 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         if not self._has_prefix:
             # nothing cached yet: the new tokens' attention is the whole answer
             o, _ = self._new_tokens.run(q3, k3, v3, layer, layer.logit_cap, want_lse=False)
+        elif getattr(self, "_prefix_fi", None) is not None:
+            o = self._extend_prefix_flashinfer(q3, k3, v3, layer, fb)
         else:
             o_new, lse_new = self._new_tokens.run(q3, k3, v3, layer, layer.logit_cap, want_lse=True)
             prefix = (ops.extend_prefix_attention_channel if self.pool.channel
@@ -338,4 +370,24 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         if save_kv_cache:  # after attention: the prefix reader saw the previous chunk's ring
             self._store(layer, fb, k3, v3, self._token_rows, self._token_seq_lens)
         return o.reshape(T, Hq * Dv)
+
+    def _extend_prefix_flashinfer(self, q3, k3, v3, layer, fb):
+        """New tokens + the prefix as BF16 pieces through FlashInfer (OSCAR_PREFIX_ATTENTION),
+        merged piece by piece; the last merge writes the model's dtype."""
+        o, lse = self._new_tokens.run(q3, k3, v3, layer, layer.logit_cap, want_lse=True)
+        base2 = self._new_tokens.lse_base2
+        local = self.pool.local(layer.layer_id)
+        soft_cap = layer.logit_cap if layer.logit_cap and layer.logit_cap > 0 else None
+        pieces = self._prefix_fi.pieces
+        parts = self._prefix_fi.run(self._rot_q(q3, layer.layer_id), layer, self._cached_kv_args(layer, fb),
+                                    soft_cap)
+        for i, (o_p, lse_p) in enumerate(parts):
+            if self._v_unrot[local] is not None:
+                o_p = self._unrot_o(o_p, layer.layer_id)
+            last = i == len(pieces) - 1
+            lse_m = None if last else torch.empty_like(lse, dtype=torch.float32)
+            o = ops.merge_attention_states(o, lse, o_p, lse_p, lse_a_base2=base2, lse_b_base2=True,
+                                           out_dtype=q3.dtype if last else torch.float32, lse_out=lse_m)
+            lse, base2 = lse_m, False
+        return o
 

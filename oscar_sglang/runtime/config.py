@@ -107,8 +107,16 @@ ENV_VARS: dict[str, tuple[str | None, str]] = {
         "JIT at start where no prebuilt kernel exists) or 'triton' (SGLang's Triton extend "
         "kernel)",
     ),
+    "OSCAR_PREFIX_ATTENTION": (
+        None,
+        "how a prefill chunk reads its cached prefix (per-channel key formats): 'int2' (default: "
+        "the INT2-aware prefix kernel) or 'flashinfer' (opt-in, not yet measured through the "
+        "server: the prefix dequantised to BF16 a bounded piece at a time and read by "
+        "FlashInfer's prefill)",
+    ),
 }
 NEW_TOKEN_ATTENTION = ("flashinfer", "triton")
+PREFIX_ATTENTION = ("int2", "flashinfer")
 # values of OSCAR_CHANNEL_DECODE_3BIT / OSCAR_CHANNEL_EXTEND / OSCAR_CHANNEL_DECODE_READS
 # (attend_channel.CHANNEL_3BIT_VARIANTS / CHANNEL_EXTEND_VARIANTS / CHANNEL_CODE_READS; checked here
 # at start without importing the kernels)
@@ -145,6 +153,7 @@ class OscarConfig:
     allow_model_mismatch: bool = False
     v_absorb: bool = True
     new_token_attention: str = NEW_TOKEN_ATTENTION[0]
+    prefix_attention: str = PREFIX_ATTENTION[0]
     sources: dict = field(default_factory=dict, compare=False)  # setting -> env var it came from
 
     @property
@@ -294,13 +303,14 @@ def load_config(env: Mapping[str, str] | None = None) -> OscarConfig:
             kw[key] = val.lower() in ("1", "true", "yes")
             sources[key] = var
 
-    val, var = _get(env, "OSCAR_NEW_TOKEN_ATTENTION")
-    if val is not None:
-        if val.strip().lower() not in NEW_TOKEN_ATTENTION:
-            raise OscarConfigError(f"{var} must be {' or '.join(repr(c) for c in NEW_TOKEN_ATTENTION)}, "
-                                   f"got {val!r}")
-        kw["new_token_attention"] = val.strip().lower()
-        sources["new_token_attention"] = var
+    for key, name, choices in (("new_token_attention", "OSCAR_NEW_TOKEN_ATTENTION", NEW_TOKEN_ATTENTION),
+                               ("prefix_attention", "OSCAR_PREFIX_ATTENTION", PREFIX_ATTENTION)):
+        val, var = _get(env, name)
+        if val is not None:
+            if val.strip().lower() not in choices:
+                raise OscarConfigError(f"{var} must be {' or '.join(repr(c) for c in choices)}, got {val!r}")
+            kw[key] = val.strip().lower()
+            sources[key] = var
 
     # the kernel switches: the kernels read them themselves; checked here so a bad value stops the start
     for name, choices in (("OSCAR_CHANNEL_DECODE_3BIT", CHANNEL_3BIT_VARIANTS),

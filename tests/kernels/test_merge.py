@@ -12,10 +12,13 @@ import torch
 from oscar_kernels import ops
 from oscar_kernels import reference as ref
 
+from .pool_case import DEV
+
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 def _case(T, Hq, Dv, empty_rows=()):
+    """On the kernels' device (CUDA where present, else the interpreter's CPU)."""
     o_a = torch.randn(T, Hq, Dv) * (1 + 9 * (torch.rand(Dv) > 0.95))  # outlier channels
     o_b = torch.randn(T, Hq, Dv)
     lse_a = torch.randn(T, Hq) * 8 + 10
@@ -23,7 +26,7 @@ def _case(T, Hq, Dv, empty_rows=()):
     for t in empty_rows:
         o_a[t] = 0.0
         lse_a[t] = float("-inf")
-    return o_a, lse_a, o_b, lse_b
+    return tuple(x.to(DEV) for x in (o_a, lse_a, o_b, lse_b))
 
 
 @pytest.mark.parametrize("Dv", [128, 64, 96])
@@ -53,9 +56,30 @@ def test_merge_with_a_base2_lse_and_bf16_operands(seed):
 def test_merge_of_two_empty_sides_is_zero_and_bad_shapes_are_refused(seed):
     o_a, lse_a, o_b, lse_b = _case(4, 2, 64, empty_rows=(1,))
     lse_b[1] = float("-inf")
-    out = torch.full((4, 2, 64), float("nan"))
+    out = torch.full((4, 2, 64), float("nan"), device=DEV)
     got = ops.merge_attention_states(o_a, lse_a, o_b, lse_b, out=out)
-    assert got is out and torch.equal(got[1], torch.zeros(2, 64))
+    assert got is out and torch.equal(got[1].cpu(), torch.zeros(2, 64))
     assert torch.isfinite(got).all()
     with pytest.raises(ValueError, match="shapes do not match"):
         ops.merge_attention_states(o_a, lse_a, o_b[:3], lse_b)
+
+
+def test_merge_chains_pieces_through_its_lse_output_and_ignores_empty_sides(seed):
+    """Three partial attentions merged two at a time through lse_out (base-2 inputs, as FlashInfer
+    gives them) equal the float64 merge of all three; a side with LSE -inf contributes nothing even
+    when its output is NaN (FlashInfer over an empty key range)."""
+    o1, l1, o2, l2 = _case(23, 4, 64, empty_rows=(2,))
+    o3 = torch.randn(23, 4, 64, device=DEV)
+    l3 = torch.randn(23, 4, device=DEV) * 8 + 6
+    o3[4] = float("nan")
+    l3[4] = float("-inf")
+    w12, lw12 = ref.merge_attention_states(o1.double(), l1.double(), o2.double(), l2.double())
+    o3_ref = torch.where(torch.isnan(o3), 0.0, o3).double()
+    want, want_l = ref.merge_attention_states(w12, lw12, o3_ref, l3.double())
+    ln2 = math.log(2.0)
+    l12 = torch.empty(23, 4, device=DEV)
+    m12 = ops.merge_attention_states(o1, l1 / ln2, o2, l2, lse_a_base2=True, lse_out=l12)
+    assert torch.allclose(l12.double(), lw12, atol=1e-4)
+    got = ops.merge_attention_states(m12, l12, o3, l3 / ln2, lse_b_base2=True)
+    assert torch.isfinite(got).all()
+    assert torch.allclose(got.double(), want, rtol=1e-4, atol=1e-4)

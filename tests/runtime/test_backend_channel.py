@@ -26,7 +26,7 @@ import torch
 from oscar_kernels import reference as ref
 from oscar_kernels.format import KVFormat
 
-from .fake_flashinfer import fake_flashinfer_new_tokens
+from .fake_flashinfer import fake_flashinfer_new_tokens, fake_flashinfer_prefix
 from .test_backend import (  # noqa: F401
     Hq, H, D, _close, _decode_batch, _heavy, _reference, _rot, _signed_perm, backend_cls,
 )
@@ -35,7 +35,7 @@ B, S, W = 32, 4, 32
 FMT = KVFormat(D, k_bits=3, k_layout="channel", k_group=B, v_group=32, sink=S, window=W)
 
 
-def _make(backend_cls, rows=4, pages=8, new_tokens="triton"):
+def _make(backend_cls, rows=4, pages=8, new_tokens="triton", prefix="int2"):
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
     from oscar_sglang.runtime.new_tokens import TritonNewTokens
@@ -54,6 +54,8 @@ def _make(backend_cls, rows=4, pages=8, new_tokens="triton"):
     b._prepare_rotations(torch.bfloat16)
     b._new_tokens = (TritonNewTokens(extend_attention_fwd, torch.zeros(rows + 1, dtype=torch.int32))
                      if new_tokens == "triton" else fake_flashinfer_new_tokens(Hq, H, D, D))
+    # OSCAR_PREFIX_ATTENTION=flashinfer: pieces of at most 64 rows, so prefixes span several
+    b._prefix_fi = None if prefix == "int2" else fake_flashinfer_prefix(Hq, H, D, D, B, max_rows=64)
     layer = SimpleNamespace(layer_id=0, tp_q_head_num=Hq, tp_k_head_num=H, qk_head_dim=D, v_head_dim=D,
                             scaling=1 / math.sqrt(D), logit_cap=0.0, logit_capping_method="tanh",
                             k_scale=None, v_scale=None, sliding_window_size=-1)
@@ -68,9 +70,12 @@ def _seen(x_rot, which, kv_len, own, sink_start):
 
 # OSCAR_CHANNEL_EXTEND: default (dequant), opt-in; the new tokens' attention: SGLang's Triton
 # kernel, FlashInfer's ragged prefill (a CPU stand-in with base-2 LSEs; the real one in tests/gpu)
-@pytest.mark.parametrize("extend_body,new_tokens", [(None, "triton"), ("codes", "triton"), (None, "flashinfer")])
+# OSCAR_PREFIX_ATTENTION=flashinfer: the prefix as BF16 pieces through the stand-in, several pieces a call
+@pytest.mark.parametrize("extend_body,new_tokens,prefix", [(None, "triton", "int2"), ("codes", "triton", "int2"),
+                                                           (None, "flashinfer", "int2"),
+                                                           (None, "flashinfer", "flashinfer")])
 def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, seed, extend_body, new_tokens,
-                                                                  monkeypatch):
+                                                                  prefix, monkeypatch):
     from oscar_sglang.runtime.pool import note_new_rows
 
     if extend_body is None:
@@ -78,7 +83,7 @@ def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, 
     else:
         monkeypatch.setenv("OSCAR_CHANNEL_EXTEND", extend_body)
 
-    b, pool, layer, Rk, Rv = _make(backend_cls, new_tokens=new_tokens)
+    b, pool, layer, Rk, Rv = _make(backend_cls, new_tokens=new_tokens, prefix=prefix)
     assert pool.channel and pool.k_codes[0].shape[-1] == 3 * D // 8
     req_to_token = torch.zeros(4, 128, dtype=torch.int64)
     rowA, rowB = 1, 2
@@ -194,3 +199,15 @@ def test_channel_pool_refuses_a_page_size_that_is_not_the_block(backend_cls):
     fmt = resolve(FMT.name, head_dim=D, v_head_dim=D, num_layers=1, group_size=128)
     with pytest.raises(ValueError, match="needs --page-size 32"):
         OscarInt2KVPool(128, 16, H, D, D, 1, "cpu", req_rows=2, kv_format=fmt, k_clip=[1.0], v_clip=[1.0])
+
+
+def test_prefix_pieces_cover_every_prefix_in_bounded_block_aligned_pieces():
+    from oscar_sglang.runtime.prefix_flashinfer import plan_pieces
+
+    for lens, block, max_rows in (([0, 130, 64, 1000], 64, 256), ([5000], 32, 1024), ([3] * 40, 64, 256)):
+        pieces = plan_pieces(lens, block, max_rows)
+        assert [sum(n[b] for _, n in pieces) for b in range(len(lens))] == lens
+        for lo, n in pieces:
+            assert lo % block == 0 and all(0 <= x <= max(block, max_rows) for x in n)
+            assert sum(n) <= max(max_rows, block * sum(1 for x in lens if x))
+    assert plan_pieces([0, 0], 64) == []

@@ -70,6 +70,7 @@ def test_our_names_and_fork_aliases(tmp_path):
         ({"OSCAR_CHANNEL_EXTEND": "fast"}, ["OSCAR_CHANNEL_EXTEND", "'codes' or 'dequant'"]),
         ({"OSCAR_CHANNEL_DECODE_READS": "int16"}, ["OSCAR_CHANNEL_DECODE_READS", "'bytes' or 'words'"]),
         ({"OSCAR_NEW_TOKEN_ATTENTION": "fa3"}, ["OSCAR_NEW_TOKEN_ATTENTION", "'flashinfer' or 'triton'"]),
+        ({"OSCAR_PREFIX_ATTENTION": "bf16"}, ["OSCAR_PREFIX_ATTENTION", "'int2' or 'flashinfer'"]),
     ],
 )
 def test_bad_env_is_refused_with_the_variable_name(env, words):
