@@ -108,6 +108,13 @@ CONFIGS: Dict[str, ServingConfig] = {
         ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton"],
         {"OSCAR_NEW_TOKEN_ATTENTION": "triton"},
     ),
+    # int2 reading the cached prefix as BF16 pieces through FlashInfer (OSCAR_PREFIX_ATTENTION,
+    # opt-in; 3.9-4.3x the INT2 prefix kernel in bench/kernels.py, not yet measured here)
+    "int2-prefix-flashinfer": ServingConfig(
+        "int2-prefix-flashinfer", "INT2 KV, oscar_triton, prefix as BF16 pieces through FlashInfer",
+        ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton"],
+        {"OSCAR_PREFIX_ATTENTION": "flashinfer"},
+    ),
     # int2 with SGLang's mixed chunked prefill (prefill chunks ride along decode steps)
     "int2-mixed-chunk": ServingConfig(
         "int2-mixed-chunk", "INT2 KV, oscar_triton, --enable-mixed-chunk",

@@ -188,7 +188,8 @@ def _facts(url: str) -> dict:
             "context_tokens": facts["context_tokens"], "server_kv_cache_dtype": facts["kv_cache_dtype"],
             "server_attention_backend": facts["attention_backend"],
             # int2 only: the kernel of a prefill chunk's new tokens (runtime/new_tokens.py)
-            "new_token_attention": oscar.get("new_token_attention")}
+            "new_token_attention": oscar.get("new_token_attention"),
+            "prefix_attention": oscar.get("prefix_attention")}
 
 
 async def _pool(url: str, idle_timeout_s: float) -> dict:

@@ -51,7 +51,11 @@ class FlashInferPrefix:
                  v_head_dim: int, dtype: torch.dtype, block: int, wrapper_cls=None,
                  max_rows: int = MAX_PIECE_ROWS):
         if wrapper_cls is None:
-            from flashinfer import BatchPrefillWithRaggedKVCacheWrapper as wrapper_cls
+            try:
+                from flashinfer import BatchPrefillWithRaggedKVCacheWrapper as wrapper_cls
+            except Exception as e:  # noqa: BLE001 - any import failure means the same to the user
+                raise RuntimeError(f"OSCAR_PREFIX_ATTENTION=flashinfer needs FlashInfer (SGLang's "
+                                   f"flashinfer-python), which did not import: {e}; unset it") from e
         self._cls, self._ws = wrapper_cls, workspace
         self._wrappers: list = []   # reused across forwards: plan() re-plans them
         self._heads = (int(num_qo_heads), int(num_kv_heads), int(head_dim), int(v_head_dim))
