@@ -182,14 +182,10 @@ def _facts(url: str) -> dict:
     # request, and /server_info waits on the busy scheduler (30 s was too short for fp8 + flashinfer)
     info = _get_json(url + "/server_info", timeout=600)
     facts = server_facts(info, None)
-    oscar = ((info or {}).get("internal_states") or [{}])[0] or {}
-    oscar = oscar.get("oscar_int2") or {}
     return {"max_running_requests": facts["max_running_requests"], "kv_tokens": facts["max_total_num_tokens"],
             "context_tokens": facts["context_tokens"], "server_kv_cache_dtype": facts["kv_cache_dtype"],
             "server_attention_backend": facts["attention_backend"],
-            # int2 only: the kernel of a prefill chunk's new tokens (runtime/new_tokens.py)
-            "new_token_attention": oscar.get("new_token_attention"),
-            "prefix_attention": oscar.get("prefix_attention")}
+            "new_token_attention": facts["new_token_attention"], "prefix_attention": facts["prefix_attention"]}
 
 
 async def _pool(url: str, idle_timeout_s: float) -> dict:

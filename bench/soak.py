@@ -329,7 +329,10 @@ def server_facts(info: dict | None, models: dict | None) -> dict:
             "max_total_num_tokens": info.get("max_total_num_tokens") or oscar.get("max_total_num_tokens"),
             "kv_cache_dtype": info.get("kv_cache_dtype"), "attention_backend": info.get("attention_backend"),
             "radix_cache": (not info["disable_radix_cache"]) if "disable_radix_cache" in info else None,
-            "model": model}
+            "model": model,
+            # int2 only: the kernels of a prefill chunk's new tokens and cached prefix
+            "new_token_attention": oscar.get("new_token_attention"),
+            "prefix_attention": oscar.get("prefix_attention")}
 
 
 async def pool_snapshot(session, root: str) -> dict:

@@ -114,7 +114,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         if not self.pool.channel:
             raise RuntimeError("OSCAR_PREFIX_ATTENTION=flashinfer reads per-channel key formats only; "
                                "with OSCAR_KV_FORMAT=token leave OSCAR_PREFIX_ATTENTION unset (int2)")
-        ws = getattr(self._new_tokens, "_ws", None)
+        ws = getattr(self._new_tokens, "workspace", None)  # one FlashInfer workspace serves both
         if ws is None:
             ws = torch.empty(workspace_bytes(), dtype=torch.uint8, device=self.device)
         logger.info("OSCAR INT2: a prefill chunk reads its cached prefix as BF16 pieces through "

@@ -16,6 +16,7 @@ FlashInfer's kernel is 2.5-3.0x the Triton one, and int2 serves 64 x (8K + 512) 
 from __future__ import annotations
 
 import torch
+from sglang.srt.layers.attention.triton_backend import logit_capping_mod
 
 LSE_NATURAL, LSE_BASE2 = False, True
 
@@ -33,6 +34,7 @@ class TritonNewTokens:
     def __init__(self, extend_attention_fwd, zero_kv_indptr: torch.Tensor):
         self._fwd = extend_attention_fwd
         self._zero = zero_kv_indptr
+        self._no_indices = zero_kv_indptr[:0].long()  # no cached keys: an empty kv_indices
         self._qo_indptr = None
         self._max_len = 0
 
@@ -41,11 +43,9 @@ class TritonNewTokens:
 
     def run(self, q3, k3, v3, layer, cap: float, want_lse: bool):
         """-> (o [T, Hq, Dv], lse [T, Hq] natural log or None). With want_lse, o is float32."""
-        from sglang.srt.layers.attention.triton_backend import logit_capping_mod
-
         T, Hq, Dv = q3.shape[0], q3.shape[1], v3.shape[-1]
         zero = self._zero[: self._qo_indptr.shape[0]]
-        empty = zero[:0].long()
+        empty = self._no_indices
         capm = logit_capping_mod(layer.logit_capping_method, cap)
         if not want_lse:
             o = q3.new_empty((T, Hq, Dv))
@@ -77,8 +77,9 @@ class FlashInferNewTokens:
                     f"SGLang installs (flashinfer-python), but it did not import: {e}. Reinstall "
                     f"SGLang's dependencies, or set OSCAR_NEW_TOKEN_ATTENTION=triton"
                 ) from e
-        self._ws = torch.empty(int(workspace_bytes), dtype=torch.uint8, device=device)
-        self._wrapper = wrapper_cls(self._ws, "NHD")
+        # FlashInfer's float workspace; OSCAR_PREFIX_ATTENTION=flashinfer's wrappers share it
+        self.workspace = torch.empty(int(workspace_bytes), dtype=torch.uint8, device=device)
+        self._wrapper = wrapper_cls(self.workspace, "NHD")
         self._heads = (int(num_qo_heads), int(num_kv_heads), int(head_dim), int(v_head_dim))
         self._dtype = dtype
 
