@@ -103,6 +103,21 @@ def test_new_token_attention_defaults_to_flashinfer():
     assert cfg.new_token_attention == "triton" and cfg.sources["new_token_attention"] == "OSCAR_NEW_TOKEN_ATTENTION"
 
 
+def test_prefix_attention_defaults_to_flashinfer_for_per_channel_formats():
+    cfg = C.load_config({})
+    assert cfg.prefix_attention is None and "prefix_attention" not in cfg.sources
+    assert cfg.resolved_prefix_attention(channel=True) == "flashinfer"
+    assert cfg.resolved_prefix_attention(channel=False) == "int2"  # the per-token recipe has one kernel
+    # a server told to avoid FlashInfer for the new tokens does not get it for the prefix either
+    assert C.load_config({"OSCAR_NEW_TOKEN_ATTENTION": "triton"}).resolved_prefix_attention(channel=True) == "int2"
+    for val, want in (("int2", "int2"), (" FlashInfer ", "flashinfer")):
+        cfg = C.load_config({"OSCAR_PREFIX_ATTENTION": val})
+        assert cfg.resolved_prefix_attention(channel=True) == want
+        assert cfg.sources["prefix_attention"] == "OSCAR_PREFIX_ATTENTION"
+    # an explicit choice is kept, also where it cannot run (the backend refuses it at start)
+    assert C.load_config({"OSCAR_PREFIX_ATTENTION": "flashinfer"}).resolved_prefix_attention(channel=False) == "flashinfer"
+
+
 def test_env_help_lists_every_variable():
     text = C.env_help()
     for name, (alias, _) in C.ENV_VARS.items():
