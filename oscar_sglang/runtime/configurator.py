@@ -2,7 +2,8 @@
 
 * Int2PoolConfigurator replaces SGLang's DefaultPoolConfigurator for kv_cache_dtype "int2":
   INT2 bytes per token, minus the fixed BF16 side buffers (sizing.plan_pool), and it caps
-  max_running_requests to the rows the side buffers were sized for.
+  max_running_requests to the rows the side buffers were sized for; the decode CUDA graphs then
+  cover those rows (cover_rows_with_decode_graphs).
 * build_pool() replaces SGLang's MHA pool: loads the rotations for this rank (common/rotations.py),
   checks the model, builds OscarInt2KVPool and logs what was loaded.
 
@@ -11,6 +12,7 @@ server-info and metrics hooks.
 """
 from __future__ import annotations
 
+import copy
 import logging
 from pathlib import Path
 
@@ -94,6 +96,7 @@ class Int2PoolConfigurator(DefaultPoolConfigurator):
         self._oscar_cfg: OscarConfig = serving_config()
         self._fmt = for_model(self._oscar_cfg, kvc.model_config)
         self._shape = kv_shape(kvc)
+        self._server_args = getattr(kvc, "server_args", None)
         super().__init__(kvc)
 
     def _compute_cell_size(self, kvc, num_layers: int) -> int:
@@ -131,7 +134,41 @@ class Int2PoolConfigurator(DefaultPoolConfigurator):
             config.max_running_requests = min(config.max_running_requests, plan.max_running_requests)
         elif plan is not None:
             config.max_running_requests = plan.max_running_requests
+        if self._server_args is not None and config.max_running_requests is not None:
+            cover_rows_with_decode_graphs(self._server_args, int(config.max_running_requests))
         return config
+
+
+def cover_rows_with_decode_graphs(server_args, rows: int) -> bool:
+    """Extend the decode CUDA-graph batch sizes up to `rows` running requests, unless the user chose
+    them (--cuda-graph-max-bs / --cuda-graph-bs / --cuda-graph-config). SGLang's default stops at
+    256 on an H100, sized for BF16 / FP8 concurrency; int2 runs ~640 requests at once on
+    Llama-3.1-8B, and a batch above the largest graph decodes eagerly: on the H100 at 512 rows the
+    GPU was busy 60% of each eager decode step (docs/benchmarks.md). Larger graphs cost start-up
+    time and graph memory, which SGLang's post-capture sizing takes from the KV pool. Returns
+    whether the sizes changed. Idempotent (SGLang may finalize the pool config more than once)."""
+    from sglang.srt.server_args import ServerArgs
+
+    graphs = getattr(server_args, "cuda_graph_config", None)
+    dec = getattr(graphs, "decode", None)
+    if dec is None or dec.bs is None or dec.max_bs is None or rows <= dec.max_bs:
+        return False
+    locked = getattr(server_args, "_cuda_graph_config_locked", set())
+    if ("decode", "max_bs") in locked or ("decode", "bs") in locked:
+        return False
+    old_max = dec.max_bs
+    more = [b for b in ServerArgs._generate_decode_cuda_graph_batch_sizes(server_args, rows) if b > old_max]
+    new = copy.deepcopy(graphs)
+    new.decode.bs = sorted(set(dec.bs) | set(more))
+    new.decode.max_bs = max(new.decode.bs)
+    if callable(getattr(server_args, "override", None)):
+        # resolved ServerArgs are read-only; override() is SGLang's audited mutation point
+        server_args.override("oscar-sglang: decode graphs for the int2 rows", cuda_graph_config=new)
+    else:
+        server_args.cuda_graph_config = new
+    logger.info("OSCAR INT2: decode CUDA graphs up to batch %d (SGLang's default %d): int2 runs up to %d "
+                "requests at once (--cuda-graph-max-bs overrides)", new.decode.max_bs, old_max, rows)
+    return True
 
 
 # ---------------------------------------------------------------------------------- rotations

@@ -6,6 +6,7 @@ through ServerArgs; the dtype / configurator / pool hooks build an INT2 pool of 
 with the rotation file's slice for this rank; bad rotation files are rejected; row resets,
 server info and metrics work.
 """
+import copy
 import json
 import logging
 from types import SimpleNamespace
@@ -302,6 +303,49 @@ def test_channel_format_pool(kvc, monkeypatch, caplog):
     kvc.pool_page_size = 32
     with pytest.raises(RuntimeError, match="needs|page size is 32"):
         _build(kvc, avail, page_size=32)
+
+
+def _graph_args(max_bs=256, locked=()):
+    """The attributes of ServerArgs that the decode CUDA-graph sizes depend on, after SGLang's
+    resolution on an H100 (batch sizes up to 256)."""
+    from sglang.srt.server_args import ServerArgs
+
+    fake = SimpleNamespace(disable_cuda_graph_padding=False, speculative_algorithm=None,
+                           _cuda_graph_config_locked=set(locked))
+    bs = ServerArgs._generate_decode_cuda_graph_batch_sizes(fake, max_bs)
+    fake.cuda_graph_config = SimpleNamespace(decode=SimpleNamespace(bs=bs, max_bs=max_bs))
+    return fake
+
+
+def test_decode_graphs_cover_the_rows_int2_runs(kvc, monkeypatch, caplog):
+    """The finalized max_running_requests sets the largest decode CUDA graph (SGLang's H100
+    default stops at 256; int2 runs more at once), unless the user chose the graph sizes."""
+    from oscar_sglang.runtime.configurator import cover_rows_with_decode_graphs
+
+    monkeypatch.setenv("OSCAR_MAX_RUNNING_REQUESTS", "639")
+    g = _graph_args()
+    graphs = copy.deepcopy(kvc.server_args.cuda_graph_config)  # the CPU test args have no decode sizes
+    graphs.decode.bs, graphs.decode.max_bs = g.cuda_graph_config.decode.bs, 256
+    kvc.server_args.override("test: SGLang's H100 decode graphs", cuda_graph_config=graphs)
+    default = list(kvc.server_args.cuda_graph_config.decode.bs)
+    with caplog.at_level(logging.INFO, logger="oscar_sglang"):
+        cfg, _ = _build(kvc, 1 << 30)
+    rows = cfg.max_running_requests
+    assert 272 < rows <= 639
+    dec = kvc.server_args.cuda_graph_config.decode
+    assert dec.max_bs == rows and dec.bs[-1] == rows
+    assert dec.bs[:len(default)] == default  # SGLang's sizes kept, larger ones in its own steps
+    assert {b for b in range(272, rows, 16)} <= set(dec.bs) and dec.bs == sorted(set(dec.bs))
+    assert f"decode CUDA graphs up to batch {rows} (SGLang's default 256)" in caplog.text
+    assert not cover_rows_with_decode_graphs(kvc.server_args, rows)  # idempotent
+    # fewer rows than SGLang's graphs, a user's --cuda-graph-max-bs / --cuda-graph-bs, graphs off
+    for args, rows in ((_graph_args(), 200), (_graph_args(locked=[("decode", "max_bs")]), 639),
+                       (_graph_args(locked=[("decode", "bs")]), 639)):
+        before = list(args.cuda_graph_config.decode.bs)
+        assert not cover_rows_with_decode_graphs(args, rows)
+        assert args.cuda_graph_config.decode.bs == before and args.cuda_graph_config.decode.max_bs == max(before)
+    cpu = SimpleNamespace(cuda_graph_config=SimpleNamespace(decode=SimpleNamespace(bs=None, max_bs=None)))
+    assert not cover_rows_with_decode_graphs(cpu, 639)
 
 
 def test_pool_slices_rotation_file_for_tp_rank(kvc, tmp_path, monkeypatch, seed):
