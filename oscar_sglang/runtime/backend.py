@@ -316,7 +316,10 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         if save_kv_cache:  # write first: the new token is read back from the BF16 ring
             self._store(layer, fb, k.reshape(-1, H, D), v.reshape(-1, H, Dv), fb.req_pool_indices, fb.seq_lens)
         md = self.forward_metadata
-        o = torch.empty((B, Hq, Dv), dtype=torch.float32, device=q.device)
+        # where o_proj absorbed R_v the per-channel merge writes the model's dtype itself (no
+        # float32 output and no cast kernel per layer)
+        direct = self.pool.channel and self._v_unrot[self.pool.local(layer.layer_id)] is None
+        o = torch.empty((B, Hq, Dv), dtype=q.dtype if direct else torch.float32, device=q.device)
         decode = ops.decode_attention_channel if self.pool.channel else ops.decode_attention
         decode(
             self._rot_q(q3, layer.layer_id),
@@ -328,6 +331,8 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             attn_lse=md.attn_lse,
             logit_cap=logit_capping_mod(layer.logit_capping_method, layer.logit_cap),
         )
+        if direct:
+            return o.reshape(B, Hq * Dv)
         return self._unrot_o(o, layer.layer_id).to(q.dtype).reshape(B, Hq * Dv)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None,

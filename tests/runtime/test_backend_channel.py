@@ -35,7 +35,7 @@ B, S, W = 32, 4, 32
 FMT = KVFormat(D, k_bits=3, k_layout="channel", k_group=B, v_group=32, sink=S, window=W)
 
 
-def _make(backend_cls, rows=4, pages=8, new_tokens="triton", prefix="int2"):
+def _make(backend_cls, rows=4, pages=8, new_tokens="triton", prefix="int2", absorbed=False):
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
     from oscar_sglang.runtime.new_tokens import TritonNewTokens
@@ -49,6 +49,9 @@ def _make(backend_cls, rows=4, pages=8, new_tokens="triton", prefix="int2"):
     rk, rv = _signed_perm(1, H), _signed_perm(1, 1)
     pool = OscarInt2KVPool((pages - 1) * B, B, H, D, D, 1, "cpu", req_rows=rows, kv_format=fmt,
                            k_clip=[0.9], v_clip=[1.0], k_rotation=rk, v_rotation=rv)
+    if absorbed:  # o_proj holds R_v (runtime/absorb.py): V stored as projected, no un-rotation
+        pool.v_rot = [None]
+        rv = torch.eye(D).expand(1, 1, D, D)
     b = backend_cls.__new__(backend_cls)
     b.pool, b.v_head_dim, b.max_kv_splits = pool, D, 4
     b._prepare_rotations(torch.bfloat16)
@@ -71,11 +74,12 @@ def _seen(x_rot, which, kv_len, own, sink_start):
 # OSCAR_CHANNEL_EXTEND: default (dequant), opt-in; the new tokens' attention: SGLang's Triton
 # kernel, FlashInfer's ragged prefill (a CPU stand-in with base-2 LSEs; the real one in tests/gpu)
 # OSCAR_PREFIX_ATTENTION=flashinfer: the prefix as BF16 pieces through the stand-in, several pieces a call
-@pytest.mark.parametrize("extend_body,new_tokens,prefix", [(None, "triton", "int2"), ("codes", "triton", "int2"),
-                                                           (None, "flashinfer", "int2"),
-                                                           (None, "flashinfer", "flashinfer")])
+# absorbed: R_v in the weights, so the decode's merge writes the model's dtype directly
+@pytest.mark.parametrize("extend_body,new_tokens,prefix,absorbed", [
+    (None, "triton", "int2", False), ("codes", "triton", "int2", False), (None, "flashinfer", "int2", False),
+    (None, "flashinfer", "flashinfer", False), (None, "flashinfer", "flashinfer", True)])
 def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, seed, extend_body, new_tokens,
-                                                                  prefix, monkeypatch):
+                                                                  prefix, absorbed, monkeypatch):
     from oscar_sglang.runtime.pool import note_new_rows
 
     if extend_body is None:
@@ -83,7 +87,7 @@ def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, 
     else:
         monkeypatch.setenv("OSCAR_CHANNEL_EXTEND", extend_body)
 
-    b, pool, layer, Rk, Rv = _make(backend_cls, new_tokens=new_tokens, prefix=prefix)
+    b, pool, layer, Rk, Rv = _make(backend_cls, new_tokens=new_tokens, prefix=prefix, absorbed=absorbed)
     assert pool.channel and pool.k_codes[0].shape[-1] == 3 * D // 8
     req_to_token = torch.zeros(4, 128, dtype=torch.int64)
     rowA, rowB = 1, 2

@@ -23,6 +23,8 @@ BLOCK_N_D256 = 32
 BLOCK_B = 32  # BF16 keys per tile
 MIN_CHUNK = 256  # fewest INT2 keys per split when splits are derived in-kernel
 PROGRAMS_PER_SM = 4  # target (B * Hkv * int2 splits) / SMs when max_kv_splits is not given
+MERGE_CHUNK = 8  # splits a merge program reads at a time, in a large grid (merge_chunk)
+MERGE_ONE_SHOT_PROGRAMS_PER_SM = 8  # up to this many (request, head) programs: all splits at once
 BF16_KEYS_PER_SPLIT = 160  # sink + ring keys per BF16 split (S=64, W=256 -> 2 splits)
 
 
@@ -56,26 +58,37 @@ def _merge_splits_kernel(
     PLse, stride_lb, stride_lh,
     O, stride_ob, stride_oh,
     kv_indptr, req_rows, own_start, sink_start, num_kv_splits, MAX_SPLITS,
-    S: tl.constexpr, W: tl.constexpr, DV: tl.constexpr, SPLITS_P2: tl.constexpr,
+    S: tl.constexpr, W: tl.constexpr, DV: tl.constexpr, CHUNK: tl.constexpr,
     HAS_NSPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr, NB16: tl.constexpr,
 ):
+    # CHUNK splits at a time with an online rescale (merge_chunk): one chunk of all splits when
+    # the grid is small (latency), chunks of MERGE_CHUNK when it is large
     b = tl.program_id(0)
     h = tl.program_id(1)
     kv_len = tl.load(kv_indptr + b + 1) - tl.load(kv_indptr + b)
     row = tl.load(req_rows + b).to(tl.int64)
     _, _, _, n_int2 = source_ranges(kv_len, tl.load(own_start + row), tl.load(sink_start + row), S, W)
     n = num_splits_of(n_int2, b, num_kv_splits, HAS_NSPLITS, MAX_SPLITS, MIN_CHUNK, NB16)
-    s = tl.arange(0, SPLITS_P2)
-    smask = s < n
-    lse = tl.load(PLse + b * stride_lb + h * stride_lh + s, mask=smask, other=float("-inf"))
-    m = tl.max(lse, 0)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.where(lse == float("-inf"), 0.0, tl.exp(lse - m))
-    wsum = tl.sum(w, 0)
     d = tl.arange(0, DV)
-    part = tl.load(Part + b * stride_pb + h * stride_ph + s[:, None] * stride_ps + d[None, :],
-                   mask=(smask & (w > 0))[:, None], other=0.0)
-    o = tl.sum(part * w[:, None], 0) / tl.where(wsum > 0, wsum, 1.0)
+    c = tl.arange(0, CHUNK)
+    m = tl.full([], float("-inf"), tl.float32)
+    wsum = tl.full([], 0.0, tl.float32)
+    acc = tl.zeros([DV], dtype=tl.float32)
+    for start in range(0, n, CHUNK):
+        s = start + c
+        smask = s < n
+        lse = tl.load(PLse + b * stride_lb + h * stride_lh + s, mask=smask, other=float("-inf"))
+        m_new = tl.maximum(m, tl.max(lse, 0))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # all empty so far: weights stay 0
+        alpha = tl.exp(m - m_ref)
+        w = tl.where(lse == float("-inf"), 0.0, tl.exp(lse - m_ref))
+        # splits that saw no key wrote nothing: never read them (w == 0)
+        part = tl.load(Part + b * stride_pb + h * stride_ph + s[:, None] * stride_ps + d[None, :],
+                       mask=(smask & (w > 0))[:, None], other=0.0)
+        acc = acc * alpha + tl.sum(part * w[:, None], 0)
+        wsum = wsum * alpha + tl.sum(w, 0)
+        m = m_new
+    o = acc / tl.where(wsum > 0, wsum, 1.0)
     tl.store(O + b * stride_ob + h * stride_oh + d, o.to(O.dtype.element_ty))
 
 
@@ -110,17 +123,32 @@ def plan_decode(q, o, k_codes, v_codes, sink_k, ring_k, kv_indptr, max_kv_splits
     return max_kv_splits, nb16, attn_logits, attn_lse
 
 
+def merge_chunk(batch: int, q_heads: int, max_kv_splits: int, device) -> int:
+    """Splits a merge program reads per step. A small grid (batch 1-32 at 32 heads on the H100)
+    reads all max_kv_splits at once: a loop of dependent steps cost 1.4 / 7.4 us more at batch 1,
+    4K / 128K (H100, 2026-11-26). A large grid walks only the splits each request used (2-4 at
+    large batch) MERGE_CHUNK at a time: one [next_pow2(max_kv_splits), Dv] tile of masked loads
+    took 67 us a layer at batch 512 in the server (64 + 2 splits allowed; the decode profile of
+    2026-11-26, docs/benchmarks.md)."""
+    p2 = triton.next_power_of_2(max_kv_splits)
+    if batch * q_heads <= MERGE_ONE_SHOT_PROGRAMS_PER_SM * sm_count(device):
+        return p2
+    return min(MERGE_CHUNK, p2)
+
+
 def merge_splits(o, attn_logits, attn_lse, kv_indptr, req_rows, own_start, sink_start, num_kv_splits,
-                 max_kv_splits, nb16, min_chunk, S, W):
-    """Stage 2: LSE-merge the per-split partial outputs into o (both stage-1 kernels)."""
+                 max_kv_splits, nb16, min_chunk, S, W, chunk=None):
+    """Stage 2: LSE-merge the per-split partial outputs into o (both stage-1 kernels). chunk:
+    splits per merge step (None: merge_chunk)."""
     B, Hq, Dv = o.shape
+    chunk = chunk or merge_chunk(B, Hq, max_kv_splits, o.device)
     _merge_splits_kernel[(B, Hq)](
         attn_logits, attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
         attn_lse, attn_lse.stride(0), attn_lse.stride(1),
         o, o.stride(0), o.stride(1),
         kv_indptr, req_rows, own_start, sink_start,
         num_kv_splits if num_kv_splits is not None else kv_indptr, max_kv_splits,
-        S=S, W=W, DV=Dv, SPLITS_P2=triton.next_power_of_2(max_kv_splits),
+        S=S, W=W, DV=Dv, CHUNK=chunk,
         HAS_NSPLITS=num_kv_splits is not None, MIN_CHUNK=min_chunk,
         NB16=nb16, num_warps=4,
     )
