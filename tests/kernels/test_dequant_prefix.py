@@ -43,9 +43,13 @@ def test_pieces_of_the_prefix_match_the_readers_view(seed, bits):
                 r = ref[lo:lo + n[b]].float()
                 # one bf16 rounding (truncated by the interpreter: 2^-7 relative); on CUDA the
                 # (scale, min) are rounded to bf16 first (attend_channel._dequant): 2^-9 of
-                # |code * scale| + |min|, up to ~3x the largest value of the row with 4-bit codes
+                # |code * scale| + |min|. A key's (scale, min) span its channel over the block, so
+                # that error scales with the channel's largest value in the block (up to ~3x it
+                # with 4-bit codes), not with this token's row (the first CUDA run: 0.05 over)
                 if e > s:
                     slack = (2 ** -7 if DEV == "cpu" else 2 ** -5) * r.abs().amax(-1, keepdim=True)
+                    if DEV != "cpu":
+                        slack = slack + 2 ** -6 * r.abs().amax(0, keepdim=True)
                     excess = (got[s:e].float() - r).abs() - 2 ** -7 * r.abs() - slack
                     assert excess.max().item() <= 0, (b, lo, excess.max().item())
         assert torch.equal(out_k[rows:].float(), torch.full((5, H, D), 7.0))
