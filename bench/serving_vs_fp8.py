@@ -80,18 +80,23 @@ DEFAULT_LOADS = ("1x4096+256,1x32768+256,1x131072+256,256x2048+256,64x8192+512,"
 DEFAULT_WARMUP = "2x1024+16,1x12000+16"  # a short prompt, and one of two prefill chunks
 # time estimates for --deadline-s (H100, Llama-3.1-8B; a row already on file gives its own wall_s)
 STARTUP_S, FLASHINFER_JIT_S, STOP_S = 120.0, 150.0, 15.0
-PREFILL_TOK_S, OUTPUT_TOK_S = 30_000.0, 3_000.0
+PREFILL_TOK_S = 40_000.0
+# output tok/s per KV dtype at 512 x (2K + 1K), rounded down from the 2026-11-26 tables (the
+# slowest of the loads with 1K outputs): int2 6,300, fp8_e4m3 5,200, BF16 on FlashInfer 4,400
+OUTPUT_TOK_S = {"int2": 6_000.0, "fp8_e4m3": 5_000.0, "bf16": 4_400.0}
 
 
-def estimate_s(load: str, known: Optional[dict] = None) -> float:
+def estimate_s(load: str, known: Optional[dict] = None, kv: Optional[str] = None) -> float:
     """Seconds one load takes: its wall_s on file, else prefill at PREFILL_TOK_S plus output at
-    OUTPUT_TOK_S (batch 1: 12 ms a token, and attention's share of a long prefill: ~30 s at 128K)."""
+    OUTPUT_TOK_S[kv] (the slowest where kv is not given; batch 1: 12 ms a token, and attention's
+    share of a long prefill: ~30 s at 128K)."""
     if known and known.get("wall_s"):
         return float(known["wall_s"]) + 10
     n, inp, out = report.parse_load(load)
     if n == 1:
         return inp / PREFILL_TOK_S + (inp / 131072) ** 2 * 30 + out * 0.012 + 10
-    return n * inp / PREFILL_TOK_S + n * out / OUTPUT_TOK_S + 10
+    rate = OUTPUT_TOK_S.get(kv, min(OUTPUT_TOK_S.values()))
+    return n * inp / PREFILL_TOK_S + n * out / rate + 10
 
 
 def gpu_name() -> str:
@@ -341,8 +346,9 @@ def run_server(url: str, config: str, loads: List[str], args, table: Table, cloc
         run_requests(url, random_prompts(n, inp, args.vocab, seed=inp), out, "warm-up")
     start = pool_state(url, args.idle_timeout)
     for load in loads:
-        if not clock.fits(estimate_s(load, on_file.get((load, config)))):
-            skip(load, f"estimated {estimate_s(load, on_file.get((load, config))):.0f} s would end past "
+        est = estimate_s(load, on_file.get((load, config)), kv_and_backend(CONFIGS[config])[0])
+        if not clock.fits(est):
+            skip(load, f"estimated {est:.0f} s would end past "
                        f"--deadline-s {args.deadline_s:g} (at {clock.elapsed():.0f} s)")
             continue
         fields = measure(url, load, args.vocab, facts["context_tokens"], args.request_timeout)
