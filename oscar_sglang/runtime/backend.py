@@ -40,6 +40,25 @@ logger = logging.getLogger("oscar_sglang")
 _WARMED_UP = {"done": False}
 
 
+# FlashInfer reads the prefix as BF16 rows written out per layer (~8 KB a cached token of
+# Llama-3.1-8B, written and read); the INT2 kernel reads the codes in place at ~180 TFLOP/s where
+# FlashInfer's prefill runs ~700 (H100). Per cached key the saving is 4 Hq D (1/180T - 1/700T) per
+# query row against the round trip of its BF16 row: FlashInfer pays from ~48 query rows per cached
+# key on. A prefill chunk over its prompt's earlier chunks has thousands; the one-token rows of the
+# decodes that --enable-mixed-chunk folds into a prefill batch have one each: writing out their whole
+# caches every layer is the likely cause of int2-mixed-chunk's 13-42% lower throughput in the H100
+# table of 2026-11-27 than in the one before (not yet re-measured with this rule).
+PREFIX_FI_MIN_ROWS_PER_KEY = 64
+
+
+def prefix_worth_flashinfer(extend_lens, prefix_lens) -> bool:
+    """Whether a forward's cached prefixes go through FlashInfer: the extend length averaged over
+    its cached keys (sum e * p / sum p) is at least PREFIX_FI_MIN_ROWS_PER_KEY."""
+    keys = sum(int(p) for p in prefix_lens)
+    rows_x_keys = sum(int(e) * int(p) for e, p in zip(extend_lens, prefix_lens))
+    return keys > 0 and rows_x_keys >= PREFIX_FI_MIN_ROWS_PER_KEY * keys
+
+
 class OscarInt2TritonBackend(TritonAttnBackend):
     def __init__(self, model_runner, skip_prefill: bool = False, kv_indptr_buf=None):
         pool = model_runner.token_to_kv_pool
@@ -157,10 +176,14 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         self._new_tokens.plan(md.qo_indptr, getattr(fb, "extend_seq_lens_cpu", None), md.max_extend_len)
         cpu = fb.extend_prefix_lens_cpu
         self._has_prefix = True if cpu is None else any(int(x) > 0 for x in cpu)
+        self._use_prefix_fi = False
         if getattr(self, "_prefix_fi", None) is not None and self._has_prefix:
             ext = getattr(fb, "extend_seq_lens_cpu", None)
-            self._prefix_fi.plan(fb.extend_seq_lens.tolist() if ext is None else ext,
-                                 fb.extend_prefix_lens.tolist() if cpu is None else cpu, md.qo_indptr.device)
+            ext = fb.extend_seq_lens.tolist() if ext is None else ext
+            pre = fb.extend_prefix_lens.tolist() if cpu is None else cpu
+            self._use_prefix_fi = prefix_worth_flashinfer(ext, pre)
+            if self._use_prefix_fi:
+                self._prefix_fi.plan(ext, pre, md.qo_indptr.device)
         # the longest cached prefix, host-side: lets the per-channel prefix kernel split long
         # prefixes when its grid is small (None: unknown, never split)
         self._max_prefix = None if cpu is None else max((int(x) for x in cpu), default=0)
@@ -194,7 +217,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         )
         fb = SimpleNamespace(batch_size=1, req_pool_indices=torch.zeros(1, dtype=torch.int64, device=dev))
         saved = (getattr(self, "forward_metadata", None), getattr(self, "_has_prefix", True),
-                 getattr(self, "_max_prefix", None))
+                 getattr(self, "_max_prefix", None), getattr(self, "_use_prefix_fi", False))
         self.forward_metadata, self._has_prefix, self._max_prefix = md, True, None
         try:
             q = torch.zeros(T, Hq * D, dtype=dtype, device=dev)
@@ -203,9 +226,14 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             self._new_tokens.plan(md.qo_indptr, [T], T)
             if getattr(self, "_prefix_fi", None) is not None:
                 self._prefix_fi.plan([T], [P], dev)
-            # the outputs are not checked: they read whatever padding slot 0 / row 0 hold
-            for has_prefix in (True, False):
-                self._has_prefix = has_prefix
+            # the outputs are not checked: they read whatever padding slot 0 / row 0 hold. With
+            # FlashInfer for the prefix, the INT2 prefix kernel still serves the forwards that
+            # prefix_worth_flashinfer turns down: compile both.
+            paths = [(True, False), (False, False)]
+            if getattr(self, "_prefix_fi", None) is not None:
+                paths.insert(0, (True, True))
+            for has_prefix, use_fi in paths:
+                self._has_prefix, self._use_prefix_fi = has_prefix, use_fi
                 self.forward_extend(q, k, v, layer, fb, save_kv_cache=False)
             if torch.device(dev).type == "cuda":
                 torch.cuda.synchronize()
@@ -217,7 +245,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
                 f"OSCAR INT2: compiling the prefill kernels at start failed ({type(e).__name__}: {e}); {hint}"
             ) from e
         finally:
-            self.forward_metadata, self._has_prefix, self._max_prefix = saved
+            self.forward_metadata, self._has_prefix, self._max_prefix, self._use_prefix_fi = saved
         logger.info("OSCAR INT2: prefill kernels compiled at start (%.1f s)", time.perf_counter() - t0)
 
     # ------------------------------------------------------------------ rotations
@@ -351,7 +379,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         if not self._has_prefix:
             # nothing cached yet: the new tokens' attention is the whole answer
             o, _ = self._new_tokens.run(q3, k3, v3, layer, layer.logit_cap, want_lse=False)
-        elif getattr(self, "_prefix_fi", None) is not None:
+        elif getattr(self, "_use_prefix_fi", False):
             o = self._extend_prefix_flashinfer(q3, k3, v3, layer, fb)
         else:
             o_new, lse_new = self._new_tokens.run(q3, k3, v3, layer, layer.logit_cap, want_lse=True)

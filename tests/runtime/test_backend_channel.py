@@ -82,6 +82,10 @@ def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, 
                                                                   prefix, absorbed, monkeypatch):
     from oscar_sglang.runtime.pool import note_new_rows
 
+    if prefix == "flashinfer":  # every forward with a prefix through FlashInfer, however short its extends
+        import oscar_sglang.runtime.backend as backend_module
+
+        monkeypatch.setattr(backend_module, "PREFIX_FI_MIN_ROWS_PER_KEY", 1)
     if extend_body is None:
         monkeypatch.delenv("OSCAR_CHANNEL_EXTEND", raising=False)
     else:
@@ -205,6 +209,20 @@ def test_channel_pool_refuses_a_page_size_that_is_not_the_block(backend_cls):
         OscarInt2KVPool(128, 16, H, D, D, 1, "cpu", req_rows=2, kv_format=fmt, k_clip=[1.0], v_clip=[1.0])
 
 
+def test_flashinfer_reads_the_prefix_only_where_many_rows_share_each_cached_key():
+    """A prefill chunk over its prompt's earlier chunks goes through FlashInfer; a batch whose cached
+    keys belong mostly to one-token rows (decodes folded in by --enable-mixed-chunk, a short new
+    turn over a long radix hit) stays on the INT2 kernel, which reads the codes in place."""
+    from oscar_sglang.runtime.backend import PREFIX_FI_MIN_ROWS_PER_KEY as MIN, prefix_worth_flashinfer
+
+    assert prefix_worth_flashinfer([8192], [24576])  # the 4th chunk of a 32K prompt
+    assert prefix_worth_flashinfer([8192, 1, 1], [24576, 2048, 2048])  # that chunk + 2 decodes
+    assert not prefix_worth_flashinfer([2048] + [1] * 255, [0] + [2048] * 255)  # mixed chunk, 255 decodes
+    assert not prefix_worth_flashinfer([1, 1], [4096, 4096])
+    assert not prefix_worth_flashinfer([40], [0]) and not prefix_worth_flashinfer([], [])
+    assert prefix_worth_flashinfer([MIN], [100]) and not prefix_worth_flashinfer([MIN - 1], [100])
+
+
 def test_prefix_pieces_cover_every_prefix_in_bounded_block_aligned_pieces():
     from oscar_sglang.runtime.prefix_flashinfer import plan_pieces
 
@@ -215,3 +233,27 @@ def test_prefix_pieces_cover_every_prefix_in_bounded_block_aligned_pieces():
             assert lo % block == 0 and all(0 <= x <= max(block, max_rows) for x in n)
             assert sum(n) <= max(max_rows, block * sum(1 for x in lens if x))
     assert plan_pieces([0, 0], 64) == []
+
+
+def test_warm_up_compiles_both_prefix_readers_when_flashinfer_reads_the_prefix(backend_cls, monkeypatch):
+    """With FlashInfer for the prefix, forwards that prefix_worth_flashinfer turns down still run the
+    INT2 prefix kernel: warm_up compiles the FlashInfer prefix path, the INT2 one and the path
+    without a prefix, and restores the per-forward state."""
+    from oscar_kernels import ops
+
+    from tests.runtime.test_absorb import Attn
+
+    b, pool, layer, _, _ = _make(backend_cls, new_tokens="flashinfer", prefix="flashinfer")
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList([Attn(0, hidden=32, Hq=Hq, Hkv=H, D=D, bias=False, dtype=torch.float32)])
+    for name in ("scaling", "logit_cap", "logit_capping_method", "k_scale", "v_scale", "sliding_window_size"):
+        setattr(model.layers[0].attn, name, getattr(layer, name))
+    calls = []
+    real_int2, real_fi = ops.extend_prefix_attention_channel, b._prefix_fi.run
+    monkeypatch.setattr(ops, "extend_prefix_attention_channel",
+                        lambda *a, **k: calls.append("int2 prefix") or real_int2(*a, **k))
+    b._prefix_fi.run = lambda *a, **k: calls.append("flashinfer prefix") or real_fi(*a, **k)
+    b.forward_metadata, b._has_prefix, b._use_prefix_fi = "sentinel", False, False
+    b.warm_up(model, torch.float32)  # the stand-in wrappers' dtype
+    assert calls == ["flashinfer prefix", "int2 prefix"]
+    assert (b.forward_metadata, b._has_prefix, b._use_prefix_fi) == ("sentinel", False, False)
