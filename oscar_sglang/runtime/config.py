@@ -111,9 +111,10 @@ ENV_VARS: dict[str, tuple[str | None, str]] = {
         None,
         "how a prefill chunk reads its cached prefix: 'flashinfer' (the default for per-channel "
         "key formats with OSCAR_NEW_TOKEN_ATTENTION=flashinfer: the prefix dequantised to BF16 a "
-        "bounded piece at a time and read by FlashInfer's prefill; 32K TTFT 1.20 vs 2.01 s on the "
-        "H100) or 'int2' (the INT2-aware prefix kernel; the default for the per-token recipe and "
-        "with OSCAR_NEW_TOKEN_ATTENTION=triton)",
+        "bounded piece at a time and read by FlashInfer's prefill, in forwards where >= 64 query "
+        "rows share each cached key, the INT2 kernel in the others; 32K TTFT 1.21 vs 2.01 s on "
+        "the H100) or 'int2' (always the INT2-aware prefix kernel; the default for the per-token "
+        "recipe and with OSCAR_NEW_TOKEN_ATTENTION=triton)",
     ),
 }
 NEW_TOKEN_ATTENTION = ("flashinfer", "triton")
