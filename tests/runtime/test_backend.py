@@ -308,19 +308,25 @@ def test_no_v_rotation_when_the_weights_hold_it(backend_cls, seed):
     assert torch.equal(b._unrot_o(o, 0), o)
 
 
+def warm_up_model(layer):
+    """A one-layer model whose attention module looks like `layer` (what warm_up looks for)."""
+    from tests.runtime.test_absorb import Attn
+
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList([Attn(0, hidden=32, Hq=Hq, Hkv=H, D=D, bias=False, dtype=torch.float32)])
+    for name in ("scaling", "logit_cap", "logit_capping_method", "k_scale", "v_scale", "sliding_window_size"):
+        setattr(model.layers[0].attn, name, getattr(layer, name))
+    return model
+
+
 def test_warm_up_runs_the_cached_prefix_path_and_stores_nothing(backend_cls, monkeypatch, seed):
     """warm_up compiles what the first long prompt used to compile (the INT2 prefix kernel and
     the new tokens' kernel with LSE) and the path without a prefix, by running forward_extend
     twice on padding slot 0 / row 0, with no store and the backend's per-forward state restored."""
     from oscar_kernels import ops
 
-    from tests.runtime.test_absorb import Attn
-
     b, pool, layer, Rk, Rv = _make(backend_cls)
-    model = torch.nn.Module()
-    model.layers = torch.nn.ModuleList([Attn(0, hidden=32, Hq=Hq, Hkv=H, D=D, bias=False, dtype=torch.float32)])
-    for name in ("scaling", "logit_cap", "logit_capping_method", "k_scale", "v_scale", "sliding_window_size"):
-        setattr(model.layers[0].attn, name, getattr(layer, name))
+    model = warm_up_model(layer)
     calls = []
     real_prefix, real_ext = ops.extend_prefix_attention, b._new_tokens._fwd
     monkeypatch.setattr(ops, "extend_prefix_attention", lambda *a, **k: calls.append("prefix") or real_prefix(*a, **k))

@@ -241,13 +241,10 @@ def test_warm_up_compiles_both_prefix_readers_when_flashinfer_reads_the_prefix(b
     without a prefix, and restores the per-forward state."""
     from oscar_kernels import ops
 
-    from tests.runtime.test_absorb import Attn
+    from .test_backend import warm_up_model
 
     b, pool, layer, _, _ = _make(backend_cls, new_tokens="flashinfer", prefix="flashinfer")
-    model = torch.nn.Module()
-    model.layers = torch.nn.ModuleList([Attn(0, hidden=32, Hq=Hq, Hkv=H, D=D, bias=False, dtype=torch.float32)])
-    for name in ("scaling", "logit_cap", "logit_capping_method", "k_scale", "v_scale", "sliding_window_size"):
-        setattr(model.layers[0].attn, name, getattr(layer, name))
+    model = warm_up_model(layer)
     calls = []
     real_int2, real_fi = ops.extend_prefix_attention_channel, b._prefix_fi.run
     monkeypatch.setattr(ops, "extend_prefix_attention_channel",

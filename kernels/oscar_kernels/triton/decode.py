@@ -126,10 +126,10 @@ def plan_decode(q, o, k_codes, v_codes, sink_k, ring_k, kv_indptr, max_kv_splits
 def merge_chunk(batch: int, q_heads: int, max_kv_splits: int, device) -> int:
     """Splits a merge program reads per step. A small grid (batch 1-32 at 32 heads on the H100)
     reads all max_kv_splits at once: a loop of dependent steps cost 1.4 / 7.4 us more at batch 1,
-    4K / 128K (H100, 2026-11-26). A large grid walks only the splits each request used (2-4 at
-    large batch) MERGE_CHUNK at a time: one [next_pow2(max_kv_splits), Dv] tile of masked loads
-    took 67 us a layer at batch 512 in the server (64 + 2 splits allowed; the decode profile of
-    2026-11-26, docs/benchmarks.md)."""
+    4K / 128K (H100, bench/results/kernels/2026-11-27_0006_merge-*.json). A large grid walks only
+    the splits each request used (2-4 at large batch) MERGE_CHUNK at a time: one
+    [next_pow2(max_kv_splits), Dv] tile of masked loads took 67 us a layer at batch 512 in the
+    server (64 + 2 splits allowed; the decode profile of 2026-11-26, docs/benchmarks.md)."""
     p2 = triton.next_power_of_2(max_kv_splits)
     if batch * q_heads <= MERGE_ONE_SHOT_PROGRAMS_PER_SM * sm_count(device):
         return p2
