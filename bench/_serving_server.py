@@ -108,12 +108,12 @@ CONFIGS: Dict[str, ServingConfig] = {
         ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton"],
         {"OSCAR_NEW_TOKEN_ATTENTION": "triton"},
     ),
-    # int2 reading the cached prefix as BF16 pieces through FlashInfer (OSCAR_PREFIX_ATTENTION,
-    # opt-in; 3.9-4.3x the INT2 prefix kernel in bench/kernels.py, not yet measured here)
-    "int2-prefix-flashinfer": ServingConfig(
-        "int2-prefix-flashinfer", "INT2 KV, oscar_triton, prefix as BF16 pieces through FlashInfer",
+    # int2 reading every cached prefix with the INT2 prefix kernel (OSCAR_PREFIX_ATTENTION=int2; the
+    # default until 2026-11-27, now FlashInfer over BF16 pieces for long prefill chunks)
+    "int2-prefix-int2": ServingConfig(
+        "int2-prefix-int2", "INT2 KV, oscar_triton, cached prefix read by the INT2 prefix kernel",
         ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton"],
-        {"OSCAR_PREFIX_ATTENTION": "flashinfer"},
+        {"OSCAR_PREFIX_ATTENTION": "int2"},
     ),
     # int2 with SGLang's mixed chunked prefill (prefill chunks ride along decode steps)
     "int2-mixed-chunk": ServingConfig(
