@@ -126,7 +126,8 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         from .config import load_config
         from .state import RUNTIME_INFO
 
-        choice = load_config().resolved_prefix_attention(self.pool.channel)
+        cfg = load_config()
+        choice = cfg.resolved_prefix_attention(self.pool.channel)
         RUNTIME_INFO["prefix_attention"] = choice
         if choice == "int2":
             return None
@@ -138,7 +139,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             ws = torch.empty(workspace_bytes(), dtype=torch.uint8, device=self.device)
         logger.info("OSCAR INT2: a prefill chunk reads its cached prefix as BF16 pieces through "
                     "FlashInfer's prefill (OSCAR_PREFIX_ATTENTION=flashinfer%s)",
-                    "" if load_config().prefix_attention else ", the default")
+                    "" if cfg.prefix_attention else ", the default")
         return FlashInferPrefix(workspace=ws, num_qo_heads=self.num_head, num_kv_heads=self.pool.head_num,
                                 head_dim=self.pool.head_dim, v_head_dim=self.pool.v_head_dim,
                                 dtype=getattr(model_runner, "dtype", torch.bfloat16),

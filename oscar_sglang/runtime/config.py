@@ -112,8 +112,8 @@ ENV_VARS: dict[str, tuple[str | None, str]] = {
         "how a prefill chunk reads its cached prefix: 'flashinfer' (the default for per-channel "
         "key formats with OSCAR_NEW_TOKEN_ATTENTION=flashinfer: the prefix dequantised to BF16 a "
         "bounded piece at a time and read by FlashInfer's prefill, in forwards where >= 64 query "
-        "rows share each cached key, the INT2 kernel in the others; H100 tables: 32K TTFT "
-        "1.21 s, 2.01 s in the one before with 'int2') or 'int2' (always the INT2-aware prefix kernel; the default for the per-token "
+        "rows share each cached key, the INT2 kernel in the others; 3.9-4.3x the INT2 kernel "
+        "on that part on the H100) or 'int2' (always the INT2-aware prefix kernel; the default for the per-token "
         "recipe and with OSCAR_NEW_TOKEN_ATTENTION=triton)",
     ),
 }

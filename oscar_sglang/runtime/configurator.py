@@ -161,11 +161,8 @@ def cover_rows_with_decode_graphs(server_args, rows: int) -> bool:
     new = copy.deepcopy(graphs)
     new.decode.bs = sorted(set(dec.bs) | set(more))
     new.decode.max_bs = max(new.decode.bs)
-    if callable(getattr(server_args, "override", None)):
-        # resolved ServerArgs are read-only; override() is SGLang's audited mutation point
-        server_args.override("oscar-sglang: decode graphs for the int2 rows", cuda_graph_config=new)
-    else:
-        server_args.cuda_graph_config = new
+    # resolved ServerArgs are read-only; override() is SGLang's audited mutation point
+    server_args.override("oscar-sglang: decode graphs for the int2 rows", cuda_graph_config=new)
     logger.info("OSCAR INT2: decode CUDA graphs up to batch %d (SGLang's default %d): int2 runs up to %d "
                 "requests at once (--cuda-graph-max-bs overrides)", new.decode.max_bs, old_max, rows)
     return True

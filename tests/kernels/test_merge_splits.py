@@ -2,9 +2,9 @@
 
 Each request uses its own number of splits (num_kv_splits, clamped to [NB16 + 1, max_kv_splits] as
 stage 1 does); the merge reads them all at once (a small grid) or walks 1 to 5 chunks of them (a
-large grid's MERGE_CHUNK, forced here); some splits saw no key (lse
--inf, their partial output never written: NaN garbage here), one request has no key at all, and the
-slots past a request's splits hold garbage too. Partial outputs carry outlier channels, LSEs spread
+large grid's MERGE_CHUNK, forced here); some splits saw no key (lse -inf, their partial output
+never written: NaN garbage here), one request has no key at all, and the slots past a request's
+splits hold garbage too. Partial outputs carry outlier channels, LSEs spread
 over tens of nats.
 """
 import pytest
