@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import math
 import platform
 import sys
@@ -354,8 +355,13 @@ class ChannelCase:
         self.q = [torch.randn(B, HQ, D, device=DEV).bfloat16() for _ in range(self.copies)]
         self.o = torch.empty(B, HQ, D, dtype=torch.bfloat16, device=DEV)
 
-    def fn(self, **kw):
+    def fn(self, sglang_splits=False, **kw):
+        """The decode as a closure over rotating input copies; kw: launcher knobs. sglang_splits:
+        the split plan the server used until 2026-11-27 (SGLang's heuristic for its own kernel,
+        num_kv_splits per request up to 64) instead of the kernel's default plan."""
         f, state = self.fmt, [0]
+        if sglang_splits:
+            kw = dict(kw, **sglang_split_plan(self.B, self.L))
 
         def run():
             c = state[0] = (state[0] + 1) % self.copies
@@ -366,6 +372,20 @@ class ChannelCase:
                 self.rows[c], self.own, k_bits=f.k_bits, k_block=f.k_group, v_group=f.v_group,
                 sm_scale=D ** -0.5, **kw)
         return run
+
+
+def sglang_split_plan(B, L, max_kv_splits=64):
+    """num_kv_splits / max_kv_splits / scratch as SGLang's Triton backend plans them for B
+    requests of L keys (its get_num_kv_splits_triton, the SMs of this GPU)."""
+    from sglang.kernels.ops.attention.metadata import get_num_kv_splits_triton
+
+    n = torch.empty(B, dtype=torch.int32, device=DEV)
+    lens = torch.full((B,), L, dtype=torch.int32, device=DEV)
+    get_num_kv_splits_triton[(1,)](n, lens, B, 1, HQ, HKV, max_kv_splits, int2_decode.sm_count(DEV),
+                                   MAX_NUM_SEQ=max(256, triton.next_power_of_2(B)))
+    return dict(num_kv_splits=n, max_kv_splits=max_kv_splits,
+                attn_logits=torch.empty(B, HQ, max_kv_splits, D, dtype=torch.float32, device=DEV),
+                attn_lse=torch.empty(B, HQ, max_kv_splits, dtype=torch.float32, device=DEV))
 
 
 class Bf16Case:
@@ -860,6 +880,12 @@ def main():
                     "reads (bytes, words; attend_channel.CHANNEL_CODE_READS) also timed for every --channel-formats "
                     "format, same run, after checking each against the main column's output (the main column "
                     "uses OSCAR_CHANNEL_DECODE_READS, default bytes; '' = none)")
+    ap.add_argument("--channel-max-splits", default="", help="comma list: also time the per-channel decode "
+                    "at these max_kv_splits (1 BF16 + INT2 splits) for every shape")
+    ap.add_argument("--sglang-splits", action="store_true", help="also time the per-channel decode at "
+                    "SGLang's split plan (its heuristic for its own kernel, up to 64 splits)")
+    ap.add_argument("--channel-knobs", default="[]", help='JSON list of launcher knob sets to also time the '
+                    'per-channel decode with, e.g. \'[{"min_chunk": 64}]\'')
     ap.add_argument("--tune-fast", action="store_true", help="also sweep a few settings of the fast kernel")
     ap.add_argument("--skip-store-extend", action="store_true", help="decode only (no store / extend timings)")
     ap.add_argument("--extend-only", action="store_true", help="only the extend-prefix check and timings "
@@ -901,11 +927,14 @@ def main():
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     shapes = [] if args.extend_only else shapes
     channel_formats = {n: KVFormat.parse(n, head_dim=D) for n in filter(None, args.channel_formats.split(","))}
-    # registers: the one-warp body takes 245-255 at sm_90 (8 programs per SM); 168 fits 12 with a
-    # 16-32 B spill on the sm_90 census, with words or bytes
-    channel_tune = ([dict(num_warps=w) for w in (1, 2, 4)] + [dict(num_int2_stages=st) for st in (2, 3)]
-                    + [dict(maxnreg=168), dict(maxnreg=168, code_reads="words")]
+    # registers: the one-warp body takes 245-255 at sm_90 (8 programs per SM); 192 / 168 / 128 fit
+    # 10 / 12 / 16 (168: a 16-32 B spill on the sm_90 census, 128: ~300 B)
+    channel_tune = ([dict(num_warps=w) for w in (2, 4)] + [dict(num_int2_stages=3)]
+                    + [dict(maxnreg=r) for r in (192, 168, 128)] + [dict(maxnreg=168, num_int2_stages=3)]
                     if args.tune_channel else [])
+    # total splits (1 BF16 + INT2 splits): the in-kernel plan then gives every request of these
+    # shapes exactly that many (their bodies hold >= MIN_CHUNK keys per split)
+    channel_splits = [int(v) for v in args.channel_max_splits.split(",") if v]
     k3_variants = [v for v in args.channel_3bit_variant.split(",") if v]
     for v in k3_variants:
         attend_channel.channel_3bit_variant(v)  # a bad name fails before anything is timed
@@ -997,7 +1026,9 @@ def main():
                     if res["ms"] is not None:
                         log(f"  channel {name} {knob}={v} B={B} L={L}: {res['ms'] * 1e3:.1f} us "
                             f"({res['pct_copy']:.0f}% of copy), {err_key} {chan[name][key][v][err_key]:.1e}")
-            for knobs in channel_tune:
+            plans = ([dict(max_kv_splits=m) for m in channel_splits] + ([dict(sglang_splits=True)] if args.sglang_splits else [])
+                     + json.loads(args.channel_knobs))
+            for knobs in channel_tune + plans:
                 try:
                     tt = bench_graph(cc.fn(**knobs), cc.copies)
                     log(f"  tune channel {name} B={B} L={L} {knobs}: {tt * 1e3:.1f} us ({cc.bytes / tt / 1e6 / copy_gbs:.0%} of copy)")

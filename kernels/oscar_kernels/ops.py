@@ -164,8 +164,8 @@ def extend_prefix_attention(
 
 
 # --------------------------------------------------------------------------------------------
-# Per-channel keys over page blocks (KVFormat k_layout="channel"; docs/format.md "KVFormat").
-# Not served yet: the pool / backend still use the INT2 ops above.
+# Per-channel keys over page blocks (KVFormat k_layout="channel"; docs/format.md "KVFormat"),
+# the served default layout.
 # --------------------------------------------------------------------------------------------
 
 
@@ -210,7 +210,7 @@ def decode_attention_channel(
       v_params float16 [N, H, Dv / v_group, 2]
     sink / ring / kv_indptr / kv_indices / req_rows / own_start / sink_start, q, o, the scratch and
     the split arguments as decode_attention (base kernel's split plan: BF16 splits + body splits,
-    merged by the same stage 2). Body keys of a request are its complete blocks outside the sink
+    merged by the same stage 2; max_kv_splits None: decode_splits_channel's count). Body keys of a request are its complete blocks outside the sink
     and ring; blocks are aligned to position 0 and are the request's pages. Head dims 64 and 128;
     keys 2, 3 or 4 bits; B in (32, 64); W >= B. min_chunk: fewest body keys per derived split
     (default decode.MIN_CHUNK). k3_variant: how 3-bit keys are decoded, 'packed' (32-bit code
@@ -225,6 +225,15 @@ def decode_attention_channel(
     from .triton import attend_channel as _ch
 
     return _ch.decode_attention_channel(**args)
+
+
+def decode_splits_channel(batch: int, kv_heads: int, sink: int, window: int, device) -> int:
+    """max_kv_splits that decode_attention_channel picks for a batch of `batch` requests when
+    neither it nor the scratch is given (BF16 splits for a sink + ring of sink + window keys, and
+    body splits for about 8 programs per SM): size attn_logits / attn_lse with it."""
+    from .triton import attend_channel as _ch
+
+    return _ch.decode_splits(batch, kv_heads, sink, window, device)
 
 
 def extend_prefix_attention_channel(

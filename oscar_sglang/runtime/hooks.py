@@ -72,8 +72,9 @@ def before_post_init(self, *args, **kwargs):
     if self.triton_attention_num_kv_splits == SGLANG_DEFAULT_KV_SPLITS:
         # SGLang's default of 8 splits leaves most of the H100 idle at small batch and long
         # context (1 request x 8 KV heads x 8 splits = 64 programs on 132 SMs): the INT2 decode
-        # then reads at ~140 GB/s in the server instead of ~1 TB/s. Raise the cap; SGLang's
-        # split heuristic still picks fewer splits when the batch fills the GPU.
+        # then reads at ~140 GB/s in the server instead of ~1 TB/s. Raise the cap (it sizes the
+        # split scratch); the per-channel decode plans its splits itself within it, per-token
+        # formats take SGLang's heuristic (backend._decode_splits).
         self.triton_attention_num_kv_splits = INT2_DEFAULT_KV_SPLITS
         logger.info(
             "oscar-sglang: --triton-attention-num-kv-splits %d for int2 (SGLang default %d; "

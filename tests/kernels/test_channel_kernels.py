@@ -456,6 +456,28 @@ def test_extend_prefix_split_policy():
     assert ch.extend_prefix_splits(1, 10**7, cpu) == min(most, per * 8)
 
 
+def test_decode_split_policy(monkeypatch):
+    """Decode splits without max_kv_splits: the BF16 splits of the sink and ring
+    (decode.bf16_splits: one per 160 BF16 keys) and body splits for DECODE_SPLIT_PROGRAMS_PER_SM
+    programs per SM over the (request, KV head) pairs, rounded down, >= 1, <= DECODE_MAX_SPLITS
+    splits in all (8 SMs off CUDA; an H100's 132 below)."""
+    from oscar_kernels.triton import attend_channel as ch
+
+    per, most = ch.DECODE_SPLIT_PROGRAMS_PER_SM, ch.DECODE_MAX_SPLITS
+    cpu = torch.device("cpu")
+    assert ch.default_decode_splits(1, 1, cpu, 1) == min(most - 1, per * 8) + 1
+    assert ch.default_decode_splits(2, 8, cpu, 1) == per * 8 // 16 + 1
+    assert ch.default_decode_splits(3, 8, cpu, 2) == max(1, per * 8 // 24) + 2  # no extra wave
+    assert ch.default_decode_splits(512, 8, cpu, 1) == 2  # one body split however large the batch
+    assert ops.decode_splits_channel(4, 2, 4, 128, cpu) == per * 8 // 8 + 1  # 132 BF16 keys: 1 split
+    assert ops.decode_splits_channel(4, 2, 64, 256, cpu) == per * 8 // 8 + 2  # 320: 2
+    monkeypatch.setattr(ch, "sm_count", lambda device: 132)
+    assert ch.default_decode_splits(1, 8, cpu, 1) == most  # 132 wanted: the cap, BF16 split included
+    assert ch.default_decode_splits(1, 8, cpu, 2) == most
+    assert ch.default_decode_splits(8, 8, cpu, 1) == per * 132 // 64 + 1
+    assert ch.default_decode_splits(64, 8, cpu, 1) == 2 + 1
+
+
 def test_merge_extend_splits_is_one_softmax(seed):
     """Partial attentions over disjoint key chunks (one chunk empty) merged by LSE equal the
     float64 attention over all keys; rows whose chunks are all empty get o = 0, lse = -inf."""

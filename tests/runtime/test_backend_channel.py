@@ -209,6 +209,32 @@ def test_channel_pool_refuses_a_page_size_that_is_not_the_block(backend_cls):
         OscarInt2KVPool(128, 16, H, D, D, 1, "cpu", req_rows=2, kv_format=fmt, k_clip=[1.0], v_clip=[1.0])
 
 
+def test_decode_splits_use_the_kernels_plan_within_sglangs_scratch(backend_cls):
+    """Per-channel decode: the kernel's split plan (ops.decode_splits_channel), each request's count
+    derived in kernel (no num_kv_splits), in SGLang's scratch ([rows, Hq, max_kv_splits, Dv]),
+    whose split dimension caps it. Per-token formats keep SGLang's split counts and scratch."""
+    from oscar_kernels import ops
+
+    b, pool, *_ = _make(backend_cls)
+    graph = SimpleNamespace(attn_logits=torch.zeros(16, Hq, 64, D), attn_lse=torch.zeros(16, Hq, 64),
+                            num_kv_splits=torch.zeros(16, dtype=torch.int32))
+    for B in (1, 2, 16):
+        plan = ops.decode_splits_channel(B, H, S, W, torch.device("cpu"))
+        got = b._decode_splits(B, Hq, D, graph)
+        assert got["num_kv_splits"] is None and got["max_kv_splits"] == plan <= 64
+        assert got["attn_logits"].shape == (B, Hq, plan, D) and got["attn_lse"].shape == (B, Hq, plan)
+        assert got["attn_logits"].data_ptr() == graph.attn_logits.data_ptr()  # views of SGLang's
+        assert got["attn_lse"].data_ptr() == graph.attn_lse.data_ptr()
+    assert ops.decode_splits_channel(1, H, S, W, torch.device("cpu")) > 4
+    small = SimpleNamespace(attn_logits=torch.zeros(2, Hq, 4, D), attn_lse=torch.zeros(2, Hq, 4), num_kv_splits=None)
+    got = b._decode_splits(1, Hq, D, small)  # --triton-attention-num-kv-splits 4
+    assert got["max_kv_splits"] == 4 and got["attn_logits"].shape == (1, Hq, 4, D)
+    pool.channel = False  # a per-token pool: SGLang's plan as given
+    got = b._decode_splits(2, Hq, D, graph)
+    assert got["num_kv_splits"] is graph.num_kv_splits and got["max_kv_splits"] == b.max_kv_splits
+    assert got["attn_logits"] is graph.attn_logits and got["attn_lse"] is graph.attn_lse
+
+
 def test_flashinfer_reads_the_prefix_only_where_many_rows_share_each_cached_key():
     """A prefill chunk over its prompt's earlier chunks goes through FlashInfer; a batch whose cached
     keys belong mostly to one-token rows (decodes folded in by --enable-mixed-chunk, a short new

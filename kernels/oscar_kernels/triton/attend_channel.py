@@ -53,7 +53,7 @@ from .attend import (
 )
 from .attend_fast import (WORDS_MIN_DIM, _quarter_v, _v_scale, _word_code, _word_dims, _word_ofs,
                           _words_of_quarter)
-from .decode import BLOCK_B, MIN_CHUNK, default_max_splits, merge_splits, plan_decode
+from .decode import BLOCK_B, bf16_splits, merge_splits, plan_decode, sm_count
 from .extend_prefix import extend_outputs
 
 CHANNEL_HEAD_DIMS = (64, 128)
@@ -93,6 +93,40 @@ PLANES_MIN_DIM = 128
 CHANNEL_CODE_READS = ("bytes", "words")
 CHANNEL_READS_ENV = "OSCAR_CHANNEL_DECODE_READS"
 CHANNEL_READS_DEFAULT = "bytes"
+
+
+# Decode split plan (issue 19). A one-warp program takes 245-255 registers at sm_90, so 8 fit on an
+# SM; fewer resident programs leave the SM's schedulers waiting on each program's dependent
+# instructions, more than one wave of them adds a tail. The plan: body splits for
+# DECODE_SPLIT_PROGRAMS_PER_SM programs per SM over the batch's (request, KV head) pairs (rounded
+# down: no second, nearly empty wave), at least 1, and at most DECODE_MAX_SPLITS splits in all; in
+# kernel each request then uses as many as its body has DECODE_MIN_CHUNK-key chunks (one page).
+# H100, k3c64-v2t64-s4-w128, against SGLang's plan (its heuristic for its own kernel, up to 64
+# splits, in a grid of 64 splits per request; bench/results/kernels/
+# 2026-11-27_0251_channel-split-plan_h100.json): 8 x 32K 125.8 vs 168.3 us (SGLang's 18 body splits
+# are 1,152 programs: a second wave of 96), 64 x 8K 247.8 vs 302.6 (its 1 body split), 256 / 512
+# x 2K 284.7 / 552.5 vs 340.2 / 691.2 (the same 1 body split, but 64 programs a request, 62 of
+# which return at once); batch 1 within 0.6 us (4K 14.4 vs 13.8). Batch 1 keeps 64 splits: 128
+# gave 128K 71-74 vs 82 us but 4K / 8K 15.3 / 18.7 vs 13.8 / 14.8 (2026-11-27_0241_* / _0246_*:
+# a grid of 128 splits a head, most returning at once, and one-page splits past 4K). Neither more
+# warps, nor register caps (spills), nor a third pipeline stage helped at any batch (_0228_*).
+DECODE_SPLIT_PROGRAMS_PER_SM = 8
+DECODE_MAX_SPLITS = 64
+DECODE_MIN_CHUNK = 64
+
+
+def default_decode_splits(batch: int, kv_heads: int, device, nb16: int) -> int:
+    """max_kv_splits of the per-channel decode (nb16 BF16 splits + body splits) when none is
+    given: see DECODE_SPLIT_PROGRAMS_PER_SM."""
+    body = DECODE_SPLIT_PROGRAMS_PER_SM * sm_count(device) // (batch * kv_heads)
+    return max(1, min(DECODE_MAX_SPLITS - nb16, body)) + nb16
+
+
+def decode_splits(batch: int, kv_heads: int, sink: int, window: int, device) -> int:
+    """The split count decode_attention_channel picks for this batch when max_kv_splits and the
+    scratch are not given (its BF16 splits for a sink + ring of sink + window keys included):
+    what a caller sizing attn_logits / attn_lse needs."""
+    return default_decode_splits(batch, kv_heads, device, bf16_splits(sink, window, 1 << 30))
 
 
 def _kernel_choice(arg_name, value, env, choices, default) -> str:
@@ -765,8 +799,8 @@ def decode_attention_channel(
     gqa = Hq // Hkv
     max_kv_splits, nb16, attn_logits, attn_lse = plan_decode(
         q, o, k_codes, v_codes, sink_k, ring_k, kv_indptr, max_kv_splits, attn_logits, attn_lse,
-        bf16_keys_per_split, default_max_splits)
-    min_chunk = min_chunk or MIN_CHUNK
+        bf16_keys_per_split, default_decode_splits)
+    min_chunk = min_chunk or DECODE_MIN_CHUNK
     kp = as_param_words(k_params)
     vp = as_param_words(v_params)
     attend_channel_kernel[(B, Hkv, max_kv_splits)](
@@ -833,8 +867,6 @@ def extend_block_m(dequant: bool, head_dim: int) -> int:
 
 def extend_prefix_splits(programs: int, max_len_prefix, device) -> int:
     """How many chunks the extend splits each prefix into (1 = not split): see EXTEND_*SPLIT*."""
-    from .decode import sm_count
-
     if not max_len_prefix or programs <= 0:
         return 1
     want = triton.cdiv(EXTEND_SPLIT_PROGRAMS_PER_SM * sm_count(device), programs)
