@@ -77,9 +77,13 @@ async def _one(session, url: str, ids: List[int], out_len: int, rec: RequestReco
                     if "error" in msg:
                         rec.error = str(msg["error"])[:300]
                         continue
+                    # completion_tokens counts the whole output so far, with or without
+                    # --incremental-streaming-output (with it a chunk's output_ids are only its
+                    # new tokens, so their length is no count)
                     n = msg.get("meta_info", {}).get("completion_tokens")
                     if n is None:
-                        n = len(msg.get("output_ids", []))
+                        rec.error = "a streamed chunk without meta_info.completion_tokens"
+                        continue
                     if n > 0 and rec.first_token is None:
                         rec.first_token = now
                         tick(started=True)
