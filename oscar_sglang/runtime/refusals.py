@@ -89,6 +89,13 @@ def server_args_problems(args, env=None) -> list[str]:
         p.append("diffusion LLMs (--dllm-algorithm) are not supported.")
     if _on(args, "is_embedding"):
         p.append("embedding models (--is-embedding) keep no KV cache to quantise.")
+    splits = getattr(args, "triton_attention_num_kv_splits", None)
+    if splits is not None and int(splits) < 2:
+        p.append(
+            f"--triton-attention-num-kv-splits {splits} is too few: the INT2 decode reads the BF16 "
+            f"sink and ring in split(s) of their own and the quantised body in at least one more. "
+            f"Drop the flag (the plugin raises SGLang's default to 64) or pass 2 or more."
+        )
     if _on(args, "enable_torch_compile"):
         p.append(
             "--enable-torch-compile is not supported yet with the INT2 backend (untested); "

@@ -260,6 +260,7 @@ def _args(**kw):
 def test_good_args_pass():
     assert F.server_args_problems(_args(), env={}) == []
     assert F.server_args_problems(_args(prefill_attention_backend="oscar_triton"), env={}) == []
+    assert F.server_args_problems(_args(triton_attention_num_kv_splits=2), env={}) == []
 
 
 @pytest.mark.parametrize(
@@ -287,6 +288,7 @@ def test_good_args_pass():
         (dict(dllm_algorithm="x"), {}, ["diffusion"]),
         (dict(is_embedding=True), {}, ["embedding"]),
         (dict(enable_torch_compile=True), {}, ["torch-compile"]),
+        (dict(triton_attention_num_kv_splits=1), {}, ["--triton-attention-num-kv-splits 1", "2 or more"]),
         ({}, {"SGLANG_ENABLE_POST_CAPTURE_KV_SIZING": "1"}, ["POST_CAPTURE"]),
     ],
 )
