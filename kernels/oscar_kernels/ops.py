@@ -210,10 +210,11 @@ def decode_attention_channel(
       v_params float16 [N, H, Dv / v_group, 2]
     sink / ring / kv_indptr / kv_indices / req_rows / own_start / sink_start, q, o, the scratch and
     the split arguments as decode_attention (base kernel's split plan: BF16 splits + body splits,
-    merged by the same stage 2; max_kv_splits None: decode_splits_channel's count). Body keys of a request are its complete blocks outside the sink
-    and ring; blocks are aligned to position 0 and are the request's pages. Head dims 64 and 128;
-    keys 2, 3 or 4 bits; B in (32, 64); W >= B. min_chunk: fewest body keys per derived split
-    (default decode.MIN_CHUNK). k3_variant: how 3-bit keys are decoded, 'packed' (32-bit code
+    merged by the same stage 2; max_kv_splits None: decode_splits_channel's count). Body keys of a
+    request are its complete blocks outside the sink and ring; blocks are aligned to position 0
+    and are the request's pages. Head dims 64 and 128; keys 2, 3 or 4 bits; B in (32, 64); W >= B.
+    min_chunk: fewest body keys per derived split (default attend_channel.DECODE_MIN_CHUNK, 64).
+    k3_variant: how 3-bit keys are decoded, 'packed' (32-bit code
     assembly) or 'planes' (a 2-bit and a 1-bit plane, two MMAs; head_dim >= 128, else packed);
     None = OSCAR_CHANNEL_DECODE_3BIT (unset or empty: 'planes'). code_reads: how codes are read,
     'bytes' or 'words' (value codes and 2-bit key codes as 16-bit code words, as the per-token fast
