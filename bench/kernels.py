@@ -881,7 +881,7 @@ def main():
                     "format, same run, after checking each against the main column's output (the main column "
                     "uses OSCAR_CHANNEL_DECODE_READS, default bytes; '' = none)")
     ap.add_argument("--channel-max-splits", default="", help="comma list: also time the per-channel decode "
-                    "at these max_kv_splits (1 BF16 + INT2 splits) for every shape")
+                    "at these max_kv_splits (BF16 splits + body splits) for every shape")
     ap.add_argument("--sglang-splits", action="store_true", help="also time the per-channel decode at "
                     "SGLang's split plan (its heuristic for its own kernel, up to 64 splits)")
     ap.add_argument("--channel-knobs", default="[]", help='JSON list of launcher knob sets to also time the '
@@ -932,8 +932,8 @@ def main():
     channel_tune = ([dict(num_warps=w) for w in (2, 4)] + [dict(num_int2_stages=3)]
                     + [dict(maxnreg=r) for r in (192, 168, 128)] + [dict(maxnreg=168, num_int2_stages=3)]
                     if args.tune_channel else [])
-    # total splits (1 BF16 + INT2 splits): the in-kernel plan then gives every request of these
-    # shapes exactly that many (their bodies hold >= MIN_CHUNK keys per split)
+    # total splits (the format's BF16 splits + body splits): the in-kernel plan then gives every
+    # request of these shapes that many (their bodies hold >= min_chunk keys per split)
     channel_splits = [int(v) for v in args.channel_max_splits.split(",") if v]
     k3_variants = [v for v in args.channel_3bit_variant.split(",") if v]
     for v in k3_variants:
@@ -1026,15 +1026,27 @@ def main():
                     if res["ms"] is not None:
                         log(f"  channel {name} {knob}={v} B={B} L={L}: {res['ms'] * 1e3:.1f} us "
                             f"({res['pct_copy']:.0f}% of copy), {err_key} {chan[name][key][v][err_key]:.1e}")
-            plans = ([dict(max_kv_splits=m) for m in channel_splits] + ([dict(sglang_splits=True)] if args.sglang_splits else [])
-                     + json.loads(args.channel_knobs))
-            for knobs in channel_tune + plans:
+            for knobs in channel_tune:
                 try:
                     tt = bench_graph(cc.fn(**knobs), cc.copies)
                     log(f"  tune channel {name} B={B} L={L} {knobs}: {tt * 1e3:.1f} us ({cc.bytes / tt / 1e6 / copy_gbs:.0%} of copy)")
                     raw["tune"].append({"B": B, "L": L, "channel": name, "knobs": str(knobs), "ms": tt})
                 except Exception as e:  # a setting that does not compile / fit: report, go on
                     log(f"  tune channel {knobs} failed: {type(e).__name__}: {str(e)[:200]}")
+            # other split plans and launcher knobs: the same attention, so each is checked against
+            # the main column's output first (time_channel_variant), then timed
+            plans = ([dict(max_kv_splits=m) for m in channel_splits]
+                     + ([dict(sglang_splits=True)] if args.sglang_splits else []) + json.loads(args.channel_knobs))
+            for knobs in plans:
+                try:
+                    res = time_channel_variant(cc, {}, knobs, copy_gbs)
+                except Exception as e:  # a setting that does not compile / fit: report, go on
+                    log(f"  channel plan {knobs} failed: {type(e).__name__}: {str(e)[:200]}")
+                    continue
+                if res["ms"] is not None:
+                    log(f"  tune channel {name} B={B} L={L} {knobs}: {res['ms'] * 1e3:.1f} us "
+                        f"({res['pct_copy']:.0f}% of copy), rel_err_vs_default {res['rel_err']:.1e}")
+                raw["tune"].append({"B": B, "L": L, "channel": name, "knobs": str(knobs), **res})
             del cc
             torch.cuda.empty_cache()
         r = dict(B=B, L=L, bf16_ms=bf[best_s], bf16_splits=best_s, bf16_all=bf, int2_ms=t_int2, channel=chan,
