@@ -253,21 +253,22 @@ def test_decode_channel_3bit_variant_switch(seed, monkeypatch):
 
 def test_planes_hi_operand_constants():
     """The 'planes' 1-bit operand's PTX (CUDA only, not run by the interpreter) emulated on every
-    byte pair: lop3 0xEA = (w & mask) | 0x43004300 on two uint16-widened bytes (eighth 7 shifted
-    right by 1 first) is bf16 BODY_OFS + bit * 2^min(E, 6) per half, and HI_QMUL[E] times that
-    place value over the 2-bit plane's _v_scale(E // 2) is the bit's weight 4."""
+    byte pair: lop3 0xEA = (w & mask) | HI_EXP[E] on two uint16-widened bytes (eighth 7 shifted
+    right by 1 first) is bf16 HI_QMUL[E] * (BODY_OFS + bit * 2^min(E, 6)) per half, and the bit's
+    weight relative to the 2-bit plane's operand of the same dims (place value _v_scale(E // 2))
+    is 4: both planes multiply the same q operand."""
     from oscar_kernels.triton import attend_channel as ch
 
     lo, hi = torch.meshgrid(torch.arange(256), torch.arange(256), indexing="ij")
     w = lo | hi << 16  # two uint16 lanes in one 32-bit register, each a widened byte
     for E in range(8):
-        mask = int(ch.HI_MASK.value[E], 16)
-        r = (((w >> 1) if E == 7 else w) & mask) | 0x43004300
+        mask, exp = int(ch.HI_MASK.value[E], 16), int(ch.HI_EXP.value[E], 16)
+        r = (((w >> 1) if E == 7 else w) & mask) | exp
         halves = torch.stack([r & 0xFFFF, r >> 16], -1).to(torch.int16).view(torch.bfloat16).float()
-        place = 2.0 ** min(E, 6)
-        expect = torch.stack([(lo >> E) & 1, (hi >> E) & 1], -1).float() * place + ch.BODY_OFS.value
+        place, mul = 2.0 ** min(E, 6), ch.HI_QMUL.value[E]
+        expect = (torch.stack([(lo >> E) & 1, (hi >> E) & 1], -1).float() * place + ch.BODY_OFS.value) * mul
         assert torch.equal(halves, expect), E
-        assert ch.HI_QMUL.value[E] * place / (4.0 ** (E // 2) if E // 2 < 3 else 16.0) == 4.0, E
+        assert mul * place / (4.0 ** (E // 2) if E // 2 < 3 else 16.0) == 4.0, E
 
 
 def test_decode_channel_rejects_unsupported(seed):

@@ -259,31 +259,39 @@ def _key_operand(kc, kc2, hb, J: tl.constexpr, BITS: tl.constexpr, QD: tl.conste
 # E // 2 of bytes (E % 2) * D/8 .. +D/8-1, operand BODY_OFS + code * _v_scale(E // 2). The 1-bit
 # plane (bytes D/4..3D/8-1, "eighth split": byte i holds bit 2 of dim i + E * D/8 at bit E) gives
 # eighth E's operand with one lop3 per two codes: bit E masked under the bf16 exponent of 128 is
-# BODY_OFS + bit * 2^E (E = 7 shifted down to bit 6 first: 2^6). The bit's weight 4 and the
-# operand's place value fold into the q operand: HI_QMUL[E] = 4 * _v_scale(E // 2) / 2^min(E, 6)
-# times the 2-bit plane's (q * s / _v_scale) operand, a power of two, so exact in bf16.
+# BODY_OFS + bit * 2^E (E = 7 shifted down to bit 6 first: 2^6). The bit's weight 4 relative to
+# the 2-bit plane's operand of the same dims (place value _v_scale(E // 2)) is
+# HI_QMUL[E] = 4 * _v_scale(E // 2) / 2^min(E, 6), a power of two 2^h: the mask goes under the
+# exponent of 2^(7 + h) instead (HI_EXP[E]), which makes the operand HI_QMUL[E] * (BODY_OFS + bit *
+# 2^min(E, 6)) exactly, so both planes multiply the same q operand (q * s / _v_scale) and the
+# 1-bit plane's offset is HI_QMUL[E] * BODY_OFS. Until 2026-11-27 q was scaled by HI_QMUL[E]
+# instead, a second operand per eighth (6 more conversions to the MMA layout a tile).
 HI_MASK = tl.constexpr(("0x00010001", "0x00020002", "0x00040004", "0x00080008",
                         "0x00100010", "0x00200020", "0x00400040", "0x00400040"))
 HI_QMUL = tl.constexpr((4.0, 2.0, 4.0, 2.0, 4.0, 2.0, 1.0, 1.0))
+HI_EXP = tl.constexpr(("0x44004400", "0x43804380", "0x44004400", "0x43804380",
+                       "0x44004400", "0x43804380", "0x43004300", "0x43004300"))
 
 
 @triton.jit
 def _hi_plane(h16, E: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr):
     """Eighth E of the 1-bit plane (uint16-widened bytes) as an MMA operand [BLK, D/8] in DT:
-    BODY_OFS + bit * 2^min(E, 6) with USE_ASM (bf16 exponent trick), bit * 2^min(E, 6) without."""
+    HI_QMUL[E] * (BODY_OFS + bit * 2^min(E, 6)) with USE_ASM (bf16 exponent trick under HI_EXP[E]),
+    HI_QMUL[E] * bit * 2^min(E, 6) without."""
     if USE_ASM:
         if E < 7:
             r = tl.inline_asm_elementwise(
-                "{.reg .b32 m; mov.b32 m, 0x43004300; lop3.b32 $0, $1, " + HI_MASK[E] + ", m, 0xEA;}",
+                "{.reg .b32 m; mov.b32 m, " + HI_EXP[E] + "; lop3.b32 $0, $1, " + HI_MASK[E] + ", m, 0xEA;}",
                 "=r,r", [h16], dtype=tl.bfloat16, is_pure=True, pack=2)
         else:
             r = tl.inline_asm_elementwise(
-                "{.reg .b32 m, w; mov.b32 m, 0x43004300; shr.b32 w, $1, 1; lop3.b32 $0, w, 0x00400040, m, 0xEA;}",
+                "{.reg .b32 m, w; mov.b32 m, " + HI_EXP[E] + "; shr.b32 w, $1, 1; lop3.b32 $0, w, 0x00400040, m, 0xEA;}",
                 "=r,r", [h16], dtype=tl.bfloat16, is_pure=True, pack=2)
         return r.to(DT)
     else:
         hi = h16.to(tl.int32)
-        return ((hi >> 1) & 64).to(DT) if E == 7 else (hi & (1 << E)).to(DT)
+        bit = ((hi >> 1) & 64) if E == 7 else (hi & (1 << E))
+        return (bit * HI_QMUL[E]).to(DT)
 
 
 @triton.jit
@@ -390,13 +398,13 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
                 sc, mn = _unpack_params(tl.load(kpb + e * D8))
                 qet = _pick8(e, qe0, qe1, qe2, qe3, qe4, qe5, qe6, qe7).to(tl.float32)
                 ksc = sc * (1.0 / _v_scale(e // 2))
-                qs = (qet * ksc[:, None]).to(PV_DT)  # 2-bit plane: q * s / place value
-                qh = (qs.to(tl.float32) * HI_QMUL[e]).to(PV_DT)  # 1-bit plane: a power of two more
+                qs = (qet * ksc[:, None]).to(PV_DT)  # both planes: q * s / place value
                 lo = lo_a if e % 2 == 0 else lo_b
                 part = tl.dot(_quarter_v(lo, e // 2, PV_DT, USE_ASM), qs, part)
-                part = tl.dot(_hi_plane(hi16, e, PV_DT, USE_ASM), qh, part)
-                # q . m, minus the offsets' share OFS * sum(qs + qh) (rounded operands: exact removal)
-                qc += qet * mn[:, None] - OFS * (qs.to(tl.float32) * (1.0 + HI_QMUL[e]))
+                part = tl.dot(_hi_plane(hi16, e, PV_DT, USE_ASM), qs, part)
+                # q . m, minus the operands' offsets OFS * (1 + HI_QMUL) * sum(qs) (from the rounded
+                # qs: exact removal; OFS * (1 + HI_QMUL) * qs is exact in fp32 in either order)
+                qc += qet * mn[:, None] - (OFS * (1.0 + HI_QMUL[e])) * qs.to(tl.float32)
             st = (part + tl.sum(qc, 0)[None, :]) * QSC
         elif KWORDS:
             kw = tl.load(kcb + tl.arange(0, QW)[None, :])  # [keys, D/8 words]
