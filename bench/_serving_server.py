@@ -14,6 +14,7 @@ import os
 import re
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -253,17 +254,39 @@ class ServerProcess:
         time.sleep(3)  # let the GPU memory of the dead scheduler be released
 
 
-_DECODE_LINE = re.compile(r"Decode batch.*?#running-req: (\d+).*?cuda graph: (\w+)"
-                          r".*?gen throughput \(token/s\): ([\d.]+)")
+_DECODE_LINE = re.compile(r"(?:\[([\d-]+ [\d:]+)\] )?Decode batch.*?#running-req: (\d+), #token: (\d+)"
+                          r".*?cuda graph: (\w+).*?gen throughput \(token/s\): ([\d.]+)")
 
 
 def parse_decode_log(text: str) -> List[dict]:
-    """The periodic 'Decode batch' lines: running requests, CUDA graph on/off, gen throughput."""
+    """The periodic 'Decode batch' lines (every 40 steps): time (the log's stamp, or None),
+    running requests, tokens held, CUDA graph on/off, the scheduler's gen throughput."""
     out = []
     for m in _DECODE_LINE.finditer(text):
-        out.append({"running": int(m.group(1)), "cuda_graph": m.group(2) == "True",
-                    "gen_tok_s": float(m.group(3))})
+        out.append({"time": m.group(1), "running": int(m.group(2)), "tokens": int(m.group(3)),
+                    "cuda_graph": m.group(4) == "True", "gen_tok_s": float(m.group(5))})
     return out
+
+
+def scheduler_rates(dec: List[dict]) -> dict:
+    """What the scheduler logged at a load's full occupancy (its lines with the most running
+    requests): the median of their gen throughput (the first such line also spans the prefill
+    before it, hence the median), the first and last of them after that one, and the time of the
+    last decode line. Empty dict without decode lines."""
+    if not dec:
+        return {}
+    most = max(d["running"] for d in dec)
+    full = [d["gen_tok_s"] for d in dec if d["running"] == most]
+    rest = full[1:] or full
+    return {"scheduler_running": most, "scheduler_decode_tok_s": statistics.median(full),
+            "scheduler_decode_tok_s_first": rest[0], "scheduler_decode_tok_s_last": rest[-1],
+            "scheduler_last_decode_at": dec[-1]["time"], "scheduler_tokens_at_last": dec[-1]["tokens"]}
+
+
+def loads_of_log(text: str) -> List[str]:
+    """A finished server log cut where the bench flushed the cache (before the pool's start
+    values and after every load), so each piece after the first holds one load's lines."""
+    return text.split("Cache flushed successfully")
 
 
 def log_slice(path: Path, start: int) -> str:

@@ -316,9 +316,13 @@ class Clock:
 
 
 def run_server(url: str, config: str, loads: List[str], args, table: Table, clock: Clock,
-               extra: dict) -> None:
-    """All of one server's measurements; each row goes to the table as soon as it is measured."""
+               extra: dict, log: Optional[Path] = None) -> None:
+    """All of one server's measurements; each row goes to the table as soon as it is measured.
+    log: the server's log (servers the bench started): each load's row also gets what the
+    scheduler logged at its full occupancy (_serving_server.scheduler_rates), the server-side
+    decode rate next to the client's."""
     from _serving_client import random_prompts, run_requests
+    from _serving_server import log_size, log_slice, parse_decode_log, scheduler_rates
 
     kv, backend = kv_and_backend(CONFIGS[config])
     facts = _facts(url)
@@ -351,7 +355,10 @@ def run_server(url: str, config: str, loads: List[str], args, table: Table, cloc
             skip(load, f"estimated {est:.0f} s would end past "
                        f"--deadline-s {args.deadline_s:g} (at {clock.elapsed():.0f} s)")
             continue
+        off = log_size(log) if log else 0
         fields = measure(url, load, args.vocab, facts["context_tokens"], args.request_timeout)
+        if log:
+            fields.update(scheduler_rates(parse_decode_log(log_slice(log, off))))
         fields.update(pool_leak(start, pool_state(url, args.idle_timeout)))
         if load == report.FRESH_LOAD and fresh is not None:
             fields.update(fresh_ttft_s=fresh["ttft_p50_s"], warm_ttft_s=fields["ttft_p50_s"],
@@ -420,7 +427,7 @@ def run_config(config: str, loads: List[str], args, table: Table, clock: Clock, 
         extra.update(server_started_by_bench=True, startup_s=round(srv.startup_s, 1),
                      server_command=shlex.join(cmd[1:]), server_env=CONFIGS[config].env)
         off = log_size(log)
-        run_server(srv.url, config, loads, args, table, clock, extra)
+        run_server(srv.url, config, loads, args, table, clock, extra, log)
         dec = parse_decode_log(log_slice(log, off))
         print(f"  [{config}] server log: most running {max((d['running'] for d in dec), default=None)}, "
               f"cuda graph on every decode line: {all(d['cuda_graph'] for d in dec) if dec else None}", flush=True)
@@ -558,6 +565,27 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_scheduler_rates(args) -> int:
+    """Server-side decode rates of a finished run, from its server logs (runs before the rows
+    recorded them): one row per log and piece between cache flushes with decode lines."""
+    from _serving_server import loads_of_log, parse_decode_log, scheduler_rates
+
+    run = json.loads(Path(args.run).read_text())
+    rows = []
+    for path in map(Path, args.logs):
+        config = path.stem.rsplit("_", 1)[0]  # <config>_<port>.log, as run_config names them
+        for i, piece in enumerate(loads_of_log(path.read_text(errors="replace"))):
+            rates = scheduler_rates(parse_decode_log(piece))
+            if rates:
+                rows.append({"config": config, "log": path.name, "piece": i, **rates})
+    doc = _results.document(run["model"], rows, device=run["device"], run=os.path.relpath(args.run, ROOT),
+                            run_date=run["date"])
+    print(json.dumps(rows, indent=1))
+    if args.out:
+        print(f"wrote {_results.write(args.out, doc)}")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="bench/serving_vs_fp8.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -601,6 +629,12 @@ def main(argv=None) -> int:
     q.add_argument("--resummarize", action="store_true",
                    help="also write the recomputed summary (checks, ratios) back into the results file")
     q.set_defaults(func=cmd_report)
+    g = sub.add_parser("scheduler-rates", help="the scheduler's decode rates at each load's full occupancy, "
+                       "from a finished run's server logs (what newer rows record as scheduler_*)")
+    g.add_argument("logs", nargs="+", help="server logs of one run (<config>_<port>.log from run --logs)")
+    g.add_argument("--run", default=str(DEFAULT_OUT), help="the run's results JSON (its model, device and date)")
+    g.add_argument("--out", default=None, help="write the rows as a results JSON here")
+    g.set_defaults(func=cmd_scheduler_rates)
     args = p.parse_args(argv)
     if args.cmd == "run":  # what a child of --gpus repeats
         args.passthrough = [a for k in ("warmup", "model_dir", "tokenizer_dir", "logs") for a in

@@ -354,3 +354,45 @@ def test_report_renders_table_plot_and_doc_block(tmp_path, seed):
     res.write_text(json.dumps({**doc, "summary": {"checks": {}}}))
     assert vs.main(["report", str(res), "--img-dir", str(tmp_path / "img"), "--resummarize"]) == 0
     assert json.loads(res.read_text())["summary"] == json.loads(json.dumps(s))
+
+
+def _decode_line(t, running, tokens, rate, graph=True):
+    return (f"[2026-11-27 02:58:{t:02d}] Decode batch, #running-req: {running}, #token: {tokens}, token usage: "
+            f"0.31, cuda graph: {graph}, gen throughput (token/s): {rate:.2f}, #queue-req: 0\n")
+
+
+def test_scheduler_rates_per_load_from_a_server_log(tmp_path, seed):
+    """The scheduler's own decode lines, cut at the bench's cache flushes: per load, the median
+    rate of the lines at the most running requests (the first of them spans the prefill before
+    it), the first and last after it, the last line's time and tokens; `scheduler-rates` writes
+    them from a finished run's logs."""
+    import statistics
+
+    from _serving_server import loads_of_log, parse_decode_log, scheduler_rates
+
+    rng = random.Random(seed)
+    text, want = "[2026-11-27 02:57:00] Cache flushed successfully!\n", []
+    for running in (rng.randint(2, 64), rng.randint(65, 512)):
+        t = 0
+        text += _decode_line(t, running // 2, 1000, rng.uniform(10, 100))  # requests still arriving
+        rates = [rng.uniform(100, 20_000) for _ in range(rng.randint(2, 9))]
+        for r in rates:
+            t += 1
+            text += _decode_line(t, running, running * 100 + t, r)
+        text += "[2026-11-27 02:59:00] INFO: POST /flush_cache\n[2026-11-27 02:59:00] Cache flushed successfully!\n"
+        want.append({"scheduler_running": running, "scheduler_decode_tok_s": statistics.median(round(r, 2) for r in rates),
+                     "scheduler_decode_tok_s_first": round(rates[1], 2), "scheduler_decode_tok_s_last": round(rates[-1], 2),
+                     "scheduler_last_decode_at": f"2026-11-27 02:58:{t:02d}", "scheduler_tokens_at_last": running * 100 + t})
+    pieces = loads_of_log(text)
+    got = [scheduler_rates(parse_decode_log(p)) for p in pieces]
+    assert [g for g in got if g] == want and got[0] == {} and got[-1] == {}
+    log = tmp_path / "int2_30200.log"
+    log.write_text(text)
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"date": "2026-11-27 03:01 UTC", "device": "H100", "model": "m", "command": "x", "rows": []}))
+    out = tmp_path / "rates.json"
+    assert vs.main(["scheduler-rates", str(log), "--run", str(run), "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert all(k in doc for k in ("date", "device", "model", "command", "rows")) and doc["device"] == "H100"
+    assert [{k: v for k, v in r.items() if k.startswith("scheduler_")} for r in doc["rows"]] == want
+    assert {r["config"] for r in doc["rows"]} == {"int2"}
