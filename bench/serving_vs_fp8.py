@@ -350,7 +350,7 @@ def run_server(url: str, config: str, loads: List[str], args, table: Table, cloc
         run_requests(url, random_prompts(n, inp, args.vocab, seed=inp), out, "warm-up")
     start = pool_state(url, args.idle_timeout)
     for load in loads:
-        est = estimate_s(load, on_file.get((load, config)), kv_and_backend(CONFIGS[config])[0])
+        est = estimate_s(load, on_file.get((load, config)), kv)
         if not clock.fits(est):
             skip(load, f"estimated {est:.0f} s would end past "
                        f"--deadline-s {args.deadline_s:g} (at {clock.elapsed():.0f} s)")

@@ -46,8 +46,9 @@ _WARMED_UP = {"done": False}
 # query row against the round trip of its BF16 row: FlashInfer pays from ~48 query rows per cached
 # key on. A prefill chunk over its prompt's earlier chunks has thousands; the one-token rows of the
 # decodes that --enable-mixed-chunk folds into a prefill batch have one each: writing out their whole
-# caches every layer is the likely cause of int2-mixed-chunk's 13-42% lower throughput in the H100
-# table of 2026-11-27 than in the one before (not yet re-measured with this rule).
+# caches every layer cost int2-mixed-chunk 13-42% of its throughput in the H100 table of
+# 2026-11-27 00:08; with this rule the 02:53 table had it back to 3,168 / 5,457 / 5,940 / 1,282
+# output tok/s from 2,284 / 5,244 / 3,830 / 1,098 (two runs, docs/benchmarks.md).
 PREFIX_FI_MIN_ROWS_PER_KEY = 64
 
 
