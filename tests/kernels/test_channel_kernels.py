@@ -271,6 +271,30 @@ def test_planes_hi_operand_constants():
         assert mul * place / (4.0 ** (E // 2) if E // 2 < 3 else 16.0) == 4.0, E
 
 
+
+def _prmt(a: int, b: int, sel: int) -> int:
+    """PTX prmt.b32 (default mode): result byte i is byte (sel >> 4i) & 7 of b:a (a bytes 0-3),
+    replicated sign if bit 3 of that digit is set."""
+    src, out = a | b << 32, 0
+    for i in range(4):
+        d = (sel >> 4 * i) & 15
+        byte = (src >> 8 * (d & 7)) & 0xFF
+        out |= ((0xFF if byte & 0x80 else 0) if d & 8 else byte) << 8 * i
+    return out
+
+
+def test_widen_prmt_selectors(seed):
+    """_widen's PTX (CUDA only) emulated on registers of four random bytes: the two outputs hold
+    bytes 0, 1 and 2, 3 zero-extended in their 16-bit halves, low half first (Triton's packing of
+    elements into registers), i.e. exactly the uint16 cast."""
+    from oscar_kernels.triton import attend_channel as ch
+
+    sel = [int(x, 16) for x in ch.WIDEN_PRMT.value]
+    for w in torch.randint(0, 2**32, (2000,), dtype=torch.int64).tolist() + [0, 0xFFFFFFFF, 0x80808080]:
+        elems = [(w >> 8 * i) & 0xFF for i in range(4)]
+        halves = [(r >> 16 * h) & 0xFFFF for r in (_prmt(w, 0, sel[0]), _prmt(w, 0, sel[1])) for h in (0, 1)]
+        assert halves == elems, hex(w)
+
 def test_decode_channel_rejects_unsupported(seed):
     fmt = channel_fmt(64, 2, 32, 64)
     pool = ChannelPool(fmt, [1, 40], [0, 0], [0, 0], hkv=1)
