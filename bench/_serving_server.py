@@ -143,14 +143,23 @@ def kv_and_backend(config: ServingConfig) -> tuple:
     return flag("--kv-cache-dtype") or "bf16", flag("--attention-backend")
 
 
+# Each server's torch.distributed rendezvous port, as an offset from its HTTP port. Left to SGLang,
+# it is a free port found by binding and releasing one (get_free_port), which servers started side
+# by side can race for: on 2026-11-27 (4 x H200) the FP8 server of four died at start with
+# EADDRINUSE on it. Bench servers are 10 ports apart (serving_vs_fp8 --side-by-side).
+NCCL_PORT_OFFSET = 5
+
+
 def server_command(model_dir: Path, tokenizer_dir: Path, config: ServingConfig, port: int,
                    mem_fraction: float, extra: List[str]) -> List[str]:
+    given = "--nccl-port" in config.args or "--nccl-port" in extra
     return [
         sys.executable, "-m", "sglang.launch_server",
         "--model-path", str(model_dir),
         "--tokenizer-path", str(tokenizer_dir),
         "--mem-fraction-static", str(mem_fraction),
         "--port", str(port),
+        *([] if given else ["--nccl-port", str(port + NCCL_PORT_OFFSET)]),
         *COMMON_FLAGS, *config.args, *extra,
     ]
 

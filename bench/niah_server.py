@@ -145,7 +145,10 @@ def parse_configs(spec: str, default_format: str = "default") -> list[Config]:
 
 def server_command(cfg: Config, model_path: str, served_name: str, port: int,
                    server_args: list[str]) -> list[str]:
-    common = ["--port", str(port), "--host", "127.0.0.1", *server_args]
+    # its own NCCL rendezvous port (servers run side by side, PORT_STRIDE apart): SGLang's default
+    # binds and releases a free one, which servers starting together can race for (EADDRINUSE)
+    nccl = [] if "--nccl-port" in server_args else ["--nccl-port", str(port + PORT_STRIDE // 2)]
+    common = ["--port", str(port), "--host", "127.0.0.1", *nccl, *server_args]
     if cfg.kv == "int2":  # the shipped path: no model -> the embedded SmolLM2 and its zoo rotation
         return [sys.executable, "-m", "oscar_sglang.tools.cli", "serve", *common]
     kv = ["--kv-cache-dtype", cfg.kv] if cfg.kv != "bf16" else []

@@ -396,3 +396,23 @@ def test_scheduler_rates_per_load_from_a_server_log(tmp_path, seed):
     assert all(k in doc for k in ("date", "device", "model", "command", "rows")) and doc["device"] == "H100"
     assert [{k: v for k, v in r.items() if k.startswith("scheduler_")} for r in doc["rows"]] == want
     assert {r["config"] for r in doc["rows"]} == {"int2"}
+
+
+def test_side_by_side_servers_get_their_own_rendezvous_ports(seed):
+    """Servers started together must not race for SGLang's bind-and-release NCCL port: each
+    command names one derived from its HTTP port (distinct for the --side-by-side ports), and a
+    port the configuration names itself is kept."""
+    from _serving_server import NCCL_PORT_OFFSET, server_command
+
+    base = random.Random(seed).randrange(20000, 40000)
+    ports = [base + 10 * i for i in range(4)]
+    cfg = vs.CONFIGS["int2"]
+    nccl = []
+    for p in ports:
+        cmd = server_command(ROOT, ROOT, cfg, p, 0.85, [])
+        assert cmd[cmd.index("--port") + 1] == str(p)
+        nccl.append(int(cmd[cmd.index("--nccl-port") + 1]))
+    assert nccl == [p + NCCL_PORT_OFFSET for p in ports]
+    assert not set(nccl) & set(ports)
+    cmd = server_command(ROOT, ROOT, cfg, base, 0.85, ["--nccl-port", "41000"])
+    assert cmd.count("--nccl-port") == 1 and cmd[cmd.index("--nccl-port") + 1] == "41000"

@@ -360,6 +360,7 @@ def test_bench_configs_and_server_commands():
     for cmd, port in ((bf16, "31000"), (fp8, "31001"), (int2, "31003")):
         assert cmd[cmd.index("--port") + 1] == port and cmd[cmd.index("--host") + 1] == "127.0.0.1"
         assert cmd[-2:] == args
+        assert int(cmd[cmd.index("--nccl-port") + 1]) == int(port) + b.PORT_STRIDE // 2
     assert b.body_bits("bf16", None) == (16.0, None) and b.body_bits("fp8_e4m3", None)[0] == 8.0
     assert b.body_bits("int2", {"bytes_per_token": 3604, "bf16_bytes_per_token": 23040})[0] == \
         pytest.approx(2.5028, abs=1e-4)
