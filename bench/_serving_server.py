@@ -31,9 +31,10 @@ COMMON_FLAGS = [
     "--grammar-backend", "none",
     "--disable-prefill-cuda-graph",
     # each streamed chunk carries only its new token ids: by default SGLang sends a request's whole
-    # output so far in every chunk (O(n^2) JSON per request), the likely reason the client received
-    # only ~7.7K tok/s on 256 x 2K + 1024 while int2's scheduler decoded 11.5-13.4K tok/s
-    # (results/serving_vs_fp8_h100_2026-11-27_0253_scheduler_rates.json; docs/benchmarks.md)
+    # output so far in every chunk (O(n^2) JSON per request), why the client received only ~7.7K
+    # tok/s on 256 x 2K + 1024 while int2's scheduler decoded 11.5-13.4K tok/s
+    # (results/serving_vs_fp8_h100_2026-11-27_0253_scheduler_rates.json); with this flag the
+    # client's rate matches the scheduler's (results/serving_vs_fp8_h200_2026-11-27_0428.json)
     "--incremental-streaming-output",
     "--host", "127.0.0.1",
 ]

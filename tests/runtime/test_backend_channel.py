@@ -209,7 +209,7 @@ def test_channel_pool_refuses_a_page_size_that_is_not_the_block(backend_cls):
         OscarInt2KVPool(128, 16, H, D, D, 1, "cpu", req_rows=2, kv_format=fmt, k_clip=[1.0], v_clip=[1.0])
 
 
-def test_decode_splits_use_the_kernels_plan_within_sglangs_scratch(backend_cls):
+def test_decode_splits_use_the_kernels_plan_within_sglangs_scratch(backend_cls, monkeypatch):
     """Per-channel decode: the kernel's split plan (ops.decode_splits_channel), each request's count
     derived in kernel (no num_kv_splits), in SGLang's scratch ([rows, Hq, max_kv_splits, Dv]),
     whose split dimension caps it. Per-token formats keep SGLang's split counts and scratch."""
@@ -229,6 +229,15 @@ def test_decode_splits_use_the_kernels_plan_within_sglangs_scratch(backend_cls):
     small = SimpleNamespace(attn_logits=torch.zeros(2, Hq, 4, D), attn_lse=torch.zeros(2, Hq, 4), num_kv_splits=None)
     got = b._decode_splits(1, Hq, D, small)  # --triton-attention-num-kv-splits 4
     assert got["max_kv_splits"] == 4 and got["attn_logits"].shape == (1, Hq, 4, D)
+    # the other layers of a step reuse the first one's plan and views; new scratch or B replans
+    calls, real = [], ops.decode_splits_channel
+    monkeypatch.setattr(ops, "decode_splits_channel", lambda *a: calls.append(a) or real(*a))
+    first = b._decode_splits(2, Hq, D, graph)
+    assert all(b._decode_splits(2, Hq, D, graph) is first for _ in range(31)) and len(calls) == 1
+    assert b._decode_splits(1, Hq, D, graph)["attn_logits"].shape[0] == 1 and len(calls) == 2
+    fresh = SimpleNamespace(attn_logits=torch.zeros(16, Hq, 64, D), attn_lse=torch.zeros(16, Hq, 64))
+    got = b._decode_splits(1, Hq, D, fresh)
+    assert got["attn_logits"].data_ptr() == fresh.attn_logits.data_ptr() and len(calls) == 3
     pool.channel = False  # a per-token pool: SGLang's plan as given
     got = b._decode_splits(2, Hq, D, graph)
     assert got["num_kv_splits"] is graph.num_kv_splits and got["max_kv_splits"] == b.max_kv_splits

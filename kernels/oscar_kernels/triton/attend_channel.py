@@ -241,8 +241,8 @@ def _widen(c8, USE_ASM: tl.constexpr):
     1,693, registers unchanged, no spills. H100, same call (bench/results/kernels/
     2026-11-27_0452_channel-widen-*): k3c64-v2t64-s4-w128 8 x 32K 125.0 -> 117.9 us, 64 x 8K
     241.6 -> 232.5, 512 x 2K 547.9 -> 517.6, 1 x 128K 81.6 -> 77.6, 1 x 4K unchanged; 2-bit keys
-    1-4% faster; 4-bit keys not timed. Value codes keep the cast: they arrive one byte a load (transposed), and the
-    cast packs those pairs with one prmt already."""
+    1-4% faster; 4-bit keys not timed. Value codes keep the cast: they arrive one byte a load
+    (transposed), and the cast packs those pairs with one prmt already."""
     if USE_ASM:
         r = tl.inline_asm_elementwise(
             "prmt.b32 $0, $2, 0, " + WIDEN_PRMT[0] + "; prmt.b32 $1, $2, 0, " + WIDEN_PRMT[1] + ";",
