@@ -375,8 +375,8 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         if not self.pool.channel:
             return dict(num_kv_splits=md.num_kv_splits, max_kv_splits=self.max_kv_splits,
                         attn_logits=md.attn_logits, attn_lse=md.attn_lse)
-        # every layer of a step asks with the same scratch: plan and slice once (~25 us of Python
-        # a layer otherwise, paid every step where the decode runs without a CUDA graph)
+        # every layer of a step asks with the same scratch: plan and slice once (otherwise ~25 us
+        # of Python a layer on the CI machine, paid every step the decode runs without a CUDA graph)
         c = self._split_args
         if c is not None and c[0] is md.attn_logits and c[1] is md.attn_lse and c[2] == B:
             return c[3]
