@@ -283,6 +283,19 @@ def _prmt(a: int, b: int, sel: int) -> int:
     return out
 
 
+def test_fp16_code_bits():
+    """The dequantising extend's fp16 operands (CUDA): code c in [0, 128) under FP16_CODE_BASE,
+    shifted by FP16_CODE_SHIFT, is exactly 128 + c, and minus 128 gives c back (the interpreter
+    runs fp32, so the bits are checked here)."""
+    from oscar_kernels.triton import attend_channel as ch
+
+    c = torch.arange(128, dtype=torch.int32)
+    bits = ((c << ch.FP16_CODE_SHIFT.value) | ch.FP16_CODE_BASE.value).to(torch.int16)
+    x = bits.view(torch.float16)
+    assert torch.equal(x.double(), 128.0 + c.double())
+    assert torch.equal((x - 128.0).double(), c.double())  # exact in fp16
+
+
 def test_widen_prmt_selectors(seed):
     """_widen's PTX (CUDA only) emulated on registers of four random bytes: the two outputs hold
     bytes 0, 1 and 2, 3 zero-extended in their 16-bit halves, low half first (Triton's packing of

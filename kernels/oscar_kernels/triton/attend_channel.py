@@ -183,18 +183,33 @@ def _code_operand(c, DT: tl.constexpr):
     return r
 
 
+# fp16 bits of 128 + code for a code in [0, 128): 128's exponent, the code in the mantissa's top 7
+# bits (the ulp at 128 is 1/8). tests/kernels/test_channel_kernels.py checks it bit for bit.
+FP16_CODE_BASE = tl.constexpr(0x5800)
+FP16_CODE_SHIFT = tl.constexpr(3)
+
+
 @triton.jit
 def _dequant(c, sc, mn, AXIS: tl.constexpr, DT: tl.constexpr):
     """code * scale + min as DT, for int32 codes c [rows, cols] in [0, 128) and fp32 (scale, min)
-    vectors along AXIS (0: one per column, keys; 1: one per row, values). bf16 (CUDA): packed bf16
-    math, two elements an instruction (sm_90 HADD2 / HFMA2.BF16_V2): 128 + code from the bf16
-    exponent trick, minus 128 exactly, times the scale plus the min rounded once (the params
-    rounded to bf16 first: a relative 2^-9 of each, well under the codes' step); no int-to-float
-    or fp32-to-bf16 conversions per element. Otherwise (the interpreter's fp32) in fp32."""
+    vectors along AXIS (0: one per column, keys; 1: one per row, values). bf16 / fp16 (CUDA):
+    packed half math, two elements an instruction (sm_90 HADD2 / HFMA2): 128 + code from the
+    exponent trick, minus 128 exactly, times the scale plus the min rounded once; no int-to-float
+    or fp32-to-half conversions per element. bf16 rounds the params first (a relative 2^-9 of
+    each); fp16 holds the pool's fp16 params exactly and rounds the result to 2^-11. Otherwise (the
+    interpreter's fp32) in fp32."""
     if DT == tl.bfloat16:
         x = (c | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
         s16 = sc.to(tl.bfloat16)
         m16 = mn.to(tl.bfloat16)
+        if AXIS == 0:
+            r = (x - 128.0) * s16[None, :] + m16[None, :]
+        else:
+            r = (x - 128.0) * s16[:, None] + m16[:, None]
+    elif DT == tl.float16:
+        x = ((c << FP16_CODE_SHIFT) | FP16_CODE_BASE).to(tl.int16).to(tl.float16, bitcast=True)
+        s16 = sc.to(tl.float16)
+        m16 = mn.to(tl.float16)
         if AXIS == 0:
             r = (x - 128.0) * s16[None, :] + m16[None, :]
         else:
@@ -588,6 +603,12 @@ def attend_channel_kernel(
     combines them); num_kv_splits is unused."""
     QD: tl.constexpr = D // 4
     QDV: tl.constexpr = DV // 4
+    # the dequantising extend's MMA operands (q, dequantised keys and values, p): fp16 on CUDA. As
+    # bf16 they left 2.3-3.3% of error in the output against float64 on the tests' outlier channels
+    # (3 of 23 extend tests over 2% on the H100, 2026-11-27; a float64 emulation: max 4.2% bf16,
+    # 0.13% fp16), for 1.5-3.7% of extend time (bench/results/kernels/
+    # 2026-11-27_0743_channel-extend-*_h100.json). |q|, |k|, |v| stay far below fp16's 65504.
+    DQ_DT: tl.constexpr = tl.float16 if PV_DT == tl.bfloat16 else PV_DT
     b = tl.program_id(0)
     if SPLIT:
         kvh = tl.program_id(1)
@@ -688,6 +709,11 @@ def attend_channel_kernel(
             sm_scale_log2, logit_cap, Q + tok * stride_qt + hq * stride_qh,
             D, DV, BITS, BLK, GV, BLOCK_M, LOGIT_CAP, PV_DT, USE_ASM, STAGES, PLANES, VWORDS, KWORDS)
         j_hi = j_lo  # the extend loop below walks nothing
+    if EXT_DQ:  # its q operands, converted once for every page
+        q0 = q0.to(DQ_DT)
+        q1 = q1.to(DQ_DT)
+        q2 = q2.to(DQ_DT)
+        q3 = q3.to(DQ_DT)
     for jb in range(j_lo, j_hi):
         blk = tl.where(jb < n_a, jb, jb - n_a + start_b)
         p = blk * BLK + offs
@@ -713,8 +739,8 @@ def attend_channel_kernel(
             if EXT_DQ:
                 # the page's keys dequantised once ([BLK, D/4] per quarter), then q . k: the cost
                 # is the tile's keys, not the tile's query rows (BLOCK_M >= BLK)
-                kj = _dequant(_key_quarter(kc, kc2, hb, j, BITS, QD), sc, mn, 0, PV_DT)
-                qk = tl.dot(_pick4(j, q0, q1, q2, q3).to(PV_DT), tl.trans(kj), qk)
+                kj = _dequant(_key_quarter(kc, kc2, hb, j, BITS, QD), sc, mn, 0, DQ_DT)
+                qk = tl.dot(_pick4(j, q0, q1, q2, q3).to(DQ_DT), tl.trans(kj), qk)
             else:
                 qj = _pick4(j, q0, q1, q2, q3).to(tl.float32)
                 # (q * s) . code + q . m: q scaled once per block, one constant per row
@@ -733,7 +759,7 @@ def attend_channel_kernel(
         a2 = a2 * alpha[:, None]
         a3 = a3 * alpha[:, None]
         if EXT_DQ:
-            prd = pr.to(PV_DT)
+            prd = pr.to(DQ_DT)
         for j in tl.static_range(4):
             if (j * QDV) % GV == 0:  # first quarter of a value group: its per-token params
                 vsc, vmn = _unpack_params(tl.load(VPh + slot * stride_vpn + (j * QDV) // GV))
@@ -745,7 +771,7 @@ def attend_channel_kernel(
                     ps = (pr * vsc[None, :]).to(PV_DT)
                     pm = tl.sum(pr * vmn[None, :], 1)[:, None]
             if EXT_DQ:  # the page's values dequantised once, then p @ v
-                vj = _dequant((vc.to(tl.int32) >> (2 * j)) & 3, vsc, vmn, 1, PV_DT)
+                vj = _dequant((vc.to(tl.int32) >> (2 * j)) & 3, vsc, vmn, 1, DQ_DT)
                 upd = tl.dot(prd, vj)
             else:
                 upd = tl.dot(ps, _code_operand((vc.to(tl.int32) >> (2 * j)) & 3, PV_DT)) + pm
