@@ -293,6 +293,31 @@ def scheduler_rates(dec: List[dict]) -> dict:
             "scheduler_last_decode_at": dec[-1]["time"], "scheduler_tokens_at_last": dec[-1]["tokens"]}
 
 
+_PREFILL_LINE = re.compile(r"Prefill batch.*?#new-token: (\d+), #cached-token: (\d+)"
+                           r".*?input throughput \(token/s\): ([\d.]+)")
+
+
+def parse_prefill_log(text: str) -> List[dict]:
+    """The 'Prefill batch' lines (one per prefill forward): new and cached tokens, and the
+    scheduler's input throughput (the new tokens over the time since its previous prefill line,
+    so decode forwards in between count against it)."""
+    return [{"new": int(m.group(1)), "cached": int(m.group(2)), "tok_s": float(m.group(3))}
+            for m in _PREFILL_LINE.finditer(text)]
+
+
+def prefill_rates(pre: List[dict]) -> dict:
+    """A load's prefill as the scheduler logged it: the new tokens of all its prefill lines, and
+    the median input throughput of its full chunks (the lines with the most new tokens: the
+    chunked-prefill size) and how many there were. What bounds a load's wall time where every
+    configuration prefills the same prompts. Empty dict without prefill lines."""
+    if not pre:
+        return {}
+    chunk = max(p["new"] for p in pre)
+    full = [p["tok_s"] for p in pre if p["new"] == chunk]
+    return {"scheduler_prefill_tokens": sum(p["new"] for p in pre), "scheduler_prefill_chunk": chunk,
+            "scheduler_prefill_tok_s": statistics.median(full), "scheduler_prefill_chunks": len(full)}
+
+
 def loads_of_log(text: str) -> List[str]:
     """A finished server log cut where the bench flushed the cache (before the pool's start
     values and after every load), so each piece after the first holds one load's lines."""

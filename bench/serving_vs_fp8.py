@@ -326,7 +326,8 @@ def run_server(url: str, config: str, loads: List[str], args, table: Table, cloc
     scheduler logged at its full occupancy (_serving_server.scheduler_rates), the server-side
     decode rate next to the client's."""
     from _serving_client import random_prompts, run_requests
-    from _serving_server import log_size, log_slice, parse_decode_log, scheduler_rates
+    from _serving_server import (log_size, log_slice, parse_decode_log, parse_prefill_log, prefill_rates,
+                                 scheduler_rates)
 
     kv, backend = kv_and_backend(CONFIGS[config])
     facts = _facts(url)
@@ -362,7 +363,8 @@ def run_server(url: str, config: str, loads: List[str], args, table: Table, cloc
         off = log_size(log) if log else 0
         fields = measure(url, load, args.vocab, facts["context_tokens"], args.request_timeout)
         if log:
-            fields.update(scheduler_rates(parse_decode_log(log_slice(log, off))))
+            piece = log_slice(log, off)
+            fields.update(scheduler_rates(parse_decode_log(piece)), **prefill_rates(parse_prefill_log(piece)))
         fields.update(pool_leak(start, pool_state(url, args.idle_timeout)))
         if load == report.FRESH_LOAD and fresh is not None:
             fields.update(fresh_ttft_s=fresh["ttft_p50_s"], warm_ttft_s=fields["ttft_p50_s"],
@@ -570,9 +572,9 @@ def cmd_report(args) -> int:
 
 
 def cmd_scheduler_rates(args) -> int:
-    """Server-side decode rates of a finished run, from its server logs (runs before the rows
-    recorded them): one row per log and piece between cache flushes with decode lines."""
-    from _serving_server import loads_of_log, parse_decode_log, scheduler_rates
+    """Server-side decode and prefill rates of a finished run, from its server logs (runs before
+    the rows recorded them): one row per log and piece between cache flushes with decode lines."""
+    from _serving_server import loads_of_log, parse_decode_log, parse_prefill_log, prefill_rates, scheduler_rates
 
     run = json.loads(Path(args.run).read_text())
     rows = []
@@ -581,7 +583,8 @@ def cmd_scheduler_rates(args) -> int:
         for i, piece in enumerate(loads_of_log(path.read_text(errors="replace"))):
             rates = scheduler_rates(parse_decode_log(piece))
             if rates:
-                rows.append({"config": config, "log": path.name, "piece": i, **rates})
+                rows.append({"config": config, "log": path.name, "piece": i, **rates,
+                             **prefill_rates(parse_prefill_log(piece))})
     doc = _results.document(run["model"], rows, device=run["device"], run=os.path.relpath(args.run, ROOT),
                             run_date=run["date"])
     print(json.dumps(rows, indent=1))
@@ -633,8 +636,9 @@ def main(argv=None) -> int:
     q.add_argument("--resummarize", action="store_true",
                    help="also write the recomputed summary (checks, ratios) back into the results file")
     q.set_defaults(func=cmd_report)
-    g = sub.add_parser("scheduler-rates", help="the scheduler's decode rates at each load's full occupancy, "
-                       "from a finished run's server logs (what newer rows record as scheduler_*)")
+    g = sub.add_parser("scheduler-rates", help="the scheduler's decode rates at each load's full occupancy "
+                       "and its prefill rates, from a finished run's server logs (what newer rows record "
+                       "as scheduler_*)")
     g.add_argument("logs", nargs="+", help="server logs of one run (<config>_<port>.log from run --logs)")
     g.add_argument("--run", default=str(DEFAULT_OUT), help="the run's results JSON (its model, device and date)")
     g.add_argument("--out", default=None, help="write the rows as a results JSON here")

@@ -416,3 +416,41 @@ def test_side_by_side_servers_get_their_own_rendezvous_ports(seed):
     assert not set(nccl) & set(ports)
     cmd = server_command(ROOT, ROOT, cfg, base, 0.85, ["--nccl-port", "41000"])
     assert cmd.count("--nccl-port") == 1 and cmd[cmd.index("--nccl-port") + 1] == "41000"
+
+
+def _prefill_line(t, seqs, new, cached, rate):
+    return (f"[2026-11-27 07:04:{t:02d}] Prefill batch, #new-seq: {seqs}, #new-token: {new}, #cached-token: "
+            f"{cached}, token usage: 0.01, #running-req: 0, #queue-req: 3, #pending-token: 0, "
+            f"cuda graph: False, input throughput (token/s): {rate:.2f}\n")
+
+
+def test_prefill_rates_per_load_from_a_server_log(tmp_path, seed):
+    """The scheduler's prefill lines of a load: all their new tokens, and the median input
+    throughput of the full chunks only (a load's last, partial chunk and the warm-up's short
+    prompt are not its rate); recorded next to the decode rates by `scheduler-rates`."""
+    import statistics
+
+    from _serving_server import parse_prefill_log, prefill_rates
+
+    rng = random.Random(seed)
+    chunk = rng.choice([4096, 8192, 16384])
+    full = [rng.uniform(20_000, 40_000) for _ in range(rng.randint(3, 12))]
+    tail = rng.randint(1, chunk - 1)
+    text = _prefill_line(0, 1, 64, 0, 30.0)  # a short request: not a full chunk
+    for t, r in enumerate(full, 1):
+        text += _prefill_line(t, rng.randint(1, 4), chunk, rng.choice([0, chunk]), r)
+    text += _prefill_line(59, 1, tail, chunk, 1_000.0)
+    text += _decode_line(59, 4, 1000, 500.0)
+    got = prefill_rates(parse_prefill_log(text))
+    assert got == {"scheduler_prefill_tokens": 64 + chunk * len(full) + tail, "scheduler_prefill_chunk": chunk,
+                   "scheduler_prefill_tok_s": statistics.median(round(r, 2) for r in full),
+                   "scheduler_prefill_chunks": len(full)}
+    assert prefill_rates(parse_prefill_log(_decode_line(1, 4, 10, 5.0))) == {}
+    log = tmp_path / "fp8-flashinfer_30210.log"
+    log.write_text("[x] Cache flushed successfully!\n" + text)
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"date": "2026-11-27 07:09 UTC", "device": "H100", "model": "m", "command": "x", "rows": []}))
+    out = tmp_path / "rates.json"
+    assert vs.main(["scheduler-rates", str(log), "--run", str(run), "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["config"] == "fp8-flashinfer" and {k: row[k] for k in got} == got
