@@ -297,6 +297,9 @@ _PREFILL_LINE = re.compile(r"Prefill batch.*?#new-token: (\d+), #cached-token: (
                            r".*?input throughput \(token/s\): ([\d.]+)")
 
 
+PREFILL_FULL_SHARE = 0.9  # a prefill line this close to the chunk size is a full chunk (prefill_rates)
+
+
 def parse_prefill_log(text: str) -> List[dict]:
     """The 'Prefill batch' lines (one per prefill forward): new and cached tokens, and the
     scheduler's input throughput (the new tokens over the time since its previous prefill line,
@@ -307,13 +310,15 @@ def parse_prefill_log(text: str) -> List[dict]:
 
 def prefill_rates(pre: List[dict]) -> dict:
     """A load's prefill as the scheduler logged it: the new tokens of all its prefill lines, and
-    the median input throughput of its full chunks (the lines with the most new tokens: the
-    chunked-prefill size) and how many there were. What bounds a load's wall time where every
-    configuration prefills the same prompts. Empty dict without prefill lines."""
+    the median input throughput of its full chunks and how many there were. Full: at least
+    PREFILL_FULL_SHARE of the most new tokens of a line (the chunked-prefill size; with
+    --enable-mixed-chunk a chunk gives up one token per decode folded in). What bounds a load's
+    wall time where every configuration prefills the same prompts. Empty dict without prefill
+    lines."""
     if not pre:
         return {}
     chunk = max(p["new"] for p in pre)
-    full = [p["tok_s"] for p in pre if p["new"] == chunk]
+    full = [p["tok_s"] for p in pre if p["new"] >= PREFILL_FULL_SHARE * chunk]
     return {"scheduler_prefill_tokens": sum(p["new"] for p in pre), "scheduler_prefill_chunk": chunk,
             "scheduler_prefill_tok_s": statistics.median(full), "scheduler_prefill_chunks": len(full)}
 

@@ -427,7 +427,8 @@ def _prefill_line(t, seqs, new, cached, rate):
 def test_prefill_rates_per_load_from_a_server_log(tmp_path, seed):
     """The scheduler's prefill lines of a load: all their new tokens, and the median input
     throughput of the full chunks only (a load's last, partial chunk and the warm-up's short
-    prompt are not its rate); recorded next to the decode rates by `scheduler-rates`."""
+    prompt are not its rate; a mixed chunk short of a few folded-in decodes is); recorded next
+    to the decode rates by `scheduler-rates`."""
     import statistics
 
     from _serving_server import parse_prefill_log, prefill_rates
@@ -435,14 +436,15 @@ def test_prefill_rates_per_load_from_a_server_log(tmp_path, seed):
     rng = random.Random(seed)
     chunk = rng.choice([4096, 8192, 16384])
     full = [rng.uniform(20_000, 40_000) for _ in range(rng.randint(3, 12))]
-    tail = rng.randint(1, chunk - 1)
+    folded = [0] + [rng.randint(1, chunk // 10) for _ in full[1:]]  # decodes in a mixed chunk
+    tail = rng.randint(1, int(0.9 * chunk) - 1)
     text = _prefill_line(0, 1, 64, 0, 30.0)  # a short request: not a full chunk
-    for t, r in enumerate(full, 1):
-        text += _prefill_line(t, rng.randint(1, 4), chunk, rng.choice([0, chunk]), r)
+    for t, (r, d) in enumerate(zip(full, folded), 1):
+        text += _prefill_line(t, rng.randint(1, 4), chunk - d, rng.choice([0, chunk]), r)
     text += _prefill_line(59, 1, tail, chunk, 1_000.0)
     text += _decode_line(59, 4, 1000, 500.0)
     got = prefill_rates(parse_prefill_log(text))
-    assert got == {"scheduler_prefill_tokens": 64 + chunk * len(full) + tail, "scheduler_prefill_chunk": chunk,
+    assert got == {"scheduler_prefill_tokens": 64 + chunk * len(full) - sum(folded) + tail, "scheduler_prefill_chunk": chunk,
                    "scheduler_prefill_tok_s": statistics.median(round(r, 2) for r in full),
                    "scheduler_prefill_chunks": len(full)}
     assert prefill_rates(parse_prefill_log(_decode_line(1, 4, 10, 5.0))) == {}
