@@ -198,18 +198,13 @@ def _dequant(c, sc, mn, AXIS: tl.constexpr, DT: tl.constexpr):
     or fp32-to-half conversions per element. bf16 rounds the params first (a relative 2^-9 of
     each); fp16 holds the pool's fp16 params exactly and rounds the result to 2^-11. Otherwise (the
     interpreter's fp32) in fp32."""
-    if DT == tl.bfloat16:
-        x = (c | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
-        s16 = sc.to(tl.bfloat16)
-        m16 = mn.to(tl.bfloat16)
-        if AXIS == 0:
-            r = (x - 128.0) * s16[None, :] + m16[None, :]
+    if DT == tl.bfloat16 or DT == tl.float16:
+        if DT == tl.bfloat16:
+            x = (c | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
         else:
-            r = (x - 128.0) * s16[:, None] + m16[:, None]
-    elif DT == tl.float16:
-        x = ((c << FP16_CODE_SHIFT) | FP16_CODE_BASE).to(tl.int16).to(tl.float16, bitcast=True)
-        s16 = sc.to(tl.float16)
-        m16 = mn.to(tl.float16)
+            x = ((c << FP16_CODE_SHIFT) | FP16_CODE_BASE).to(tl.int16).to(tl.float16, bitcast=True)
+        s16 = sc.to(DT)
+        m16 = mn.to(DT)
         if AXIS == 0:
             r = (x - 128.0) * s16[None, :] + m16[None, :]
         else:
