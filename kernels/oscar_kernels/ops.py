@@ -21,6 +21,8 @@ Conventions shared by every op (see docs/format.md):
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 
@@ -265,6 +267,7 @@ def extend_prefix_attention_channel(
     extend_variant: str | None = None,
     max_len_prefix: int | None = None,
     num_splits: int | None = None,
+    extend_lens: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """extend_prefix_attention for per-channel keys: E_b new query tokens of each request against
     its cached prefix (no mask).
@@ -283,6 +286,10 @@ def extend_prefix_attention_channel(
     longest prefix of the batch (host int, optional): when the grid is under a wave of the GPU,
     each prefix is split into chunks walked by separate programs and merged by LSE
     (attend_channel.extend_prefix_splits; None: never split); num_splits forces a split count.
+    extend_lens: each request's new-token count (host ints, optional; SGLang's
+    extend_seq_lens_cpu): where the batch ends in a run of one-token extends (the decodes that
+    --enable-mixed-chunk folds into a prefill batch) those get a launch with small query tiles
+    (attend_channel.SHORT_EXTEND_ROWS); the result is the same.
     """
     args = dict(locals())  # before the import below adds a local
     from .triton import attend_channel as _ch

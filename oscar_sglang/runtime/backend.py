@@ -410,8 +410,10 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             o_new, lse_new = self._new_tokens.run(q3, k3, v3, layer, layer.logit_cap, want_lse=True)
             prefix = (ops.extend_prefix_attention_channel if self.pool.channel
                       else ops.extend_prefix_attention)
-            # the channel kernel may split long prefixes: it needs the longest, host-side
-            split_hint = {"max_len_prefix": getattr(self, "_max_prefix", None)} if self.pool.channel else {}
+            # the channel kernel may split long prefixes (it needs the longest) and launches a batch's
+            # trailing one-token extends (mixed-chunk decodes) with small tiles: host-side lengths
+            split_hint = ({"max_len_prefix": getattr(self, "_max_prefix", None),
+                           "extend_lens": getattr(fb, "extend_seq_lens_cpu", None)} if self.pool.channel else {})
             o_pre, lse_pre = prefix(
                 self._rot_q(q3, layer.layer_id),
                 md.qo_indptr,

@@ -413,6 +413,46 @@ def _extend_launches(monkeypatch, pool, q, ext, **kw):
     return seen
 
 
+# a prefill's requests, then mixed-chunk decodes (one new token over a cached prefix), one of them
+# a padding request (empty prefix), and a decode whose prefix ends mid-block
+EXT_MIXED = [(0, 0, 0, 9), (96, 0, 0, 20), (75, 2, 2, 9),
+             (130, 64, 0, 1), (0, 0, 0, 1), (100, 64, 64, 1), (75, 0, 0, 1)]
+
+
+@pytest.mark.parametrize("D,bits,gqa,variant", [(64, 2, 4, None), (128, 3, 4, "dequant"), (64, 4, 2, "codes")])
+def test_extend_prefix_channel_short_tail_gets_its_own_launch(seed, monkeypatch, D, bits, gqa, variant):
+    """With the extend lengths on the host, a batch that ends in short extends (the decodes that
+    --enable-mixed-chunk folds in) is two launches, the tail's with SHORT_EXTEND_ROWS-row tiles;
+    every token still matches the float64 reference, as without the lengths; a batch of short
+    extends only is one launch of short tiles; lengths that do not match the batch are refused."""
+    from oscar_kernels.triton import attend_channel as ch
+
+    hkv = 2
+    prefix, owns, sinks, ext = map(list, zip(*EXT_MIXED))
+    pool = ChannelPool(channel_fmt(D, bits, 32, 64), prefix, owns, sinks, hkv=hkv)
+    q = (torch.randn(sum(ext), hkv * gqa, D) * 2).bfloat16()
+    sm = 1 / math.sqrt(D)
+    k = ch.short_extend_start(ext, gqa)
+    assert k == 3 and ch.short_extend_start([1, 1], gqa) == 0 and ch.short_extend_start([1, 9], gqa) == 2
+    o, lse, qo_indptr = run_extend(pool, q, ext, sm, extend_variant=variant, extend_lens=ext)
+    check_extend(o, lse, qo_indptr, prefix, q, pool.request_kv, sm)
+    o1, lse1, _ = run_extend(pool, q, ext, sm, extend_variant=variant)  # one launch, the same answer
+    assert rel_err(o, o1) <= REL_TOL and torch.allclose(lse, lse1, atol=REL_TOL, rtol=REL_TOL)
+    launches = _extend_launches(monkeypatch, pool, q, ext, extend_variant=variant, extend_lens=ext)
+    assert [(g[0], a[-1]) for g, a, _ in launches] == [(k, ch.triton.cdiv(20 * gqa, launches[0][2]["BLOCK_M"])),
+                                                       (len(ext) - k, 1)]
+    assert launches[1][2]["BLOCK_M"] == ch.SHORT_EXTEND_ROWS and launches[1][2]["num_warps"] == ch.SHORT_EXTEND_WARPS
+    tail = [1, 1, 1]
+    pool2 = ChannelPool(channel_fmt(D, bits, 32, 64), [130, 0, 75], [64, 0, 0], [0, 0, 0], hkv=hkv)
+    q2 = (torch.randn(3, hkv * gqa, D) * 2).bfloat16()
+    (launch,) = _extend_launches(monkeypatch, pool2, q2, tail, extend_variant=variant)  # no lengths needed
+    assert launch[2]["BLOCK_M"] == ch.SHORT_EXTEND_ROWS
+    o2, lse2, qo2 = run_extend(pool2, q2, tail, sm, extend_variant=variant)
+    check_extend(o2, lse2, qo2, [130, 0, 75], q2, pool2.request_kv, sm)
+    with pytest.raises(ValueError, match="extend_lens has 2 entries for 7 requests"):
+        run_extend(pool, q, ext, sm, extend_lens=[1, 1])
+
+
 # splits: the prefix split count forced (num_splits; 7 > the body blocks of some requests, so
 # some splits see no key) or chosen from max_len_prefix by the policy (8 SMs off CUDA)
 @pytest.mark.parametrize("D,bits,B,variant,splits", [

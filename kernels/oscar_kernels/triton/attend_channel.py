@@ -889,7 +889,7 @@ EXTEND_BLOCK_B = 64  # BF16 sink / ring keys per extend tile
 # page's key scales into q (BLOCK_M x D multiplies per tile, plus the q . m row constant and per-row
 # p * scale for values). H100, 2026-11-26 (bench/results/kernels/, docs/benchmarks.md): dequant
 # with 128 rows 2.5x codes at 32K + 4096 (12.2 vs 30.5 ms, 1.13x SGLang BF16's prefix part),
-# 2.4x at 8K + 512; results agree to 5e-3 (keys / values rounded to bf16, as a BF16 cache holds them).
+# 2.4x at 8K + 512; results agree to 5e-3 (dequant's operands rounded to bf16 then, fp16 since 2026-11-27).
 CHANNEL_EXTEND_VARIANTS = ("codes", "dequant")
 CHANNEL_EXTEND_ENV = "OSCAR_CHANNEL_EXTEND"
 CHANNEL_EXTEND_DEFAULT = "dequant"
@@ -941,18 +941,41 @@ def merge_extend_splits(o_part, lse_part, o, lse):
     return o, lse
 
 
+# Short extends (issue 19: --enable-mixed-chunk). SGLang folds the running decodes into a prefill
+# batch as one-token extends after the prefill's requests; in one launch each of their programs
+# runs the prefill's 128-row query tile for GQA (4) rows, 32x the MMA work the token needs. A
+# trailing run of requests whose rows (tokens x GQA) fit SHORT_EXTEND_ROWS gets a launch of its own
+# with tiles of that many rows and SHORT_EXTEND_WARPS warps (short_extend_start; needs the extend
+# lengths on the host, SGLang's extend_seq_lens_cpu). Not yet timed on a GPU.
+SHORT_EXTEND_ROWS = 16  # the smallest MMA tile's rows
+SHORT_EXTEND_WARPS = 4
+
+
+def short_extend_start(extend_lens, gqa: int) -> int:
+    """Index of the first request of the trailing run whose extends are short (len * gqa <=
+    SHORT_EXTEND_ROWS): len(extend_lens) when the last one is not short, 0 when all are."""
+    k = len(extend_lens)
+    while k > 0 and int(extend_lens[k - 1]) * gqa <= SHORT_EXTEND_ROWS:
+        k -= 1
+    return k
+
+
 def extend_prefix_attention_channel(
     q, qo_indptr, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
     kv_indptr, kv_indices, req_rows, own_start, *, k_bits, k_block, v_group, sm_scale,
     max_len_extend, sink_start=None, logit_cap=0.0, o=None, lse=None, block_m=None,
     num_warps=None, num_stages=2, extend_variant=None, max_len_prefix=None, num_splits=None,
+    extend_lens=None,
 ):
     """See ops.extend_prefix_attention_channel; block_m / num_warps / num_stages are tuning knobs
-    (block_m default: extend_block_m; rounded up to >= 16 and >= the GQA group, as extend_prefix.py
-    does; num_warps default: 8 at head_dim 128, where 4 warps spill registers at sm_90 with 64
-    rows, else 4). extend_variant: 'codes' / 'dequant' (None: OSCAR_CHANNEL_EXTEND, default 'dequant').
-    max_len_prefix: the batch's longest cached prefix (host int; None: unknown, no prefix split);
-    num_splits: the prefix split count (None: extend_prefix_splits' choice)."""
+    (block_m default: extend_block_m, or SHORT_EXTEND_ROWS where every request's rows fit it;
+    rounded up to >= 16 and >= the GQA group, as extend_prefix.py does; num_warps default: 8 at
+    head_dim 128, where 4 warps spill registers at sm_90 with 64 rows, else 4, and
+    SHORT_EXTEND_WARPS for short tiles). extend_variant: 'codes' / 'dequant' (None:
+    OSCAR_CHANNEL_EXTEND, default 'dequant'). max_len_prefix: the batch's longest cached prefix
+    (host int; None: unknown, no prefix split); num_splits: the prefix split count (None:
+    extend_prefix_splits' choice). extend_lens: each request's new tokens (host ints, optional):
+    a trailing run of short extends is launched on its own (SHORT_EXTEND_ROWS)."""
     check_channel_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_bits, k_block, v_group)
     dequant = channel_extend_variant(extend_variant) == "dequant"
     sink_start = own_start if sink_start is None else sink_start
@@ -963,6 +986,24 @@ def extend_prefix_attention_channel(
     o, lse = extend_outputs(q, qo_indptr, kv_indptr, v_codes, o, lse)
     if T == 0 or B == 0:
         return o, lse
+    if extend_lens is not None and block_m is None:
+        if len(extend_lens) != B:
+            raise ValueError(f"extend_lens has {len(extend_lens)} entries for {B} requests")
+        k = short_extend_start(extend_lens, gqa)
+        if 0 < k < B:  # the long requests, then the short run: two launches into o / lse
+            kw = dict(k_bits=k_bits, k_block=k_block, v_group=v_group, sm_scale=sm_scale, sink_start=sink_start,
+                      logit_cap=logit_cap, o=o, lse=lse, num_warps=num_warps, num_stages=num_stages,
+                      extend_variant=extend_variant, max_len_prefix=max_len_prefix, num_splits=num_splits)
+            pool = (k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v)
+            for lo, hi in ((0, k), (k, B)):
+                extend_prefix_attention_channel(
+                    q, qo_indptr[lo:hi + 1], *pool, kv_indptr[lo:hi + 1], kv_indices, req_rows[lo:hi],
+                    own_start, max_len_extend=max(int(x) for x in extend_lens[lo:hi]),
+                    extend_lens=extend_lens[lo:hi], **kw)
+            return o, lse
+    short = block_m is None and int(max_len_extend) * gqa <= SHORT_EXTEND_ROWS
+    if short:
+        block_m, num_warps = SHORT_EXTEND_ROWS, num_warps or SHORT_EXTEND_WARPS
     bm = max(block_m or extend_block_m(dequant, D), 16, triton.next_power_of_2(gqa))
     num_mb = triton.cdiv(max(1, int(max_len_extend)) * gqa, bm)
     splits = (extend_prefix_splits(B * Hkv * num_mb, max_len_prefix, q.device) if num_splits is None
