@@ -946,7 +946,9 @@ def merge_extend_splits(o_part, lse_part, o, lse):
 # runs the prefill's 128-row query tile for GQA (4) rows, 32x the MMA work the token needs. A
 # trailing run of requests whose rows (tokens x GQA) fit SHORT_EXTEND_ROWS gets a launch of its own
 # with tiles of that many rows and SHORT_EXTEND_WARPS warps (short_extend_start; needs the extend
-# lengths on the host, SGLang's extend_seq_lens_cpu). Not yet timed on a GPU.
+# lengths on the host, SGLang's extend_seq_lens_cpu). Offline sm_90 (3-bit keys, D 128): 5.8K
+# warp-instructions a page tile against 8.5K (the page's dequantisation dominates), 3 programs per
+# SM by registers against 1. Not yet timed on a GPU.
 SHORT_EXTEND_ROWS = 16  # the smallest MMA tile's rows
 SHORT_EXTEND_WARPS = 4
 
