@@ -442,6 +442,10 @@ def test_extend_prefix_channel_short_tail_gets_its_own_launch(seed, monkeypatch,
     assert [(g[0], a[-1]) for g, a, _ in launches] == [(k, ch.triton.cdiv(20 * gqa, launches[0][2]["BLOCK_M"])),
                                                        (len(ext) - k, 1)]
     assert launches[1][2]["BLOCK_M"] == ch.SHORT_EXTEND_ROWS and launches[1][2]["num_warps"] == ch.SHORT_EXTEND_WARPS
+    # each launch sees only its own tokens: split scratch is sized by them, not by the batch
+    assert [a[0].shape[0] for _, a, _ in launches] == [sum(ext[:k]), sum(ext[k:])]
+    o3, lse3, _ = run_extend(pool, q, ext, sm, extend_variant=variant, extend_lens=ext, num_splits=3)
+    check_extend(o3, lse3, qo_indptr, prefix, q, pool.request_kv, sm)
     tail = [1, 1, 1]
     pool2 = ChannelPool(channel_fmt(D, bits, 32, 64), [130, 0, 75], [64, 0, 0], [0, 0, 0], hkv=hkv)
     q2 = (torch.randn(3, hkv * gqa, D) * 2).bfloat16()
@@ -449,8 +453,10 @@ def test_extend_prefix_channel_short_tail_gets_its_own_launch(seed, monkeypatch,
     assert launch[2]["BLOCK_M"] == ch.SHORT_EXTEND_ROWS
     o2, lse2, qo2 = run_extend(pool2, q2, tail, sm, extend_variant=variant)
     check_extend(o2, lse2, qo2, [130, 0, 75], q2, pool2.request_kv, sm)
-    with pytest.raises(ValueError, match="extend_lens has 2 entries for 7 requests"):
+    with pytest.raises(ValueError, match=r"extend_lens \(2 requests, 2 tokens\) does not match the batch \(7 requests"):
         run_extend(pool, q, ext, sm, extend_lens=[1, 1])
+    with pytest.raises(ValueError, match="does not match the batch"):
+        run_extend(pool, q, ext, sm, extend_lens=ext[:-1] + [2])
 
 
 # splits: the prefix split count forced (num_splits; 7 > the body blocks of some requests, so

@@ -989,19 +989,22 @@ def extend_prefix_attention_channel(
     if T == 0 or B == 0:
         return o, lse
     if extend_lens is not None and block_m is None:
-        if len(extend_lens) != B:
-            raise ValueError(f"extend_lens has {len(extend_lens)} entries for {B} requests")
+        if len(extend_lens) != B or sum(int(x) for x in extend_lens) != T:
+            raise ValueError(f"extend_lens ({len(extend_lens)} requests, {sum(int(x) for x in extend_lens)} "
+                             f"tokens) does not match the batch ({B} requests, {T} tokens)")
         k = short_extend_start(extend_lens, gqa)
-        if 0 < k < B:  # the long requests, then the short run: two launches into o / lse
+        if 0 < k < B:  # the long requests, then the short run: two launches, each on its own
+            # tokens (rows of q / o / lse, qo_indptr rebased), so split scratch is sized by them
             kw = dict(k_bits=k_bits, k_block=k_block, v_group=v_group, sm_scale=sm_scale, sink_start=sink_start,
-                      logit_cap=logit_cap, o=o, lse=lse, num_warps=num_warps, num_stages=num_stages,
+                      logit_cap=logit_cap, num_warps=num_warps, num_stages=num_stages,
                       extend_variant=extend_variant, max_len_prefix=max_len_prefix, num_splits=num_splits)
             pool = (k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v)
-            for lo, hi in ((0, k), (k, B)):
+            t_k = sum(int(x) for x in extend_lens[:k])
+            for (lo, hi), (t_lo, t_hi) in (((0, k), (0, t_k)), ((k, B), (t_k, T))):
                 extend_prefix_attention_channel(
-                    q, qo_indptr[lo:hi + 1], *pool, kv_indptr[lo:hi + 1], kv_indices, req_rows[lo:hi],
-                    own_start, max_len_extend=max(int(x) for x in extend_lens[lo:hi]),
-                    extend_lens=extend_lens[lo:hi], **kw)
+                    q[t_lo:t_hi], qo_indptr[lo:hi + 1] - t_lo, *pool, kv_indptr[lo:hi + 1], kv_indices,
+                    req_rows[lo:hi], own_start, max_len_extend=max(int(x) for x in extend_lens[lo:hi]),
+                    o=o[t_lo:t_hi], lse=lse[t_lo:t_hi], extend_lens=extend_lens[lo:hi], **kw)
             return o, lse
     short = block_m is None and int(max_len_extend) * gqa <= SHORT_EXTEND_ROWS
     if short:
