@@ -735,7 +735,7 @@ def attend_channel_kernel(
                 # the page's keys dequantised once ([BLK, D/4] per quarter), then q . k: the cost
                 # is the tile's keys, not the tile's query rows (BLOCK_M >= BLK)
                 kj = _dequant(_key_quarter(kc, kc2, hb, j, BITS, QD), sc, mn, 0, DQ_DT)
-                qk = tl.dot(_pick4(j, q0, q1, q2, q3).to(DQ_DT), tl.trans(kj), qk)
+                qk = tl.dot(_pick4(j, q0, q1, q2, q3), tl.trans(kj), qk)  # q: DQ_DT already
             else:
                 qj = _pick4(j, q0, q1, q2, q3).to(tl.float32)
                 # (q * s) . code + q . m: q scaled once per block, one constant per row
