@@ -1,5 +1,24 @@
 """The test suite; its folders mirror the code: kernels/, runtime/, common/, tools/, bench/,
 deploy/ (launch recipes and Docker files). Shared fixtures live in conftest.py."""
+import random
+import socket
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository root
+
+
+def free_ports(n: int = 1) -> int:
+    """The first of n consecutive loopback ports that are free now, below Linux's ephemeral range
+    (32768+): a port the OS hands out for binding to 0 is one it also hands to outgoing client
+    sockets, so a stand-in server started later on it, or on the port after it, can find it taken
+    (a CI run on 2026-11-27 lost a stand-in BF16 server that way)."""
+    for _ in range(200):
+        base = random.randrange(20000, 32000 - n)
+        try:
+            for p in range(base, base + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no {n} consecutive free loopback ports in 20000-32000")

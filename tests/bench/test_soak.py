@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import ROOT
+from tests import ROOT, free_ports
 from tests.http_stub import JSONHandler
 
 spec = importlib.util.spec_from_file_location("oscar_bench_soak", ROOT / "bench" / "soak.py")
@@ -323,11 +323,7 @@ def test_a_started_server_that_dies_is_a_crash(tmp_path, monkeypatch):
     script = tmp_path / "dying.py"
     script.write_text(DYING_SERVER.format(root=str(ROOT)))
     monkeypatch.setattr(soak, "managed_command", lambda config, args, port: [sys.executable, str(script), str(port)])
-    import socket
-
-    with socket.socket() as s:  # a free port
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_ports(1)
     out = tmp_path / "soak.json"
     rc = soak.main(["--configs", "int2", "--port", str(port), "--duration", "3", "--concurrency", "2",
                     "--burst-every", "0.5", "--max-prompt-tokens", "600", "--health-interval", "0.1",

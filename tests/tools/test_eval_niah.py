@@ -21,7 +21,7 @@ import pytest
 
 from oscar_sglang.tools import cli
 from oscar_sglang.tools.evaluation import niah
-from tests import ROOT
+from tests import ROOT, free_ports
 from tests.http_stub import JSONHandler
 
 
@@ -527,12 +527,8 @@ HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 
 def test_bench_server_process_starts_waits_and_stops_its_group(tmp_path):
     import os
-    import socket
-
     b = load_bench()
-    with socket.socket() as s:  # a free loopback port
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_ports(1)
     log = tmp_path / "logs" / "server.log"
     with b.Server([sys.executable, "-c", HEALTH_SERVER, str(port)], {"OSCAR_X": "1"}, log,
                   port) as srv:
@@ -577,12 +573,8 @@ def test_bench_main_end_to_end_with_stand_in_servers(tmp_path, monkeypatch, para
     """main() with the server command swapped for a stdlib stand-in (no GPU here): servers are
     started, waited for, asked, stopped; the JSON and logs land where the device run puts them
     (one after another, or side by side with --parallel)."""
-    import socket
-
     b = load_bench()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_ports(b.PORT_STRIDE + 1)  # two servers, a stride apart
     started = []
 
     def fake_command(cfg, model_path, served, p, server_args):
