@@ -187,6 +187,7 @@ def _code_operand(c, DT: tl.constexpr):
 # bits (the ulp at 128 is 1/8). tests/kernels/test_channel_kernels.py checks it bit for bit.
 FP16_CODE_BASE = tl.constexpr(0x5800)
 FP16_CODE_SHIFT = tl.constexpr(3)
+FP32_CODE_BASE = tl.constexpr(0x4B000000)  # 2^23: a code in the low mantissa bits is 2^23 + code
 
 
 @triton.jit
@@ -196,8 +197,10 @@ def _dequant(c, sc, mn, AXIS: tl.constexpr, DT: tl.constexpr):
     packed half math, two elements an instruction (sm_90 HADD2 / HFMA2): 128 + code from the
     exponent trick, minus 128 exactly, times the scale plus the min rounded once; no int-to-float
     or fp32-to-half conversions per element. bf16 rounds the params first (a relative 2^-9 of
-    each); fp16 holds the pool's fp16 params exactly and rounds the result to 2^-11. Otherwise (the
-    interpreter's fp32) in fp32."""
+    each); fp16 holds the pool's fp16 params exactly and rounds the result to 2^-11. fp32 (the
+    interpreter's, and dequant_channel's pieces on CUDA): 2^23 + code from the fp32 exponent trick
+    (one lop, no int-to-float conversion), minus 2^23 exactly, times the fp16 scale (exact) plus
+    the min, rounded once to fp32."""
     if DT == tl.bfloat16 or DT == tl.float16:
         if DT == tl.bfloat16:
             x = (c | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
@@ -210,10 +213,11 @@ def _dequant(c, sc, mn, AXIS: tl.constexpr, DT: tl.constexpr):
         else:
             r = (x - 128.0) * s16[:, None] + m16[:, None]
     else:
+        x = (c | FP32_CODE_BASE).to(tl.float32, bitcast=True) - 8388608.0
         if AXIS == 0:
-            r = (c.to(tl.float32) * sc[None, :] + mn[None, :]).to(DT)
+            r = x * sc[None, :] + mn[None, :]
         else:
-            r = (c.to(tl.float32) * sc[:, None] + mn[:, None]).to(DT)
+            r = x * sc[:, None] + mn[:, None]
     return r
 
 

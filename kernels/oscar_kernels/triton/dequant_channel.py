@@ -7,8 +7,11 @@ positions [lo[b], lo[b] + n_b) with n_b = out_indptr[b + 1] - out_indptr[b], at 
 out_indptr[b] ..; lo[b] is a multiple of the key block, so a program's BLK positions are one page.
 
 One program = one page block of one request and KV head: the keys' four quarters dequantised with
-the page's per-channel (scale, min) as the extend's `dequant` body does (attend_channel._dequant),
-the values with their per-token group params; sink / ring positions copied from the BF16 buffers.
+the page's per-channel (scale, min) (attend_channel._dequant), the values with their per-token group
+params; sink / ring positions copied from the BF16 buffers. The arithmetic is fp32 from the pool's
+fp16 params, rounded once to the output dtype: until 2026-11-27 it ran in bf16 with the params
+rounded to bf16 first, an error of 2^-9 of |code * scale| + |min|, which for a key channel spans
+its largest value in the block (the CUDA test needed 2^-6 of the block's channel maximum as slack).
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .attend import PV_DTYPE, _unpack_params, as_param_words, source_ranges
+from .attend import _unpack_params, as_param_words, source_ranges
 from .attend_channel import _dequant, _key_quarter
 
 
@@ -29,7 +32,7 @@ def _dequant_prefix_kernel(
     kv_indptr, kv_indices, req_rows, own_start, sink_start, piece_lo, out_indptr,
     OK, stride_okn, stride_okh, OV, stride_ovn, stride_ovh,
     D: tl.constexpr, DV: tl.constexpr, BITS: tl.constexpr, BLK: tl.constexpr, GV: tl.constexpr,
-    S: tl.constexpr, W: tl.constexpr, DT: tl.constexpr,
+    S: tl.constexpr, W: tl.constexpr,
 ):
     QD: tl.constexpr = D // 4
     QDV: tl.constexpr = DV // 4
@@ -72,11 +75,11 @@ def _dequant_prefix_kernel(
     ovb = OV + out_row[:, None] * stride_ovn + h * stride_ovh
     for j in tl.static_range(4):
         sc, mn = _unpack_params(tl.load(KP + page * stride_kpn + h * stride_kph + j * QD + dq))
-        kj = _dequant(_key_quarter(kc, kc2, hb, j, BITS, QD), sc, mn, 0, DT)
+        kj = _dequant(_key_quarter(kc, kc2, hb, j, BITS, QD), sc, mn, 0, tl.float32)
         tl.store(okb + j * QD + dq[None, :], kj.to(OK.dtype.element_ty), mask=body[:, None])
         w = tl.load(VP + slot * stride_vpn + h * stride_vph + (j * QDV) // GV, mask=body, other=0)
         vsc, vmn = _unpack_params(w)
-        vj = _dequant((vc >> (2 * j)) & 3, vsc, vmn, 1, DT)
+        vj = _dequant((vc >> (2 * j)) & 3, vsc, vmn, 1, tl.float32)
         tl.store(ovb + j * QDV + dv[None, :], vj.to(OV.dtype.element_ty), mask=body[:, None])
     # BF16 copies: the sink at position p, the ring at p % W
     dk = tl.arange(0, D)
@@ -119,6 +122,6 @@ def dequant_prefix_channel(k_codes, k_params, v_codes, v_params, sink_k, sink_v,
         kv_indptr, kv_indices, req_rows, own_start, sink_start, piece_lo, out_indptr,
         out_k, out_k.stride(0), out_k.stride(1), out_v, out_v.stride(0), out_v.stride(1),
         D=out_k.shape[-1], DV=out_v.shape[-1], BITS=k_bits, BLK=k_block, GV=v_group,
-        S=sink_k.shape[1], W=ring_k.shape[1], DT=PV_DTYPE, num_warps=4,
+        S=sink_k.shape[1], W=ring_k.shape[1], num_warps=4,
     )
     return out_k, out_v
