@@ -254,22 +254,6 @@ def last_error(log: str) -> str:
     return (errs[-1] if errs else (lines[-1] if lines else "no output")).strip()[:500]
 
 
-def wait_up(srv, timeout_s: float) -> float:
-    """Seconds until /health answers 200; RuntimeError when the process exits or time runs out."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if srv.proc.poll() is not None:
-            raise RuntimeError(f"server exited with {srv.proc.returncode}")
-        try:
-            with urllib.request.urlopen(srv.url + "/health", timeout=5) as r:
-                if r.status == 200:
-                    return time.monotonic() - t0
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"no /health after {timeout_s:.0f} s")
-
-
 def run_server(model: Path, kv: str, row: dict, port: int, args, log_dir: Path) -> dict:
     """Start one server, probe it, stop it -> {up, startup_s, probe | refusal | error, log}."""
     from niah_server import Server
@@ -282,7 +266,7 @@ def run_server(model: Path, kv: str, row: dict, port: int, args, log_dir: Path) 
           file=sys.stderr, flush=True)
     with Server(cmd, env, log, port) as srv:
         try:
-            res["startup_s"] = round(wait_up(srv, args.startup_timeout), 1)
+            res["startup_s"] = round(srv.wait_ready(args.startup_timeout, poll_s=0.5), 1)
         except RuntimeError as e:
             text = log.read_text(errors="replace") if log.exists() else str(e)
             res.update(up=False, refusal=refusal_message(text), error=last_error(text))

@@ -455,7 +455,9 @@ class Server:
     def tail(self, n: int = 30) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
-    def wait_ready(self, timeout_s: float) -> float:
+    def wait_ready(self, timeout_s: float, poll_s: float = 2.0) -> float:
+        """Seconds until /health answers 200; RuntimeError (with the log's tail) when the process
+        exits or time runs out."""
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout_s:
             if self.proc.poll() is not None:
@@ -466,7 +468,7 @@ class Server:
                         return time.monotonic() - t0
             except (urllib.error.URLError, OSError):
                 pass
-            time.sleep(2)
+            time.sleep(poll_s)
         raise RuntimeError(f"no /health after {timeout_s:.0f} s:\n{self.tail()}")
 
     def _group_alive(self) -> bool:
