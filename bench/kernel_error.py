@@ -100,7 +100,7 @@ class StoredBatch:
             self.k.append(k)
             self.v.append(v)
             ops.store_kv_channel(
-                k.to(DEV), v.to(DEV), sl, torch.arange(L, dtype=torch.int32, device=DEV),
+                k.to(DEV), v.to(DEV), sl, torch.arange(L, device=DEV),  # int64 positions, as SGLang
                 self.rows[b].repeat(L), torch.full((L,), L, dtype=torch.int32, device=DEV),
                 self.k_codes, self.k_params, self.v_codes, self.v_params,
                 self.sink_k, self.sink_v, self.ring_k, self.ring_v,
