@@ -122,6 +122,13 @@ CONFIGS: Dict[str, ServingConfig] = {
         ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton"],
         {"OSCAR_PREFIX_ATTENTION": "int2"},
     ),
+    # int2 with a decode step's q and k rotated inside the store kernels (OSCAR_DECODE_ROTATION=store:
+    # two GEMM launches a layer fewer; opt-in until timed)
+    "int2-rot-store": ServingConfig(
+        "int2-rot-store", "INT2 KV, oscar_triton, decode rotations inside the store kernels",
+        ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton"],
+        {"OSCAR_DECODE_ROTATION": "store"},
+    ),
     # int2 with SGLang's mixed chunked prefill (prefill chunks ride along decode steps)
     "int2-mixed-chunk": ServingConfig(
         "int2-mixed-chunk", "INT2 KV, oscar_triton, --enable-mixed-chunk",

@@ -319,6 +319,9 @@ def store_kv_channel(
     v_clip: float = 1.0,
     slot_entry: torch.Tensor | None = None,
     entry_owner: torch.Tensor | None = None,
+    rot_k: torch.Tensor | None = None,
+    q: torch.Tensor | None = None,
+    q_out: torch.Tensor | None = None,
 ) -> None:
     """store_kv for per-channel keys: T new (already rotated) tokens of many requests.
 
@@ -332,7 +335,14 @@ def store_kv_channel(
     block's B keys (this call's tokens from k, earlier ones from the ring, all rounded to the
     ring's dtype) are quantised per channel (reference.quantize_key_blocks, bit-exact) into the B
     slots' codes and k_params[loc // B]. Keys of an incomplete block get no codes yet. No key clip,
-    no token-norm, no in-kernel rotation. slot_entry / entry_owner: as store_kv.
+    no token-norm. slot_entry / entry_owner: as store_kv.
+
+    rot_k (optional, [D, D] or [H, D, D] in k's dtype, bf16 or fp16 on CUDA): k arrives unrotated
+    and is stored as k @ rot_k[h], computed in the kernels (MMA operands in k's dtype, fp32
+    accumulation, rounded once: what a GEMM in k's dtype gives), for a decode step's few tokens
+    without GEMM launches (prefill chunks: rotate with one GEMM, it reads R once). q / q_out
+    (optional, with rot_k; [T, Hq, D], Hq a multiple of H): q_out = q @ rot_k[kv head of each
+    query head], written by the same launch. Values are never rotated here.
     """
     args = dict(locals())  # before the import below adds a local
     from .triton import store_channel as _st

@@ -287,9 +287,11 @@ class OscarInt2KVPool(KVCache):
         positions: torch.Tensor,
         token_rows: torch.Tensor,
         token_seq_lens: torch.Tensor,
+        **rotation,
     ) -> None:
         """Quantise already-rotated k [T, H, D], v [T, H, Dv] into slots `loc`, and copy the
-        sink / recent positions into the token's request row (see ops.store_kv)."""
+        sink / recent positions into the token's request row (see ops.store_kv). `rotation`
+        (per-channel formats only): rot_k / q / q_out of ops.store_kv_channel, k then unrotated."""
         i = self.local(layer_id)
         side = dict(
             positions=positions,
@@ -307,9 +309,11 @@ class OscarInt2KVPool(KVCache):
             ops.store_kv_channel(
                 k, v, loc, k_codes=self.k_codes[i], k_params=self.k_params[i],
                 v_codes=self.v_codes[i], v_params=self.v_params[i], v_clip=self.v_clip[i],
-                **self.kernel_format_args(layer_id), **side,
+                **self.kernel_format_args(layer_id), **side, **rotation,
             )
             return
+        if rotation:
+            raise ValueError("in-kernel rotation (rot_k) is a per-channel format store option")
         ops.store_kv(
             k,
             v,

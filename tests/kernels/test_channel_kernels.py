@@ -706,15 +706,24 @@ CALL_ORDER = [["A", "Bq", "C", "D"], ["Bq", "D", "A", "C"]]  # batch order of ea
 
 
 class StoreCase:
-    def __init__(self, D, bits, B, vg, k_dtype, ring_dtype, hkv=2, n_rows=7):
+    """rot (optional, [hkv, D, D] float, exact in k_dtype): the store rotates the keys itself
+    (rot_k; [D, D] when shared) and the queries of each call (q / q_out, gqa query heads a KV
+    head); self.k holds the unrotated keys, keys() what the pool must hold."""
+
+    def __init__(self, D, bits, B, vg, k_dtype, ring_dtype, hkv=2, n_rows=7, rot=None, shared=False, gqa=4):
         self.D, self.bits, self.B, self.vg, self.W = D, bits, B, vg, B  # the smallest ring: one block
+        self.rot, self.shared, self.gqa = rot, shared, gqa
         self.reqs = store_requests(B)
         n_pages = sum(math.ceil(L / B) for _, _, L, _ in self.reqs) + 2
         N = n_pages * B
         perm = (torch.randperm(n_pages - 1) + 1).tolist()
         self.k, self.v, self.slots, self.pages = {}, {}, {}, {}
         for name, _, L, _ in self.reqs:
-            self.k[name] = rotated_kv(L, hkv, D).to(k_dtype)
+            # with rot: keys whose rotation is exact in fp32 (multiples of 1/4 up to 8, a few
+            # channels x 16), so the pool's bf16 keys are one rounding of the exact product on
+            # any summation order and the comparison can be bit for bit
+            self.k[name] = (rotated_kv(L, hkv, D).to(k_dtype) if rot is None
+                            else exact_outlier_rows(L, hkv, D).to(k_dtype))
             # bf16 values: store.py's value side copies cast fp32 -> bf16 with tl's cast, which
             # the Triton interpreter truncates (CUDA rounds to nearest even)
             self.v[name] = rotated_kv(L, hkv, D).bfloat16()
@@ -736,6 +745,13 @@ class StoreCase:
         self.pool = {n: t.to(DEV) for n, t in self.pool.items()}
         self.done = {name: 0 for name, *_ in self.reqs}
 
+    def keys(self, name):
+        """The keys the pool holds for request `name`: k @ rot[h], rounded once to k's dtype."""
+        k = self.k[name]
+        if self.rot is None:
+            return k
+        return torch.einsum("thd,hde->the", k.double(), self.rot.double()).to(k.dtype)
+
     def call(self, i):
         """Store the tokens of call i (0 or 1) with one store_kv_channel."""
         k, v, loc, pos, rows, seq = [], [], [], [], [], []
@@ -752,11 +768,22 @@ class StoreCase:
             rows += [row] * len(ps)
             seq += [ps[-1] + 1] * len(ps)
             self.done[name] = ps[-1] + 1
+        kw = {}
+        if self.rot is not None:
+            k_all = torch.cat(k)
+            hkv = k_all.shape[1]
+            q = exact_outlier_rows(k_all.shape[0], hkv * self.gqa, self.D).to(k_all.dtype)
+            rot = (self.rot[0] if self.shared else self.rot).to(k_all.dtype)
+            kw = dict(rot_k=rot.to(DEV), q=q.to(DEV), q_out=torch.full_like(q, float("nan")).to(DEV))
         ops.store_kv_channel(
             torch.cat(k).to(DEV), torch.cat(v).to(DEV), torch.cat(loc).to(DEV),
             torch.tensor(pos).to(DEV), torch.tensor(rows, dtype=torch.int32).to(DEV),
             torch.tensor(seq, dtype=torch.int32).to(DEV), **self.pool,
-            k_bits=self.bits, k_block=self.B, v_group=self.vg)
+            k_bits=self.bits, k_block=self.B, v_group=self.vg, **kw)
+        if self.rot is not None:  # each query head by its KV head's matrix, rounded once
+            r = self.rot.double().repeat_interleave(self.gqa, 0)
+            want = torch.einsum("thd,hde->the", q.double(), r).to(q.dtype)
+            assert torch.equal(kw["q_out"].cpu(), want)
 
     def check(self):
         """Every request's complete blocks (of what it has stored so far) bit-equal the reference;
@@ -769,7 +796,7 @@ class StoreCase:
             if L == 0:
                 continue
             sl, pg = self.slots[name][:L], self.pages[name]
-            codes, params, _ = ref.quantize_key_blocks(self.k[name][:L].to(ring_dt), self.bits, B)
+            codes, params, _ = ref.quantize_key_blocks(self.keys(name)[:L].to(ring_dt), self.bits, B)
             n = params.shape[0]
             assert n == L // B
             assert torch.equal(out["k_codes"][sl[: n * B]], codes), name
@@ -782,10 +809,10 @@ class StoreCase:
             for c in calls:
                 for p in c:
                     if p < S:
-                        exp_side["sink_k"][row, p] = self.k[name][p].to(ring_dt)
+                        exp_side["sink_k"][row, p] = self.keys(name)[p].to(ring_dt)
                         exp_side["sink_v"][row, p] = self.v[name][p].bfloat16()
                     if p >= c[-1] + 1 - self.W and p < L:
-                        exp_side["ring_k"][row, p % self.W] = self.k[name][p].to(ring_dt)
+                        exp_side["ring_k"][row, p % self.W] = self.keys(name)[p].to(ring_dt)
                         exp_side["ring_v"][row, p % self.W] = self.v[name][p].bfloat16()
         for n, e in exp_side.items():
             assert torch.equal(out[n], e), n
@@ -803,6 +830,65 @@ def test_store_channel_bit_exact_across_chunks(seed, D, bits, B, vg, k_dtype, ri
     case.check()  # A's block 1 and Bq's block 2 not quantised yet
     case.call(1)
     case.check()  # completed from the ring + this call's tokens
+
+
+def exact_outlier_rows(n, h, d):
+    """[n, h, d] rows of multiples of 1/4 in [-8, 8], 3 channels a head x 16 (outliers): with
+    hadamard_rot's entries (+-1/8) every product and sum over d is exact in fp32."""
+    x = torch.randint(-32, 33, (n, h, d)).float() / 4
+    for j in range(h):
+        x[:, j, torch.randperm(d)[:3]] *= 16
+    return x
+
+
+def hadamard_rot(h, d):
+    """[h, d, d]: the Sylvester Hadamard matrix / 8 with random column signs per head (the
+    plugin's data-free rotation up to the scale), exact in bf16."""
+    H = torch.ones(1, 1)
+    while H.shape[0] < d:
+        H = torch.cat([torch.cat([H, H], 1), torch.cat([H, -H], 1)], 0)
+    signs = torch.randint(0, 2, (h, 1, d)).float() * 2 - 1
+    return H[None] * signs / 8
+
+
+@pytest.mark.parametrize("D,bits,B,shared,gqa", [(128, 3, 32, True, 4), (64, 2, 64, False, 3), (128, 4, 32, False, 1)])
+def test_store_channel_rotates_keys_and_queries_in_kernel(seed, D, bits, B, shared, gqa):
+    """rot_k: the kernels rotate the unrotated keys (blocks completed from this call's keys and
+    from the ring's rotated ones, side copies) and write the rotated queries (a group of 3 pads
+    to 4 rows); pool and queries equal a float64 rotation rounded once, bit for bit."""
+    hkv = 2
+    rot = hadamard_rot(hkv, D)
+    if shared:
+        rot = rot[:1].expand(hkv, D, D)
+    case = StoreCase(D, bits, B, 64, torch.bfloat16, torch.bfloat16, hkv=hkv, rot=rot, shared=shared, gqa=gqa)
+    case.call(0)
+    case.check()
+    case.call(1)
+    case.check()
+
+
+def test_store_channel_rotation_arguments_are_checked():
+    case = StoreCase(64, 2, 32, 64, torch.bfloat16, torch.bfloat16)
+    k = torch.zeros(3, 2, 64, dtype=torch.bfloat16)
+    args = (k, k, torch.arange(3), torch.arange(3), torch.ones(3, dtype=torch.int32),
+            torch.full((3,), 3, dtype=torch.int32))
+    args = tuple(a.to(DEV) for a in args)
+    kw = dict(**case.pool, k_bits=2, k_block=32, v_group=64)
+    rot = torch.eye(64, dtype=torch.bfloat16, device=DEV)
+    q = torch.zeros(3, 8, 64, dtype=torch.bfloat16, device=DEV)
+    with pytest.raises(ValueError, match="pass rot_k too"):
+        ops.store_kv_channel(*args, **kw, q=q, q_out=q.clone())
+    with pytest.raises(ValueError, match="rot_k must be"):
+        ops.store_kv_channel(*args, **kw, rot_k=rot[:32])
+    with pytest.raises(ValueError, match="must have k's dtype"):
+        ops.store_kv_channel(*args, **kw, rot_k=rot.float())
+    with pytest.raises(ValueError, match="q_out must be"):
+        ops.store_kv_channel(*args, **kw, rot_k=rot, q=q)
+    with pytest.raises(ValueError, match="q must be"):
+        ops.store_kv_channel(*args, **kw, rot_k=rot, q=q[:, :7], q_out=q[:, :7].clone())
+    # nothing was written by the refused calls
+    assert all(torch.equal(case.pool[n].cpu().view(torch.uint8), case.initial[n].view(torch.uint8))
+               for n in case.pool)
 
 
 def test_store_then_decode_end_to_end(seed):

@@ -16,6 +16,11 @@ Two launches, in this order on one stream (no host synchronisation, CUDA-graph s
 2. _tokens_kernel: values exactly as store.py (per-token groups, 2 bits, optional clip) with
    their BF16 sink/ring copies, the keys' BF16 sink/ring copies, and the slot -> side-entry map.
 
+Optionally (rot_k, a decode step's few tokens) the keys arrive unrotated and both launches apply
+R_k themselves (_rotate: one MMA, operands in k's dtype, fp32 accumulation, rounded as the GEMM it
+replaces rounds), and launch 2 also writes the step's rotated queries (q @ R_k of each query head's
+KV head): two GEMM launches a layer fewer.
+
 Slots are page-aligned (SGLang pages of B slots): position p of a request lives at slot
 page * B + p % B, so a completing token's loc names the block's page (loc // B) and every slot of
 the block. Tokens of an incomplete block get no key codes yet (readers take them from the ring).
@@ -27,6 +32,7 @@ import triton
 import triton.language as tl
 
 from ..format import FP16_MAX, MIN_SCALE, PAGE_SIZES, code_bytes
+from .attend import PV_DTYPE
 from .store import BLOCK_T, _record_side_slots, _store_rows, _tensor_args
 
 CHANNEL_HEAD_DIMS = (64, 128)
@@ -48,13 +54,24 @@ def _to_side_dtype(x, DT: tl.constexpr):
 
 
 @triton.jit
+def _rotate(x, R, stride_rk, D: tl.constexpr, DT: tl.constexpr):
+    """x [M, D] @ R [D, D] (row stride stride_rk) as fp32: operands in DT (k's dtype on CUDA, the
+    GEMM's; fp32 in the interpreter, whose bf16 tl.dot is not usable), fp32 accumulation."""
+    d = tl.arange(0, D)
+    r = tl.load(R + d[:, None] * stride_rk + d[None, :])
+    return tl.dot(x.to(DT), r.to(DT))
+
+
+@triton.jit
 def _key_blocks_kernel(
     X, stride_xt, stride_xh,
     Loc, Pos, Rows,
     Ring, stride_rr, stride_rp, stride_rh,
     KC, stride_cn, stride_ch,
     KP, stride_pn, stride_ph, stride_pd,
+    Rot, stride_roth, stride_rotk,
     D: tl.constexpr, BITS: tl.constexpr, BLK: tl.constexpr, W: tl.constexpr,
+    HAS_ROT: tl.constexpr, DT: tl.constexpr,
 ):
     t = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)  # head-major pool: h * stride can pass 2^31
@@ -71,6 +88,8 @@ def _key_blocks_kernel(
         d = tl.arange(0, D)
         xn = tl.load(X + tjc.to(tl.int64)[:, None] * stride_xt + h * stride_xh + d[None, :],
                      mask=new[:, None], other=0.0)
+        if HAS_ROT:  # this call's keys arrive unrotated (the ring's are rotated)
+            xn = _rotate(xn, Rot + h * stride_roth, stride_rotk, D, DT)
         rb = Ring + row.to(tl.int64) * stride_rr + h * stride_rh
         xr = tl.load(rb + (pj % W)[:, None] * stride_rp + d[None, :], mask=(~new)[:, None], other=0.0)
         # round to the ring's dtype: the block's values do not depend on the chunking
@@ -114,15 +133,19 @@ def _key_blocks_kernel(
 def _key_copies(
     pid, h, X, stride_xt, stride_xh, Pos, Rows, SeqLens,
     Sink, stride_sr, stride_sp, stride_sh, Ring, stride_rr, stride_rp, stride_rh, T,
+    Rot, stride_roth, stride_rotk,
     D: tl.constexpr, S: tl.constexpr, W: tl.constexpr, BLOCK_T: tl.constexpr,
+    HAS_ROT: tl.constexpr, DT: tl.constexpr,
 ):
     """BF16 sink / ring copies of BLOCK_T keys (the rule of store.py's side-buffer writes)."""
     t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < T
     d = tl.arange(0, D)
     x = tl.load(X + t.to(tl.int64)[:, None] * stride_xt + h * stride_xh + d[None, :],
-                mask=tmask[:, None], other=0.0).to(tl.float32)
-    x = _to_side_dtype(x, Ring.dtype.element_ty)  # the values the block quantiser reads back
+                mask=tmask[:, None], other=0.0)
+    if HAS_ROT:
+        x = _rotate(x, Rot + h * stride_roth, stride_rotk, D, DT)
+    x = _to_side_dtype(x.to(tl.float32), Ring.dtype.element_ty)  # what the block quantiser reads back
     pos = tl.load(Pos + t, mask=tmask, other=0)
     row = tl.load(Rows + t, mask=tmask, other=0).to(tl.int64)
     seq = tl.load(SeqLens + t, mask=tmask, other=0)
@@ -137,24 +160,51 @@ def _key_copies(
 
 
 @triton.jit
+def _rotate_q(pid, h, Q, stride_qt, stride_qh, QO, stride_ot, stride_oh, Rot, stride_roth, stride_rotk, T,
+              GQA: tl.constexpr, GQA_P2: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
+              DT: tl.constexpr):
+    """q @ R_k[h] for the query heads of KV head h of BLOCK_T tokens: rows (token, head of the
+    group), padded to a power-of-two group."""
+    r = tl.arange(0, BLOCK_T * GQA_P2)
+    t = pid * BLOCK_T + r // GQA_P2
+    g = r % GQA_P2
+    m = (t < T) & (g < GQA)
+    hq = (h * GQA + tl.where(g < GQA, g, 0)).to(tl.int64)
+    t64 = tl.where(m, t, 0).to(tl.int64)
+    d = tl.arange(0, D)
+    x = tl.load(Q + t64[:, None] * stride_qt + hq[:, None] * stride_qh + d[None, :], mask=m[:, None], other=0.0)
+    # rounded to nearest even first: the interpreter's fp32 -> bf16 cast truncates
+    y = _to_side_dtype(_rotate(x, Rot + h * stride_roth, stride_rotk, D, DT), QO.dtype.element_ty)
+    tl.store(QO + t64[:, None] * stride_ot + hq[:, None] * stride_oh + d[None, :],
+             y.to(QO.dtype.element_ty), mask=m[:, None])
+
+
+@triton.jit
 def _tokens_kernel(
     XK, sxk_t, sxk_h, SinkK, ssk_r, ssk_p, ssk_h, RingK, srgk_r, srgk_p, srgk_h,
     XV, sxv_t, sxv_h, RotV, srv_h, srv_k, CV, scv_n, scv_h, PV, spv_n, spv_h, spv_g,
     SinkV, ssv_r, ssv_p, ssv_h, RingV, srgv_r, srgv_p, srgv_h, clip_v,
     Loc, Pos, Rows, SeqLens, T, SlotEntry, EntryOwner, n_rows,
+    Rot, stride_roth, stride_rotk, Q, stride_qt, stride_qh, QO, stride_ot, stride_oh,
     DK: tl.constexpr, DV: tl.constexpr, GV: tl.constexpr, CLIP_V: tl.constexpr,
     S: tl.constexpr, W: tl.constexpr, BLOCK_T: tl.constexpr, HAS_MAP: tl.constexpr,
+    HAS_ROT: tl.constexpr, DT: tl.constexpr, GQA: tl.constexpr, GQA_P2: tl.constexpr,
 ):
-    """Grid axis 2: 0 = key side copies (+ the slot map), 1 = values as store.py."""
+    """Grid axis 2: 0 = key side copies (+ the slot map), 1 = values as store.py, 2 (with rot_k
+    and q) = the rotated queries."""
     pid = tl.program_id(0)
     h = tl.program_id(1)
-    if tl.program_id(2) == 0:
+    if tl.program_id(2) == 2:
+        _rotate_q(pid, h, Q, stride_qt, stride_qh, QO, stride_ot, stride_oh, Rot, stride_roth, stride_rotk,
+                  T, GQA, GQA_P2, DK, BLOCK_T, DT)
+    elif tl.program_id(2) == 0:
         if HAS_MAP:
             if h == 0:
                 _record_side_slots(pid, Loc, Pos, Rows, SeqLens, SlotEntry, EntryOwner, T, n_rows,
                                    S, W, BLOCK_T)
         _key_copies(pid, h, XK, sxk_t, sxk_h, Pos, Rows, SeqLens, SinkK, ssk_r, ssk_p, ssk_h,
-                    RingK, srgk_r, srgk_p, srgk_h, T, DK, S, W, BLOCK_T)
+                    RingK, srgk_r, srgk_p, srgk_h, T, Rot, stride_roth, stride_rotk, DK, S, W, BLOCK_T,
+                    HAS_ROT, DT)
     else:
         _store_rows(pid, h, XV, sxv_t, sxv_h, RotV, srv_h, srv_k, Loc, CV, scv_n, scv_h,
                     PV, spv_n, spv_h, spv_g, Pos, Rows, SeqLens, SinkV, ssv_r, ssv_p, ssv_h,
@@ -165,7 +215,7 @@ def _tokens_kernel(
 def store_kv_channel(
     k, v, loc, positions, token_rows, token_seq_lens, k_codes, k_params, v_codes, v_params,
     sink_k, sink_v, ring_k, ring_v, *, k_bits, k_block, v_group, v_clip=1.0,
-    slot_entry=None, entry_owner=None,
+    slot_entry=None, entry_owner=None, rot_k=None, q=None, q_out=None,
 ):
     """See ops.store_kv_channel."""
     assert MIN_SCALE == 9.5367431640625e-07 and FP16_MAX == 65504.0  # constants baked in the kernel
@@ -202,6 +252,7 @@ def store_kv_channel(
                     or entry_owner.numel() < sink_k.shape[0] * (sink_k.shape[1] + W)):
         raise ValueError("store_kv_channel: slot_entry / entry_owner need int32 tensors, entry_owner "
                          "with rows * (S + W) entries")
+    rot, q_args, dt, gqa = _rotation_args(k, rot_k, q, q_out)
     if T == 0:
         return
     if k.stride(-1) != 1:
@@ -213,14 +264,47 @@ def store_kv_channel(
         k, k.stride(0), k.stride(1), loc, positions, token_rows,
         ring_k, ring_k.stride(0), ring_k.stride(1), ring_k.stride(2),
         k_codes, k_codes.stride(0), k_codes.stride(1),
-        k_params, k_params.stride(0), k_params.stride(1), k_params.stride(2),
-        D=D, BITS=k_bits, BLK=B, W=W, num_warps=4, enable_fp_fusion=False,
+        k_params, k_params.stride(0), k_params.stride(1), k_params.stride(2), *rot,
+        D=D, BITS=k_bits, BLK=B, W=W, HAS_ROT=rot_k is not None, DT=dt, num_warps=4, enable_fp_fusion=False,
     )
-    # 2. values, side copies, slot map
-    _tokens_kernel[(triton.cdiv(T, BLOCK_T), H, 2)](
+    # 2. values, side copies, slot map (and the rotated queries)
+    _tokens_kernel[(triton.cdiv(T, BLOCK_T), H, 3 if q is not None else 2)](
         k, k.stride(0), k.stride(1), sink_k, *sink_k.stride()[:3], ring_k, *ring_k.stride()[:3],
         *v_args, loc, positions, token_rows, token_seq_lens, T,
-        slot_entry if has_map else loc, entry_owner if has_map else loc, sink_k.shape[0],
+        slot_entry if has_map else loc, entry_owner if has_map else loc, sink_k.shape[0], *rot, *q_args,
         DK=D, DV=dv, GV=gv, CLIP_V=clip_v, S=sink_k.shape[1], W=W, BLOCK_T=BLOCK_T,
-        HAS_MAP=has_map, num_warps=4, enable_fp_fusion=False,
+        HAS_MAP=has_map, HAS_ROT=rot_k is not None, DT=dt, GQA=gqa, GQA_P2=triton.next_power_of_2(gqa),
+        num_warps=4, enable_fp_fusion=False,
     )
+
+
+def _rotation_args(k, rot_k, q, q_out):
+    """Kernel arguments of the optional in-kernel R_k: (Rot, head stride, row stride), (Q, its
+    token / head strides, QO, its strides), the MMA operand dtype, GQA. Checks shapes."""
+    T, H, D = k.shape
+    if rot_k is None:
+        if q is not None or q_out is not None:
+            raise ValueError("store_kv_channel: q / q_out are rotated by rot_k; pass rot_k too")
+        return (k, 0, 0), (k, 0, 0, k, 0, 0), tl.float32, 1
+    if rot_k.dim() == 2 and tuple(rot_k.shape) == (D, D):
+        rot_k = rot_k.unsqueeze(0).expand(H, D, D)  # shared by every KV head: head stride 0
+    if tuple(rot_k.shape) != (H, D, D) or rot_k.stride(-1) != 1:
+        raise ValueError(f"store_kv_channel: rot_k must be [{D}, {D}] or [{H}, {D}, {D}] with a "
+                         f"contiguous last dim, got {tuple(rot_k.shape)}")
+    # the GEMM it replaces multiplies in k's dtype; the interpreter's bf16 tl.dot is not usable
+    dt = tl.float32 if PV_DTYPE == tl.float32 else {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}.get(k.dtype)
+    if dt is None:
+        raise ValueError(f"store_kv_channel: rot_k needs bf16 or fp16 keys, got {k.dtype}")
+    if rot_k.dtype != k.dtype:
+        raise ValueError(f"store_kv_channel: rot_k ({rot_k.dtype}) must have k's dtype ({k.dtype})")
+    rot = (rot_k, rot_k.stride(0), rot_k.stride(1))
+    if q is None:
+        if q_out is not None:
+            raise ValueError("store_kv_channel: q_out without q")
+        return rot, (k, 0, 0, k, 0, 0), dt, 1
+    if q.dim() != 3 or q.shape[0] != T or q.shape[2] != D or q.shape[1] % H or q.stride(-1) != 1:
+        raise ValueError(f"store_kv_channel: q must be [{T}, a multiple of {H}, {D}] with a contiguous "
+                         f"last dim, got {tuple(q.shape)}")
+    if q_out is None or q_out.shape != q.shape or q_out.stride(-1) != 1:
+        raise ValueError(f"store_kv_channel: q_out must be {tuple(q.shape)} with a contiguous last dim")
+    return rot, (q, q.stride(0), q.stride(1), q_out, q_out.stride(0), q_out.stride(1)), dt, q.shape[1] // H
