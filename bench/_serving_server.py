@@ -122,12 +122,12 @@ CONFIGS: Dict[str, ServingConfig] = {
         ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton"],
         {"OSCAR_PREFIX_ATTENTION": "int2"},
     ),
-    # int2 with a decode step's q and k rotated inside the store kernels (OSCAR_DECODE_ROTATION=store:
-    # two GEMM launches a layer fewer; opt-in until timed)
-    "int2-rot-store": ServingConfig(
-        "int2-rot-store", "INT2 KV, oscar_triton, decode rotations inside the store kernels",
+    # int2 with a decode step's store in one launch that also rotates q and k (OSCAR_DECODE_STORE=
+    # fused: three launches a layer fewer; opt-in until timed)
+    "int2-fused-store": ServingConfig(
+        "int2-fused-store", "INT2 KV, oscar_triton, one fused store launch a decode layer",
         ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton"],
-        {"OSCAR_DECODE_ROTATION": "store"},
+        {"OSCAR_DECODE_STORE": "fused"},
     ),
     # int2 with SGLang's mixed chunked prefill (prefill chunks ride along decode steps)
     "int2-mixed-chunk": ServingConfig(

@@ -322,6 +322,7 @@ def store_kv_channel(
     rot_k: torch.Tensor | None = None,
     q: torch.Tensor | None = None,
     q_out: torch.Tensor | None = None,
+    one_token_per_request: bool = False,
 ) -> None:
     """store_kv for per-channel keys: T new (already rotated) tokens of many requests.
 
@@ -343,6 +344,9 @@ def store_kv_channel(
     without GEMM launches (prefill chunks: rotate with one GEMM, it reads R once). q / q_out
     (optional, with rot_k; [T, Hq, D], Hq a multiple of H): q_out = q @ rot_k[kv head of each
     query head], written by the same launch. Values are never rotated here.
+    one_token_per_request: the caller guarantees that no request has more than one of the T
+    tokens (a decode step); the store then runs as one launch instead of two (with several tokens
+    of a request the second launch may overwrite ring entries a completing block still reads).
     """
     args = dict(locals())  # before the import below adds a local
     from .triton import store_channel as _st

@@ -5,8 +5,8 @@ position order, split-K counts, CUDA-graph buffers); only the KV store and the a
 cached keys change:
 
 * decode:  rotate q (per KV head, R_k), store the new token (rotated k by R_k, v by R_v; INT2 +
-           BF16 sink/ring copies; OSCAR_DECODE_ROTATION=store: the store's launches rotate q
-           and k), then one INT2-aware split-K decode over sink + INT2 + ring,
+           BF16 sink/ring copies; OSCAR_DECODE_STORE=fused: one store launch rotates q and k
+           and does it all), then one INT2-aware split-K decode over sink + INT2 + ring,
            then un-rotate the output by R_v^T. Graph-safe: no host sync, no data-dependent shape.
            The pool's KV format picks the ops: per-channel keys (pool.channel) or per-token groups.
 * extend:  new tokens attend to each other in plain BF16 (runtime/new_tokens.py: FlashInfer's
@@ -63,7 +63,7 @@ def prefix_worth_flashinfer(extend_lens, prefix_lens) -> bool:
 
 class OscarInt2TritonBackend(TritonAttnBackend):
     _split_args = None  # (attn_logits, attn_lse, B, args): _decode_splits of the current step
-    _rotate_in_store = False  # OSCAR_DECODE_ROTATION=store (set in __init__ by _decode_rotation)
+    _fused_store = False  # OSCAR_DECODE_STORE=fused (set in __init__ by _decode_store)
 
     def __init__(self, model_runner, skip_prefill: bool = False, kv_indptr_buf=None):
         pool = model_runner.token_to_kv_pool
@@ -94,7 +94,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         # prefix length 0 for every request: the stock extend kernel then sees only new tokens
         self._zero_kv_indptr = torch.zeros_like(self.kv_indptr)
         self._prepare_rotations(getattr(model_runner, "dtype", torch.bfloat16))
-        self._rotate_in_store = self._decode_rotation()
+        self._fused_store = self._decode_store()
         self._new_tokens = self._make_new_token_attention(model_runner)
         self._prefix_fi = self._make_prefix_attention(model_runner)
         if not _WARMED_UP["done"] and getattr(model_runner, "model", None) is not None:
@@ -104,20 +104,21 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         self._token_seq_lens = None
         self._has_prefix = True
 
-    def _decode_rotation(self) -> bool:
-        """OSCAR_DECODE_ROTATION: True where a decode step's store kernels rotate q and k."""
+    def _decode_store(self) -> bool:
+        """OSCAR_DECODE_STORE: True where a decode step's store is one launch that rotates q and k."""
         from .config import load_config
         from .state import RUNTIME_INFO
 
-        choice = load_config().decode_rotation
-        if choice == "store" and not self.pool.channel:
-            raise ValueError("OSCAR_DECODE_ROTATION=store needs a per-channel key format (the per-token "
-                             "recipe's store has no in-kernel rotation); unset it or pick OSCAR_KV_FORMAT")
-        RUNTIME_INFO["decode_rotation"] = choice
-        if any(R is not None for R in self._k_rot):
-            logger.info("OSCAR INT2: a decode step rotates q and k %s (OSCAR_DECODE_ROTATION)",
-                        "inside the store kernels" if choice == "store" else "with two GEMMs a layer")
-        return choice == "store"
+        choice = load_config().decode_store
+        if choice == "fused" and not self.pool.channel:
+            raise ValueError("OSCAR_DECODE_STORE=fused needs a per-channel key format (the per-token "
+                             "recipe's store has no fused form); unset it or pick OSCAR_KV_FORMAT")
+        RUNTIME_INFO["decode_store"] = choice
+        if self.pool.channel:
+            logger.info("OSCAR INT2: a decode step stores %s (OSCAR_DECODE_STORE)",
+                        "in one launch that also rotates q and k" if choice == "fused"
+                        else "after two rotation GEMMs, in two launches")
+        return choice == "fused"
 
     def _make_new_token_attention(self, model_runner):
         """The kernel for attention among an extend's new tokens (OSCAR_NEW_TOKEN_ATTENTION)."""
@@ -336,17 +337,19 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             raise NotImplementedError("oscar_triton: sliding-window layers are not supported")
 
     def _store(self, layer, fb, k3, v3, rows, seq_lens, q3=None):
-        """Rotate and store the new tokens. q3 (a decode step with OSCAR_DECODE_ROTATION=store):
-        the store kernels rotate k and q themselves (no GEMM launches); returns q @ R_k then,
-        else None."""
+        """Rotate and store the new tokens. q3 (a decode step with OSCAR_DECODE_STORE=fused): one
+        store launch rotates k and q itself (no GEMM launches) and quantises the completed blocks
+        (one token a request); returns q @ R_k then (q3 itself without a K rotation), else None."""
         i = self.pool.local(layer.layer_id)
         Rk, Rv = self._k_rot[i], self._v_rot[i]
-        if q3 is not None and Rk is not None:
-            q_rot = torch.empty(q3.shape, dtype=q3.dtype, device=q3.device)
+        if q3 is not None:
             v_r = self._apply(v3, None if Rv is None else Rv.to(v3.dtype))
+            rot = {}
+            if Rk is not None:
+                rot = dict(rot_k=Rk.to(k3.dtype), q=q3, q_out=torch.empty(q3.shape, dtype=q3.dtype, device=q3.device))
             self.pool.store(layer.layer_id, fb.out_cache_loc, k3, v_r, fb.positions, rows, seq_lens,
-                            rot_k=Rk.to(k3.dtype), q=q3, q_out=q_rot)
-            return q_rot
+                            one_token_per_request=True, **rot)
+            return rot.get("q_out", q3)
         k_r, v_r = self._rot_kv(k3, v3, layer.layer_id)
         self.pool.store(layer.layer_id, fb.out_cache_loc, k_r, v_r, fb.positions, rows, seq_lens)
         return None
@@ -378,7 +381,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         q_rot = None
         if save_kv_cache:  # write first: the new token is read back from the BF16 ring
             q_rot = self._store(layer, fb, k.reshape(-1, H, D), v.reshape(-1, H, Dv), fb.req_pool_indices,
-                                fb.seq_lens, q3=q3 if self._rotate_in_store else None)
+                                fb.seq_lens, q3=q3 if self._fused_store else None)
         md = self.forward_metadata
         # where o_proj absorbed R_v the per-channel merge writes the model's dtype itself (no
         # float32 output and no cast kernel per layer)

@@ -116,16 +116,17 @@ ENV_VARS: dict[str, tuple[str | None, str]] = {
         "on that part on the H100) or 'int2' (always the INT2-aware prefix kernel; the default for the per-token "
         "recipe and with OSCAR_NEW_TOKEN_ATTENTION=triton)",
     ),
-    "OSCAR_DECODE_ROTATION": (
+    "OSCAR_DECODE_STORE": (
         None,
-        "where a decode step rotates q and k by R_k with per-channel key formats: 'gemm' "
-        "(default: two GEMMs in the model's dtype a layer) or 'store' (inside the store kernel's "
-        "launches, the same arithmetic without the two GEMM launches; built 2026-11-27, not yet "
-        "timed on a GPU)",
+        "how a decode step stores its tokens with per-channel key formats: 'split' (default: q and "
+        "k rotated by two GEMMs in the model's dtype, then the store's two launches) or 'fused' "
+        "(one launch rotates k and q with the same arithmetic, writes the side copies and values, "
+        "and quantises the blocks the step completes: three launches a layer fewer; built "
+        "2026-11-27, not yet timed on a GPU)",
     ),
 }
 NEW_TOKEN_ATTENTION = ("flashinfer", "triton")
-DECODE_ROTATION = ("gemm", "store")
+DECODE_STORE = ("split", "fused")
 PREFIX_ATTENTION = ("int2", "flashinfer")
 # values of OSCAR_CHANNEL_DECODE_3BIT / OSCAR_CHANNEL_EXTEND / OSCAR_CHANNEL_DECODE_READS
 # (attend_channel.CHANNEL_3BIT_VARIANTS / CHANNEL_EXTEND_VARIANTS / CHANNEL_CODE_READS; checked here
@@ -164,7 +165,7 @@ class OscarConfig:
     v_absorb: bool = True
     new_token_attention: str = NEW_TOKEN_ATTENTION[0]
     prefix_attention: str | None = None  # None: resolved by resolved_prefix_attention()
-    decode_rotation: str = DECODE_ROTATION[0]
+    decode_store: str = DECODE_STORE[0]
     sources: dict = field(default_factory=dict, compare=False)  # setting -> env var it came from
 
     @property
@@ -324,7 +325,7 @@ def load_config(env: Mapping[str, str] | None = None) -> OscarConfig:
 
     for key, name, choices in (("new_token_attention", "OSCAR_NEW_TOKEN_ATTENTION", NEW_TOKEN_ATTENTION),
                                ("prefix_attention", "OSCAR_PREFIX_ATTENTION", PREFIX_ATTENTION),
-                               ("decode_rotation", "OSCAR_DECODE_ROTATION", DECODE_ROTATION)):
+                               ("decode_store", "OSCAR_DECODE_STORE", DECODE_STORE)):
         val, var = _get(env, name)
         if val is not None:
             if val.strip().lower() not in choices:

@@ -291,7 +291,8 @@ class OscarInt2KVPool(KVCache):
     ) -> None:
         """Quantise already-rotated k [T, H, D], v [T, H, Dv] into slots `loc`, and copy the
         sink / recent positions into the token's request row (see ops.store_kv). `rotation`
-        (per-channel formats only): rot_k / q / q_out of ops.store_kv_channel, k then unrotated."""
+        (per-channel formats only): rot_k / q / q_out / one_token_per_request of
+        ops.store_kv_channel (with rot_k, k arrives unrotated)."""
         i = self.local(layer_id)
         side = dict(
             positions=positions,
@@ -313,7 +314,7 @@ class OscarInt2KVPool(KVCache):
             )
             return
         if rotation:
-            raise ValueError("in-kernel rotation (rot_k) is a per-channel format store option")
+            raise ValueError("rot_k / q / one_token_per_request are per-channel format store options")
         ops.store_kv(
             k,
             v,

@@ -867,6 +867,54 @@ def test_store_channel_rotates_keys_and_queries_in_kernel(seed, D, bits, B, shar
     case.check()
 
 
+@pytest.mark.parametrize("rotate", [False, True])
+def test_store_channel_one_launch_for_a_decode_step(seed, rotate):
+    """one_token_per_request (a decode step): the single launch leaves the pool exactly as the two
+    launches do. Requests prefilled to positions just before a block end (the decode token
+    completes block 0 with its sink positions, or a later block, from the ring, W = B) and to
+    mid-block positions, each decode token at its own row; with rot_k the keys arrive unrotated."""
+    D, bits, B, hkv, gqa = 64, 3, 32, 2, 4
+    lens = [B - 1, 2 * B - 1, 40, 3 * B - 1, 5]  # prefilled tokens; the decode adds one each
+    case = StoreCase(D, bits, B, 64, torch.bfloat16, torch.bfloat16, hkv=hkv)
+    n_pages = sum(math.ceil((L + 1) / B) for L in lens) + 1
+    perm = (torch.randperm(n_pages - 1) + 1).tolist()
+    slots, keys, vals = [], [], []
+    for L in lens:
+        pg = torch.tensor([perm.pop() for _ in range(math.ceil((L + 1) / B))])
+        slots.append((pg.repeat_interleave(B) * B + torch.arange(B).repeat(len(pg)))[:L + 1])
+        keys.append((rotated_kv(L + 1, hkv, D) if not rotate else exact_outlier_rows(L + 1, hkv, D)).bfloat16())
+        vals.append(rotated_kv(L + 1, hkv, D).bfloat16())
+    rot = hadamard_rot(hkv, D).bfloat16() if rotate else None
+    held = [k if rot is None else torch.einsum("thd,hde->the", k.double(), rot.double()).bfloat16() for k in keys]
+    fmt = dict(k_bits=bits, k_block=B, v_group=64)
+    for b, L in enumerate(lens):  # the prefills: keys already rotated, two launches
+        ops.store_kv_channel(held[b][:L].to(DEV), vals[b][:L].to(DEV), slots[b][:L].to(DEV),
+                             torch.arange(L).to(DEV), torch.full((L,), b + 1, dtype=torch.int32).to(DEV),
+                             torch.full((L,), L, dtype=torch.int32).to(DEV), **case.pool, **fmt)
+    pos = torch.tensor(lens)
+    x = torch.stack([(keys if rotate else held)[b][L] for b, L in enumerate(lens)])
+    v = torch.stack([vals[b][L] for b, L in enumerate(lens)])
+    q = exact_outlier_rows(len(lens), hkv * gqa, D).bfloat16()
+    args = (x.to(DEV), v.to(DEV), torch.stack([slots[b][L] for b, L in enumerate(lens)]).to(DEV), pos.to(DEV),
+            torch.arange(1, len(lens) + 1, dtype=torch.int32).to(DEV), (pos + 1).int().to(DEV))
+    out = []
+    for one in (False, True):
+        pool = {n: tt.clone() for n, tt in case.pool.items()}
+        kw = {} if rot is None else dict(rot_k=rot.to(DEV), q=q.to(DEV), q_out=torch.empty_like(q).to(DEV))
+        ops.store_kv_channel(*args, **pool, **fmt, **kw, one_token_per_request=one)
+        out.append(({n: tt.cpu() for n, tt in pool.items()}, kw.get("q_out")))
+    for n in case.pool:
+        assert torch.equal(out[0][0][n].view(torch.uint8), out[1][0][n].view(torch.uint8)), n
+    if rotate:
+        assert torch.equal(out[0][1].cpu(), out[1][1].cpu())
+    # and the completed blocks are the reference's (3 of the 5 decode tokens end a block)
+    for b, L in enumerate(lens):
+        n_blk = (L + 1) // B
+        codes, params, _ = ref.quantize_key_blocks(held[b][: n_blk * B], bits, B)
+        assert torch.equal(out[1][0]["k_codes"][slots[b][: n_blk * B]], codes), b
+    assert sum((L + 1) % B == 0 for L in lens) == 3
+
+
 def test_store_channel_rotation_arguments_are_checked():
     case = StoreCase(64, 2, 32, 64, torch.bfloat16, torch.bfloat16)
     k = torch.zeros(3, 2, 64, dtype=torch.bfloat16)

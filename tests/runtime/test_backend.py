@@ -261,14 +261,14 @@ def test_extend_chunks_radix_share_and_decode(backend_cls, seed, new_tokens):
     check_extend(o[:1], ma, kAr, vAr, kA, vA, qA)
     check_extend(o[1:], mb, kBr, vBr, kB, vB, qB)
 
-def test_in_store_rotation_is_refused_for_the_per_token_recipe(backend_cls, monkeypatch):
+def test_fused_decode_store_is_refused_for_the_per_token_recipe(backend_cls, monkeypatch):
     b, pool, *_ = _make(backend_cls)
-    monkeypatch.setenv("OSCAR_DECODE_ROTATION", "store")
-    with pytest.raises(ValueError, match="OSCAR_DECODE_ROTATION=store needs a per-channel key format"):
-        b._decode_rotation()
-    monkeypatch.setenv("OSCAR_DECODE_ROTATION", "gemm")
-    assert b._decode_rotation() is False
-    with pytest.raises(ValueError, match="per-channel format store option"):
+    monkeypatch.setenv("OSCAR_DECODE_STORE", "fused")
+    with pytest.raises(ValueError, match="OSCAR_DECODE_STORE=fused needs a per-channel key format"):
+        b._decode_store()
+    monkeypatch.setenv("OSCAR_DECODE_STORE", "split")
+    assert b._decode_store() is False
+    with pytest.raises(ValueError, match="per-channel format store options"):
         z = torch.zeros(1, H, D)
         pool.store(0, torch.zeros(1, dtype=torch.int64), z, z, torch.zeros(1, dtype=torch.int64),
                    torch.ones(1, dtype=torch.int32), torch.ones(1, dtype=torch.int32), rot_k=torch.eye(D))

@@ -75,14 +75,15 @@ def _seen(x_rot, which, kv_len, own, sink_start):
 # kernel, FlashInfer's ragged prefill (a CPU stand-in with base-2 LSEs; the real one in tests/gpu)
 # OSCAR_PREFIX_ATTENTION=flashinfer: the prefix as BF16 pieces through the stand-in, several pieces a call
 # absorbed: R_v in the weights, so the decode's merge writes the model's dtype directly
-# rotate: OSCAR_DECODE_ROTATION, a decode step's q and k rotated by GEMMs or inside the store kernels
-@pytest.mark.parametrize("extend_body,new_tokens,prefix,absorbed,rotate", [
-    (None, "triton", "int2", False, "gemm"), ("codes", "triton", "int2", False, "gemm"),
-    (None, "flashinfer", "int2", False, "gemm"), (None, "flashinfer", "flashinfer", False, "gemm"),
-    (None, "flashinfer", "flashinfer", True, "gemm"), (None, "triton", "int2", False, "store"),
-    (None, "flashinfer", "flashinfer", True, "store")])
+# store: OSCAR_DECODE_STORE, a decode step's q and k rotated by GEMMs and stored in two launches
+# (split) or all in one store launch (fused)
+@pytest.mark.parametrize("extend_body,new_tokens,prefix,absorbed,store", [
+    (None, "triton", "int2", False, "split"), ("codes", "triton", "int2", False, "split"),
+    (None, "flashinfer", "int2", False, "split"), (None, "flashinfer", "flashinfer", False, "split"),
+    (None, "flashinfer", "flashinfer", True, "split"), (None, "triton", "int2", False, "fused"),
+    (None, "flashinfer", "flashinfer", True, "fused")])
 def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, seed, extend_body, new_tokens,
-                                                                  prefix, absorbed, rotate, monkeypatch):
+                                                                  prefix, absorbed, store, monkeypatch):
     from oscar_sglang.runtime.pool import note_new_rows
 
     if prefix == "flashinfer":  # every forward with a prefix through FlashInfer, however short its extends
@@ -96,10 +97,10 @@ def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, 
 
     b, pool, layer, Rk, Rv = _make(backend_cls, new_tokens=new_tokens, prefix=prefix, absorbed=absorbed)
     assert pool.channel and pool.k_codes[0].shape[-1] == 3 * D // 8
-    monkeypatch.setenv("OSCAR_DECODE_ROTATION", rotate)
-    assert b._decode_rotation() is (rotate == "store")
-    b._rotate_in_store = rotate == "store"
-    gemm_rotations = []  # q rotations by GEMM (the decode's, with rotate="store", are the store's)
+    monkeypatch.setenv("OSCAR_DECODE_STORE", store)
+    assert b._decode_store() is (store == "fused")
+    b._fused_store = store == "fused"
+    gemm_rotations = []  # q rotations by GEMM (the decode's, with store="fused", are the store's)
     rot_q = b._rot_q
     monkeypatch.setattr(b, "_rot_q", lambda q3, i: gemm_rotations.append(q3.shape[0]) or rot_q(q3, i))
     req_to_token = torch.zeros(4, 128, dtype=torch.int64)
@@ -201,7 +202,7 @@ def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, 
             _close(o[i], want @ RvT)
     codes, params, _ = ref.quantize_key_blocks(kAr[:64].float(), 3, B)
     assert torch.equal(pool.k_codes[0][slotsA[32:64]], codes[32:]) and torch.equal(pool.k_params[0][2], params[1])
-    assert gemm_rotations == ([] if rotate == "store" else [2, 2, 2])
+    assert gemm_rotations == ([] if store == "fused" else [2, 2, 2])
 
     # 4. one more token each as a batched extend (mixed-chunk style): prefix = the whole cache
     nA, nB = LA + 3, share + LB_new + 3

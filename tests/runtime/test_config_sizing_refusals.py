@@ -71,7 +71,7 @@ def test_our_names_and_fork_aliases(tmp_path):
         ({"OSCAR_CHANNEL_DECODE_READS": "int16"}, ["OSCAR_CHANNEL_DECODE_READS", "'bytes' or 'words'"]),
         ({"OSCAR_NEW_TOKEN_ATTENTION": "fa3"}, ["OSCAR_NEW_TOKEN_ATTENTION", "'flashinfer' or 'triton'"]),
         ({"OSCAR_PREFIX_ATTENTION": "bf16"}, ["OSCAR_PREFIX_ATTENTION", "'int2' or 'flashinfer'"]),
-        ({"OSCAR_DECODE_ROTATION": "kernel"}, ["OSCAR_DECODE_ROTATION", "'gemm' or 'store'"]),
+        ({"OSCAR_DECODE_STORE": "kernel"}, ["OSCAR_DECODE_STORE", "'split' or 'fused'"]),
     ],
 )
 def test_bad_env_is_refused_with_the_variable_name(env, words):
@@ -104,10 +104,10 @@ def test_new_token_attention_defaults_to_flashinfer():
     assert cfg.new_token_attention == "triton" and cfg.sources["new_token_attention"] == "OSCAR_NEW_TOKEN_ATTENTION"
 
 
-def test_decode_rotation_defaults_to_gemms():
-    assert C.load_config({}).decode_rotation == "gemm"
-    cfg = C.load_config({"OSCAR_DECODE_ROTATION": " Store"})
-    assert cfg.decode_rotation == "store" and cfg.sources["decode_rotation"] == "OSCAR_DECODE_ROTATION"
+def test_decode_store_defaults_to_split():
+    assert C.load_config({}).decode_store == "split"
+    cfg = C.load_config({"OSCAR_DECODE_STORE": " Fused"})
+    assert cfg.decode_store == "fused" and cfg.sources["decode_store"] == "OSCAR_DECODE_STORE"
 
 
 def test_prefix_attention_defaults_to_flashinfer_for_per_channel_formats():

@@ -16,6 +16,10 @@ Two launches, in this order on one stream (no host synchronisation, CUDA-graph s
 2. _tokens_kernel: values exactly as store.py (per-token groups, 2 bits, optional clip) with
    their BF16 sink/ring copies, the keys' BF16 sink/ring copies, and the slot -> side-entry map.
 
+With one_token_per_request (a decode step) launch 2 also does launch 1's work: a request's new
+token then writes only its own ring entry, which no block of the call reads (W >= B), so the order
+does not matter and one launch serves.
+
 Optionally (rot_k, a decode step's few tokens) the keys arrive unrotated and both launches apply
 R_k themselves (_rotate: one MMA, operands in k's dtype, fp32 accumulation, rounded as the GEMM it
 replaces rounds), and launch 2 also writes the step's rotated queries (q @ R_k of each query head's
@@ -73,8 +77,20 @@ def _key_blocks_kernel(
     D: tl.constexpr, BITS: tl.constexpr, BLK: tl.constexpr, W: tl.constexpr,
     HAS_ROT: tl.constexpr, DT: tl.constexpr,
 ):
-    t = tl.program_id(0)
-    h = tl.program_id(1).to(tl.int64)  # head-major pool: h * stride can pass 2^31
+    _key_block(tl.program_id(0), tl.program_id(1).to(tl.int64),  # head-major pool: h * stride can pass 2^31
+               X, stride_xt, stride_xh, Loc, Pos, Rows, Ring, stride_rr, stride_rp, stride_rh,
+               KC, stride_cn, stride_ch, KP, stride_pn, stride_ph, stride_pd, Rot, stride_roth, stride_rotk,
+               D, BITS, BLK, W, HAS_ROT, DT)
+
+
+@triton.jit
+def _key_block(
+    t, h, X, stride_xt, stride_xh, Loc, Pos, Rows, Ring, stride_rr, stride_rp, stride_rh,
+    KC, stride_cn, stride_ch, KP, stride_pn, stride_ph, stride_pd, Rot, stride_roth, stride_rotk,
+    D: tl.constexpr, BITS: tl.constexpr, BLK: tl.constexpr, W: tl.constexpr,
+    HAS_ROT: tl.constexpr, DT: tl.constexpr,
+):
+    """Token t, KV head h: if t completes its block, quantise the block (module docstring, 1.)."""
     p = tl.load(Pos + t)
     if p % BLK == BLK - 1:
         row = tl.load(Rows + t)
@@ -189,15 +205,28 @@ def _tokens_kernel(
     DK: tl.constexpr, DV: tl.constexpr, GV: tl.constexpr, CLIP_V: tl.constexpr,
     S: tl.constexpr, W: tl.constexpr, BLOCK_T: tl.constexpr, HAS_MAP: tl.constexpr,
     HAS_ROT: tl.constexpr, DT: tl.constexpr, GQA: tl.constexpr, GQA_P2: tl.constexpr,
+    KC, stride_cn, stride_ch, KP, stride_pn, stride_ph, stride_pd,
+    HAS_Q: tl.constexpr, BLOCKS: tl.constexpr, BITS: tl.constexpr, BLK: tl.constexpr,
 ):
-    """Grid axis 2: 0 = key side copies (+ the slot map), 1 = values as store.py, 2 (with rot_k
-    and q) = the rotated queries."""
+    """Grid axis 2: 0 = key side copies (+ the slot map), 1 = values as store.py, then (with rot_k
+    and q) the rotated queries, then (BLOCKS: at most one token a request, a decode step) the
+    key blocks the BLOCK_T tokens complete, as _key_blocks_kernel: no launch of their own."""
     pid = tl.program_id(0)
     h = tl.program_id(1)
-    if tl.program_id(2) == 2:
-        _rotate_q(pid, h, Q, stride_qt, stride_qh, QO, stride_ot, stride_oh, Rot, stride_roth, stride_rotk,
-                  T, GQA, GQA_P2, DK, BLOCK_T, DT)
-    elif tl.program_id(2) == 0:
+    role = tl.program_id(2)
+    if HAS_Q:  # (static branches: a variant without a role compiles none of its code)
+        if role == 2:
+            _rotate_q(pid, h, Q, stride_qt, stride_qh, QO, stride_ot, stride_oh, Rot, stride_roth, stride_rotk,
+                      T, GQA, GQA_P2, DK, BLOCK_T, DT)
+    if BLOCKS:
+        if role == 2 + HAS_Q:
+            for i in range(BLOCK_T):
+                t = pid * BLOCK_T + i
+                if t < T:
+                    _key_block(t, h.to(tl.int64), XK, sxk_t, sxk_h, Loc, Pos, Rows, RingK, srgk_r, srgk_p,
+                               srgk_h, KC, stride_cn, stride_ch, KP, stride_pn, stride_ph, stride_pd, Rot,
+                               stride_roth, stride_rotk, DK, BITS, BLK, W, HAS_ROT, DT)
+    if role == 0:
         if HAS_MAP:
             if h == 0:
                 _record_side_slots(pid, Loc, Pos, Rows, SeqLens, SlotEntry, EntryOwner, T, n_rows,
@@ -205,7 +234,7 @@ def _tokens_kernel(
         _key_copies(pid, h, XK, sxk_t, sxk_h, Pos, Rows, SeqLens, SinkK, ssk_r, ssk_p, ssk_h,
                     RingK, srgk_r, srgk_p, srgk_h, T, Rot, stride_roth, stride_rotk, DK, S, W, BLOCK_T,
                     HAS_ROT, DT)
-    else:
+    if role == 1:
         _store_rows(pid, h, XV, sxv_t, sxv_h, RotV, srv_h, srv_k, Loc, CV, scv_n, scv_h,
                     PV, spv_n, spv_h, spv_g, Pos, Rows, SeqLens, SinkV, ssv_r, ssv_p, ssv_h,
                     RingV, srgv_r, srgv_p, srgv_h, T, clip_v, DV, GV, S, W, False, CLIP_V, True,
@@ -215,7 +244,7 @@ def _tokens_kernel(
 def store_kv_channel(
     k, v, loc, positions, token_rows, token_seq_lens, k_codes, k_params, v_codes, v_params,
     sink_k, sink_v, ring_k, ring_v, *, k_bits, k_block, v_group, v_clip=1.0,
-    slot_entry=None, entry_owner=None, rot_k=None, q=None, q_out=None,
+    slot_entry=None, entry_owner=None, rot_k=None, q=None, q_out=None, one_token_per_request=False,
 ):
     """See ops.store_kv_channel."""
     assert MIN_SCALE == 9.5367431640625e-07 and FP16_MAX == 65504.0  # constants baked in the kernel
@@ -259,21 +288,25 @@ def store_kv_channel(
         k = k.contiguous()
     # values: the INT2 row quantiser of store.py (checks shapes / group / clip)
     v_args, (dv, gv, _, clip_v) = _tensor_args(v, v_codes, v_params, v_group, v_clip, None, sink_v, ring_v)
-    # 1. complete blocks: read the ring before launch 2 overwrites it
-    _key_blocks_kernel[(T, H)](
-        k, k.stride(0), k.stride(1), loc, positions, token_rows,
-        ring_k, ring_k.stride(0), ring_k.stride(1), ring_k.stride(2),
-        k_codes, k_codes.stride(0), k_codes.stride(1),
-        k_params, k_params.stride(0), k_params.stride(1), k_params.stride(2), *rot,
-        D=D, BITS=k_bits, BLK=B, W=W, HAS_ROT=rot_k is not None, DT=dt, num_warps=4, enable_fp_fusion=False,
-    )
-    # 2. values, side copies, slot map (and the rotated queries)
-    _tokens_kernel[(triton.cdiv(T, BLOCK_T), H, 3 if q is not None else 2)](
+    # 1. complete blocks: read the ring before launch 2 overwrites it; with one token a request
+    # launch 2 writes only ring entries no block of this call reads, and quantises them itself
+    blocks = dict(KC=k_codes, stride_cn=k_codes.stride(0), stride_ch=k_codes.stride(1), KP=k_params,
+                  stride_pn=k_params.stride(0), stride_ph=k_params.stride(1), stride_pd=k_params.stride(2))
+    if not one_token_per_request:
+        _key_blocks_kernel[(T, H)](
+            k, k.stride(0), k.stride(1), loc, positions, token_rows,
+            ring_k, ring_k.stride(0), ring_k.stride(1), ring_k.stride(2), *blocks.values(), *rot,
+            D=D, BITS=k_bits, BLK=B, W=W, HAS_ROT=rot_k is not None, DT=dt, num_warps=4, enable_fp_fusion=False,
+        )
+    # 2. values, side copies, slot map (and the rotated queries, and the blocks with one token a request)
+    roles = 2 + (q is not None) + bool(one_token_per_request)
+    _tokens_kernel[(triton.cdiv(T, BLOCK_T), H, roles)](
         k, k.stride(0), k.stride(1), sink_k, *sink_k.stride()[:3], ring_k, *ring_k.stride()[:3],
         *v_args, loc, positions, token_rows, token_seq_lens, T,
         slot_entry if has_map else loc, entry_owner if has_map else loc, sink_k.shape[0], *rot, *q_args,
         DK=D, DV=dv, GV=gv, CLIP_V=clip_v, S=sink_k.shape[1], W=W, BLOCK_T=BLOCK_T,
         HAS_MAP=has_map, HAS_ROT=rot_k is not None, DT=dt, GQA=gqa, GQA_P2=triton.next_power_of_2(gqa),
+        **blocks, HAS_Q=q is not None, BLOCKS=bool(one_token_per_request), BITS=k_bits, BLK=B,
         num_warps=4, enable_fp_fusion=False,
     )
 
