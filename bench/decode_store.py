@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "kernels"), str(Path(__file__).resolve().parent)]
 
 import _results  # noqa: E402
+from _timing import bench_graph  # noqa: E402
 from oscar_kernels import ops  # noqa: E402
 from oscar_kernels.format import KVFormat, code_bytes  # noqa: E402
 
@@ -103,32 +104,6 @@ class DecodeStep:
         return dict(differing_bytes=diff, q_max_ulps=q_ulps, agree=q_ulps <= 1.0 and frac <= 1e-3)
 
 
-def time_graph(fn, calls=32, replays=7):
-    """us per call of fn inside a CUDA graph of `calls` calls, median of `replays`."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    return sorted(times)[len(times) // 2]
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -149,8 +124,8 @@ def main(argv=None) -> int:
         step = DecodeStep(fmt, B, gen)
         row = dict(batch=B, format=fmt.name, **step.compare())
         if not args.check_only:
-            row["split_us"] = time_graph(lambda: step.split(step.pool))
-            row["fused_us"] = time_graph(lambda: step.fused(step.pool))
+            row["split_us"] = 1e3 * bench_graph(lambda: step.split(step.pool), min_calls=32)
+            row["fused_us"] = 1e3 * bench_graph(lambda: step.fused(step.pool), min_calls=32)
             row["saved_us_per_layer"] = row["split_us"] - row["fused_us"]
             row["fused_vs_split"] = row["fused_us"] / row["split_us"]
         rows.append(row)
