@@ -287,11 +287,11 @@ class OscarInt2KVPool(KVCache):
         positions: torch.Tensor,
         token_rows: torch.Tensor,
         token_seq_lens: torch.Tensor,
-        **rotation,
+        **channel_options,
     ) -> None:
         """Quantise already-rotated k [T, H, D], v [T, H, Dv] into slots `loc`, and copy the
-        sink / recent positions into the token's request row (see ops.store_kv). `rotation`
-        (per-channel formats only): rot_k / q / q_out / one_token_per_request of
+        sink / recent positions into the token's request row (see ops.store_kv).
+        `channel_options` (per-channel formats only): rot_k / q / q_out / one_token_per_request of
         ops.store_kv_channel (with rot_k, k arrives unrotated)."""
         i = self.local(layer_id)
         side = dict(
@@ -310,10 +310,10 @@ class OscarInt2KVPool(KVCache):
             ops.store_kv_channel(
                 k, v, loc, k_codes=self.k_codes[i], k_params=self.k_params[i],
                 v_codes=self.v_codes[i], v_params=self.v_params[i], v_clip=self.v_clip[i],
-                **self.kernel_format_args(layer_id), **side, **rotation,
+                **self.kernel_format_args(layer_id), **side, **channel_options,
             )
             return
-        if rotation:
+        if channel_options:
             raise ValueError("rot_k / q / one_token_per_request are per-channel format store options")
         ops.store_kv(
             k,
