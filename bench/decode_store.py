@@ -30,6 +30,7 @@ import _results  # noqa: E402
 from _timing import bench_graph  # noqa: E402
 from oscar_kernels import ops  # noqa: E402
 from oscar_kernels.format import KVFormat, code_bytes  # noqa: E402
+from oscar_kernels.hadamard import hadamard  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 HQ, HKV, D = 32, 8, 128
@@ -67,11 +68,8 @@ class DecodeStep:
         # q as the model hands it over: a view into the fused qkv output
         qkv = torch.randn(batch, HQ + 2 * HKV, D, generator=gen).bfloat16().to(DEV)
         self.q = qkv[:, :HQ]
-        h = torch.ones(1, 1)
-        while h.shape[0] < D:
-            h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-        signs = torch.randint(0, 2, (D,), generator=gen).float() * 2 - 1
-        self.R = (h * signs / D ** 0.5).bfloat16().to(DEV)  # the data-free rotation, shared by heads
+        signs = torch.randint(0, 2, (D,), generator=gen).double() * 2 - 1
+        self.R = (hadamard(D) * signs).bfloat16().to(DEV)  # the data-free rotation, shared by heads
         self.q_out = torch.empty(batch, HQ, D, dtype=torch.bfloat16, device=DEV)
         self.meta = dict(positions=self.pos.to(DEV), token_rows=self.rows, token_seq_lens=(self.pos + 1).int().to(DEV))
         self.kw = dict(k_bits=fmt.k_bits, k_block=blk, v_group=fmt.v_group)

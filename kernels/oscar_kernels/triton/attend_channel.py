@@ -193,19 +193,16 @@ FP32_CODE_BASE = tl.constexpr(0x4B000000)  # 2^23: a code in the low mantissa bi
 @triton.jit
 def _dequant(c, sc, mn, AXIS: tl.constexpr, DT: tl.constexpr):
     """code * scale + min as DT, for int32 codes c [rows, cols] in [0, 128) and fp32 (scale, min)
-    vectors along AXIS (0: one per column, keys; 1: one per row, values). bf16 / fp16 (CUDA):
-    packed half math, two elements an instruction (sm_90 HADD2 / HFMA2): 128 + code from the
-    exponent trick, minus 128 exactly, times the scale plus the min rounded once; no int-to-float
-    or fp32-to-half conversions per element. bf16 rounds the params first (a relative 2^-9 of
-    each); fp16 holds the pool's fp16 params exactly and rounds the result to 2^-11. fp32 (the
-    interpreter's, and dequant_channel's pieces on CUDA): 2^23 + code from the fp32 exponent trick
-    (one lop, no int-to-float conversion), minus 2^23 exactly, times the fp16 scale (exact) plus
-    the min, rounded once to fp32."""
-    if DT == tl.bfloat16 or DT == tl.float16:
-        if DT == tl.bfloat16:
-            x = (c | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
-        else:
-            x = ((c << FP16_CODE_SHIFT) | FP16_CODE_BASE).to(tl.int16).to(tl.float16, bitcast=True)
+    vectors along AXIS (0: one per column, keys; 1: one per row, values), DT fp16 or fp32 (the
+    pool's fp16 params are exact in both; bf16 would round them, see DQ_DT). fp16 (the extend's
+    operands on CUDA): packed half math, two elements an instruction (sm_90 HADD2 / HFMA2): 128 +
+    code from the exponent trick, minus 128 exactly, times the scale plus the min rounded once to
+    2^-11; no int-to-float or fp32-to-half conversions per element. fp32 (the interpreter's, and
+    dequant_channel's pieces on CUDA): 2^23 + code from the fp32 exponent trick (one lop, no
+    int-to-float conversion), minus 2^23 exactly, times the scale (exact) plus the min, rounded
+    once to fp32."""
+    if DT == tl.float16:
+        x = ((c << FP16_CODE_SHIFT) | FP16_CODE_BASE).to(tl.int16).to(tl.float16, bitcast=True)
         s16 = sc.to(DT)
         m16 = mn.to(DT)
         if AXIS == 0:
