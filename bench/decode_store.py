@@ -7,7 +7,9 @@ one_token_per_request. Each is timed inside a CUDA graph (as SGLang replays deco
 same run, per batch size; before timing, the two paths' pools and rotated queries are compared
 (the GEMM and the kernel's MMA may sum in different orders, so a rare element can differ in its
 last bit: `agree` allows one bf16 ulp in q and 0.1% of differing pool bytes; the counts are in
-each row).
+each row). Each path is also timed with a cold L2 (`*_cold_us`: every call after a write of 4x
+the L2, whose own time is subtracted), as in a model where the layers' weights evict R_k, q, k and
+the pool between one layer's store and the next.
 Request b decodes position 64 * (8 + b) + b % 64, so one request in 64 completes a block each
 step, as in steady decode. Llama-3.1-8B shapes (32 query heads, 8 KV heads, head_dim 128).
 
@@ -118,6 +120,12 @@ def main(argv=None) -> int:
     gen = torch.Generator().manual_seed(0)
     rows = []
     t0 = time.time()
+    if not args.check_only:
+        # cold: each call after a write of 4x the L2, as a decode layer runs after the previous
+        # layers' weights went through L2 (R_k, q, k and the pool evicted); the write's own time,
+        # timed alone in the same way, is subtracted
+        flush = torch.empty(4 * torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.uint8, device=DEV)
+        flush_us = 1e3 * bench_graph(lambda: flush.fill_(1), min_calls=32)
     for B in (int(x) for x in args.batches.split(",")):
         step = DecodeStep(fmt, B, gen)
         row = dict(batch=B, format=fmt.name, **step.compare())
@@ -126,12 +134,18 @@ def main(argv=None) -> int:
             row["fused_us"] = 1e3 * bench_graph(lambda: step.fused(step.pool), min_calls=32)
             row["saved_us_per_layer"] = row["split_us"] - row["fused_us"]
             row["fused_vs_split"] = row["fused_us"] / row["split_us"]
+            for path in ("split", "fused"):
+                run = getattr(step, path)
+                row[f"{path}_cold_us"] = 1e3 * bench_graph(lambda: (flush.fill_(1), run(step.pool)), min_calls=32) - flush_us
+            row["cold_saved_us_per_layer"] = row["split_cold_us"] - row["fused_cold_us"]
         rows.append(row)
         log(f"B={B:4d} agree={row['agree']} (q {row['q_max_ulps']:.1f} ulps, pool bytes differing "
             f"{sum(row['differing_bytes'].values())}) " + (f"split {row['split_us']:.1f} us, fused "
-            f"{row['fused_us']:.1f} us ({row['fused_vs_split']:.2f}x)" if "split_us" in row else ""))
+            f"{row['fused_us']:.1f} us ({row['fused_vs_split']:.2f}x); L2 cold: split {row['split_cold_us']:.1f}, "
+            f"fused {row['fused_cold_us']:.1f} us" if "split_us" in row else ""))
     doc = _results.document("synthetic (Llama-3.1-8B attention shapes, one layer)", rows,
-                            seconds=round(time.time() - t0, 1), timed=not args.check_only)
+                            seconds=round(time.time() - t0, 1), timed=not args.check_only,
+                            **({} if args.check_only else {"l2_flush_bytes": flush.numel(), "l2_flush_us": flush_us}))
     out = args.out or str(_results.default_path("kernels")).replace(".json", "_decode-store.json")
     log(f"wrote {_results.write(out, doc)}")
     return 0 if all(r["agree"] for r in rows) else 1
