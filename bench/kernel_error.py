@@ -14,17 +14,18 @@ compared with float64 attention (reference.attention) over the reader's view of 
                   chunks): error in bf16 ulps of the exact dequantised value (0.5 = correctly rounded)
 
 Rows: kernel, variant, format, requests (prefix lengths; new tokens for extend), rel_err_max /
-rel_err_mean over requests (||o - o_ref|| / ||o_ref||; each request's in rel_err_by_request, in the
-order of `requests`), lse_err_max (extend: |lse - lse_ref|,
-natural log; within the tests' bound when under test_tolerance x lse_ref_abs_max, as they check),
-max_ulps / rel_err (prefix_pieces), and test_tolerance (what the kernel tests allow on this
-device). A bf16_baseline row per format and reader kind gives the same errors for attention in
-a BF16 flash kernel's arithmetic (bf16 operands and probabilities, fp32 sums) over the same view:
-the error any BF16 kernel has on these inputs, no tolerance applied. Inputs: N(0, 1) rows whose KV heads each have 4 channels scaled by 1-16 (the
-rotated caches' outliers) and low-norm first tokens; queries N(0, 1) with one in four heads
-scaled by 4 (peaked attention). Fresh seed per run unless --seed.
+rel_err_mean over requests (||o - o_ref|| / ||o_ref||; each request's in rel_err_by_request, in
+the order of `requests`), lse_err_max (extend: |lse - lse_ref|, natural log; within the tests'
+bound when under test_tolerance x lse_ref_abs_max, as they check), max_ulps / rel_err
+(prefix_pieces), and test_tolerance (what the kernel tests allow on this device). A
+bf16_baseline row per format and reader kind gives the same errors for attention in a BF16 flash
+kernel's arithmetic (bf16 operands and probabilities, fp32 sums) over the same view: the error
+any BF16 kernel has on these inputs (no tolerance applied). Inputs: N(0, 1) rows whose KV heads
+each have 4 channels scaled by 1-16 (the rotated caches' outliers) and low-norm first tokens;
+queries N(0, 1) with one in four heads scaled by 4 (peaked attention). Fresh seed per run unless
+--seed.
 
-    python bench/kernel_error.py                               # H100: the formats below, ~1 minute
+    python bench/kernel_error.py                               # GPU: the formats below, ~2 minutes (H200)
     python bench/kernel_error.py --formats k3c64-v2t64-s4-w128 --out /tmp/e.json
 """
 from __future__ import annotations
