@@ -27,10 +27,13 @@ def test_rows_for_every_kernel_within_fp32_error(tmp_path):
     assert got == {("decode", "default splits"), ("decode", "fewest splits"), ("decode", "packed 3-bit body"),
                    ("extend", "dequant"), ("extend", "codes"), ("extend", "dequant, prefix split"),
                    ("extend", "dequant, short tail"), ("extend", "codes, short tail"),
-                   ("prefix_pieces", "pieces of 4096"), ("bf16_baseline", ke.BASELINE)}
+                   ("prefix_pieces", "pieces of 4096"), ("bf16_baseline", ke.BASELINE),
+                   ("arith_emulation", ke.EMULATION)}
     for r in doc["rows"]:
         assert r["format"] == "k3c32-v2t32-s4-w32"
-        if r["kernel"] == "bf16_baseline":
+        if r["kernel"] == "decode":
+            assert 1e-4 < r["rel_diff_vs_arith_emulation"] < 1e-1, r  # fp32 kernel vs bf16-rounded model
+        if r["kernel"] in ("bf16_baseline", "arith_emulation"):
             # bf16 operands: errors of bf16's order (2^-9 a rounding), no tolerance applied
             assert 1e-4 < r["rel_err_max"] < 3e-2 and "within_test_tolerance" not in r, r
         elif r["kernel"] == "prefix_pieces":
@@ -58,6 +61,23 @@ def test_bf16_baseline_matches_a_float64_emulation():
     assert (lse.double() - exact_lse).abs().max() < 1e-2 * exact_lse.abs().max()
     err = ((o.double() - exact_o).norm() / exact_o.norm()).item()
     assert 1e-5 < err < 3e-2
+
+
+def test_arith_emulation_is_exact_attention_without_its_roundings():
+    """arith_emulation with the identity for its roundings recovers each body key's code and
+    params from the pool (the reader's view, the store's fp16 params, the masks) and so equals
+    float64 attention over the view; with bf16 roundings it differs by bf16's order."""
+    fmt = ke.KVFormat.parse("k3c32-v2t32-s4-w32", head_dim=64)
+    g = ke.torch.Generator().manual_seed(ke.random.randrange(2**31))
+    st = ke.StoredBatch(fmt, [150, 30], 2, g)  # 30 <= sink 4 + ring 32
+    q = ke.queries(2, 4, 64, g).to(ke.DEV)
+    for b in range(2):
+        K, V = st.view(b)
+        want = ke.ref.attention(q[b:b + 1], K, V, sm_scale=0.125)[0][0]
+        exact = ke.arith_emulation(st, b, q[b], 0.125, rnd=lambda x: x)
+        assert (exact - want).abs().max() <= 1e-9 * want.abs().max()
+        err = ((ke.arith_emulation(st, b, q[b], 0.125) - want).norm() / want.norm()).item()
+        assert (1e-5 < err < 5e-2) if b == 0 else err < 1e-12  # request 1: all in sink + ring
 
 
 @pytest.mark.parametrize("times", [0.5, 2.0])
