@@ -100,6 +100,14 @@ ENV_VARS: dict[str, tuple[str | None, str]] = {
         "faster on the H100, 3x the error of 'bytes' over 32K keys in one split). Read by the kernels "
         "(oscar_kernels/triton/attend_channel.py)",
     ),
+    "OSCAR_CHANNEL_DECODE_KEYS": (
+        None,
+        "the per-channel decode's key-side MMA operands: 'bf16' (default) or 'fp16' (each key "
+        "block's q * scale rounded to fp16, 3 more bits; the codes under fp16 exponents). Built "
+        "2026-11-27 without a GPU to cut the decode's error on outlier keys (2-4x BF16 "
+        "arithmetic's, docs/benchmarks.md); not yet timed or checked on a GPU. Read by the kernels "
+        "(oscar_kernels/triton/attend_channel.py)",
+    ),
     "OSCAR_NEW_TOKEN_ATTENTION": (
         None,
         "attention among the new tokens of a prefill chunk (plain BF16): 'flashinfer' (default: "
@@ -121,19 +129,20 @@ ENV_VARS: dict[str, tuple[str | None, str]] = {
         "how a decode step stores its tokens with per-channel key formats: 'split' (default: q and "
         "k rotated by two GEMMs in the model's dtype, then the store's two launches) or 'fused' "
         "(one launch rotates k and q with the same arithmetic, writes the side copies and values, "
-        "and quantises the blocks the step completes: three launches a layer fewer; built "
-        "2026-11-27, not yet timed on a GPU)",
+        "and quantises the blocks the step completes: three launches a layer fewer, 5-7 us a layer "
+        "alone, but no measurable batch-1 TPOT change through the server on H200, 2026-11-27)",
     ),
 }
 NEW_TOKEN_ATTENTION = ("flashinfer", "triton")
 DECODE_STORE = ("split", "fused")
 PREFIX_ATTENTION = ("int2", "flashinfer")
-# values of OSCAR_CHANNEL_DECODE_3BIT / OSCAR_CHANNEL_EXTEND / OSCAR_CHANNEL_DECODE_READS
-# (attend_channel.CHANNEL_3BIT_VARIANTS / CHANNEL_EXTEND_VARIANTS / CHANNEL_CODE_READS; checked here
-# at start without importing the kernels)
+# values of OSCAR_CHANNEL_DECODE_3BIT / OSCAR_CHANNEL_EXTEND / OSCAR_CHANNEL_DECODE_READS /
+# OSCAR_CHANNEL_DECODE_KEYS (attend_channel.CHANNEL_3BIT_VARIANTS / CHANNEL_EXTEND_VARIANTS /
+# CHANNEL_CODE_READS / CHANNEL_KEY_OPERANDS; checked here at start without importing the kernels)
 CHANNEL_3BIT_VARIANTS = ("packed", "planes")
 CHANNEL_EXTEND_VARIANTS = ("codes", "dequant")
 CHANNEL_CODE_READS = ("bytes", "words")
+CHANNEL_KEY_OPERANDS = ("bf16", "fp16")
 
 DEFAULT_SINK = 64
 DEFAULT_RECENT = 256
@@ -336,7 +345,8 @@ def load_config(env: Mapping[str, str] | None = None) -> OscarConfig:
     # the kernel switches: the kernels read them themselves; checked here so a bad value stops the start
     for name, choices in (("OSCAR_CHANNEL_DECODE_3BIT", CHANNEL_3BIT_VARIANTS),
                           ("OSCAR_CHANNEL_EXTEND", CHANNEL_EXTEND_VARIANTS),
-                          ("OSCAR_CHANNEL_DECODE_READS", CHANNEL_CODE_READS)):
+                          ("OSCAR_CHANNEL_DECODE_READS", CHANNEL_CODE_READS),
+                          ("OSCAR_CHANNEL_DECODE_KEYS", CHANNEL_KEY_OPERANDS)):
         val, var = _get(env, name)
         if val is not None and val not in choices:
             raise OscarConfigError(f"{var} must be {' or '.join(repr(c) for c in choices)}, got {val!r}")

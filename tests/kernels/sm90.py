@@ -329,7 +329,7 @@ def main(argv: list[str]) -> int:
     elif what == "fit":
         res = fit()
     elif what == "channel":
-        opt = {rest[i][2:].replace("-", "_"): rest[i + 1] if rest[i] in ("--k3-variant", "--code-reads") else int(rest[i + 1])
+        opt = {rest[i][2:].replace("-", "_"): rest[i + 1] if rest[i] in ("--k3-variant", "--code-reads", "--key-operands") else int(rest[i + 1])
                for i in range(0, len(rest), 2)}
         res = channel(**opt)
     elif what == "channel-extend":

@@ -69,6 +69,7 @@ def test_our_names_and_fork_aliases(tmp_path):
         ({"OSCAR_CHANNEL_DECODE_3BIT": "fast"}, ["OSCAR_CHANNEL_DECODE_3BIT", "'packed' or 'planes'"]),
         ({"OSCAR_CHANNEL_EXTEND": "fast"}, ["OSCAR_CHANNEL_EXTEND", "'codes' or 'dequant'"]),
         ({"OSCAR_CHANNEL_DECODE_READS": "int16"}, ["OSCAR_CHANNEL_DECODE_READS", "'bytes' or 'words'"]),
+        ({"OSCAR_CHANNEL_DECODE_KEYS": "fp32"}, ["OSCAR_CHANNEL_DECODE_KEYS", "'bf16' or 'fp16'"]),
         ({"OSCAR_NEW_TOKEN_ATTENTION": "fa3"}, ["OSCAR_NEW_TOKEN_ATTENTION", "'flashinfer' or 'triton'"]),
         ({"OSCAR_PREFIX_ATTENTION": "bf16"}, ["OSCAR_PREFIX_ATTENTION", "'int2' or 'flashinfer'"]),
         ({"OSCAR_DECODE_STORE": "kernel"}, ["OSCAR_DECODE_STORE", "'split' or 'fused'"]),
@@ -82,18 +83,20 @@ def test_bad_env_is_refused_with_the_variable_name(env, words):
 
 
 def test_channel_decode_switch_values_are_the_kernels():
-    """OSCAR_CHANNEL_DECODE_3BIT / OSCAR_CHANNEL_EXTEND / OSCAR_CHANNEL_DECODE_READS: the values the
-    start accepts are the kernels' variants (empty: the kernels' default)."""
+    """OSCAR_CHANNEL_DECODE_3BIT / OSCAR_CHANNEL_EXTEND / OSCAR_CHANNEL_DECODE_READS /
+    OSCAR_CHANNEL_DECODE_KEYS: the values the start accepts are the kernels' variants (empty: the
+    kernels' default)."""
     from oscar_kernels.triton.attend_channel import (
         CHANNEL_3BIT_ENV, CHANNEL_3BIT_VARIANTS, CHANNEL_CODE_READS, CHANNEL_EXTEND_ENV, CHANNEL_EXTEND_VARIANTS,
-        CHANNEL_READS_ENV,
+        CHANNEL_KEY_OPERANDS, CHANNEL_KEYS_ENV, CHANNEL_READS_ENV,
     )
 
     assert CHANNEL_3BIT_ENV == "OSCAR_CHANNEL_DECODE_3BIT" and C.CHANNEL_3BIT_VARIANTS == CHANNEL_3BIT_VARIANTS
     assert CHANNEL_EXTEND_ENV == "OSCAR_CHANNEL_EXTEND" and C.CHANNEL_EXTEND_VARIANTS == CHANNEL_EXTEND_VARIANTS
     assert CHANNEL_READS_ENV == "OSCAR_CHANNEL_DECODE_READS" and C.CHANNEL_CODE_READS == CHANNEL_CODE_READS
+    assert CHANNEL_KEYS_ENV == "OSCAR_CHANNEL_DECODE_KEYS" and C.CHANNEL_KEY_OPERANDS == CHANNEL_KEY_OPERANDS
     for env, variants in ((CHANNEL_3BIT_ENV, CHANNEL_3BIT_VARIANTS), (CHANNEL_EXTEND_ENV, CHANNEL_EXTEND_VARIANTS),
-                          (CHANNEL_READS_ENV, CHANNEL_CODE_READS)):
+                          (CHANNEL_READS_ENV, CHANNEL_CODE_READS), (CHANNEL_KEYS_ENV, CHANNEL_KEY_OPERANDS)):
         for v in variants + ("",):
             C.load_config({env: v})
 

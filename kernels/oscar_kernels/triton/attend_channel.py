@@ -51,7 +51,7 @@ from .attend import (
     as_param_words, empty_softmax_state, load_q_quarters, num_splits_of, pool_launch_args,
     source_ranges, split_ranges,
 )
-from .attend_fast import (WORDS_MIN_DIM, _quarter_v, _v_scale, _word_code, _word_dims, _word_ofs,
+from .attend_fast import (MASKS, WORDS_MIN_DIM, _quarter_v, _v_scale, _word_code, _word_dims, _word_ofs,
                           _words_of_quarter)
 from .decode import BLOCK_B, bf16_splits, merge_splits, plan_decode, sm_count
 from .extend_prefix import extend_outputs
@@ -93,6 +93,21 @@ PLANES_MIN_DIM = 128
 CHANNEL_CODE_READS = ("bytes", "words")
 CHANNEL_READS_ENV = "OSCAR_CHANNEL_DECODE_READS"
 CHANNEL_READS_DEFAULT = "bytes"
+
+
+# The decode body's key-side MMA operands (OSCAR_CHANNEL_DECODE_KEYS or
+# decode_attention_channel(key_operands=...)): "bf16" (the default) rounds each block's q * s to
+# bf16 and builds the code operands under bf16 exponents (BODY_OFS + code); "fp16" rounds q * s to
+# fp16 (3 more mantissa bits) and builds the same operands under fp16 exponents (BODY_OFS_FP16 +
+# code: the same lop3s, other constants). Why: the q * s of a block is rounded once for its 64
+# keys, so its error does not average out over keys; on outlier inputs the decode's error is 2-4x
+# BF16 arithmetic's (bench/kernel_error.py, H200, 2026-11-27) and a CPU emulation puts fp16 q * s
+# near BF16 arithmetic (docs/benchmarks.md, 2026-11-27 10:29). Built without a GPU, not timed and
+# not the default: the offset through the MMA is 8x larger in fp16, and q * s must stay below
+# fp16's 65,504. 2-bit keys read as words (KWORDS) use fp16 either way.
+CHANNEL_KEY_OPERANDS = ("bf16", "fp16")
+CHANNEL_KEYS_ENV = "OSCAR_CHANNEL_DECODE_KEYS"
+CHANNEL_KEYS_DEFAULT = "bf16"
 
 
 # Decode split plan (issue 19). A one-warp program takes 245-255 registers at sm_90, so 8 fit on an
@@ -142,6 +157,11 @@ def _kernel_choice(arg_name, value, env, choices, default) -> str:
 def channel_code_reads(code_reads=None) -> str:
     """How decode reads codes: code_reads if given, else OSCAR_CHANNEL_DECODE_READS ('bytes')."""
     return _kernel_choice("code_reads", code_reads, CHANNEL_READS_ENV, CHANNEL_CODE_READS, CHANNEL_READS_DEFAULT)
+
+
+def channel_key_operands(key_operands=None) -> str:
+    """The decode body's key operands: key_operands if given, else OSCAR_CHANNEL_DECODE_KEYS ('bf16')."""
+    return _kernel_choice("key_operands", key_operands, CHANNEL_KEYS_ENV, CHANNEL_KEY_OPERANDS, CHANNEL_KEYS_DEFAULT)
 
 
 def channel_3bit_variant(k3_variant=None) -> str:
@@ -226,6 +246,40 @@ def _dequant(c, sc, mn, AXIS: tl.constexpr, DT: tl.constexpr):
 # per tile: for keys through the (q * s) . m row constant, for values from the accumulators before
 # each tile's MMA (attend_fast).
 BODY_OFS = tl.constexpr(128.0)
+# fp16 key operands (CHANNEL_KEY_OPERANDS): the same code fields under the fp16 exponent of 1024,
+# whose mantissa ulp is 1 as bf16's is at 128 (and attend_fast._quarter_k's): BODY_OFS_FP16 + code
+BODY_OFS_FP16 = tl.constexpr(1024.0)
+
+
+@triton.jit
+def _quarter_h(c16, J: tl.constexpr, USE_ASM: tl.constexpr):
+    """attend_fast._quarter_v's operand (quarter J of uint16-widened codes, place value
+    _v_scale(J), quarter 3 shifted down by 2) in fp16: BODY_OFS_FP16 + code * _v_scale(J) with
+    USE_ASM, the exact code * _v_scale(J) without."""
+    if USE_ASM:
+        if J < 3:
+            r = tl.inline_asm_elementwise(
+                "{.reg .b32 m; mov.b32 m, 0x64006400; lop3.b32 $0, $1, " + MASKS[J] + ", m, 0xEA;}",
+                "=r,r", [c16], dtype=tl.float16, is_pure=True, pack=2)
+        else:
+            r = tl.inline_asm_elementwise(
+                "{.reg .b32 m, w; mov.b32 m, 0x64006400; shr.b32 w, $1, 2; lop3.b32 $0, w, 0x00300030, m, 0xEA;}",
+                "=r,r", [c16], dtype=tl.float16, is_pure=True, pack=2)
+        return r
+    else:
+        ci = c16.to(tl.int32)
+        return ((ci >> 2) & 48).to(tl.float16) if J == 3 else (ci & (3 << (2 * J))).to(tl.float16)
+
+
+@triton.jit
+def _lo_operand(c16, J: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr):
+    """Quarter J of uint16-widened 2-bit codes as a key operand in DT: fp16 (_quarter_h) or
+    attend_fast._quarter_v's bf16 trick (converted to DT, as before)."""
+    if DT == tl.float16:
+        r = _quarter_h(c16, J, USE_ASM)
+    else:
+        r = _quarter_v(c16, J, DT, USE_ASM)
+    return r
 
 
 @triton.jit
@@ -267,13 +321,24 @@ def _widen(c8, USE_ASM: tl.constexpr):
 def _key_operand(kc, kc2, hb, J: tl.constexpr, BITS: tl.constexpr, QD: tl.constexpr, DT: tl.constexpr,
                  USE_ASM: tl.constexpr):
     """Key quarter J as an MMA operand [BLK, D/4] in DT: BODY_OFS + code * _k_scale_ch(J, BITS)
-    with USE_ASM (bf16), the exact code without (interpreter). kc / kc2 / hb: _key_quarter's."""
+    with USE_ASM (bf16; fp16: BODY_OFS_FP16 + ...), the exact code without (interpreter). kc /
+    kc2 / hb: _key_quarter's."""
     if USE_ASM:
+        # fp16 (CHANNEL_KEY_OPERANDS): the same fields under 1024's exponent (BODY_OFS_FP16 + code)
         if BITS == 2:
-            r = _quarter_v(_widen(kc, USE_ASM), J, DT, USE_ASM)
+            r = _lo_operand(_widen(kc, USE_ASM), J, DT, USE_ASM)
         elif BITS == 4:
             src = kc if J % 2 == 0 else kc2
-            if J // 2 == 0:
+            if DT == tl.float16:
+                if J // 2 == 0:
+                    r = tl.inline_asm_elementwise(
+                        "{.reg .b32 m; mov.b32 m, 0x64006400; lop3.b32 $0, $1, 0x000F000F, m, 0xEA;}",
+                        "=r,r", [_widen(src, USE_ASM)], dtype=tl.float16, is_pure=True, pack=2)
+                else:
+                    r = tl.inline_asm_elementwise(
+                        "{.reg .b32 m, w; mov.b32 m, 0x64006400; shr.b32 w, $1, 4; lop3.b32 $0, w, 0x000F000F, m, 0xEA;}",
+                        "=r,r", [_widen(src, USE_ASM)], dtype=tl.float16, is_pure=True, pack=2)
+            elif J // 2 == 0:
                 r = tl.inline_asm_elementwise(
                     "{.reg .b32 m; mov.b32 m, 0x43004300; lop3.b32 $0, $1, 0x000F000F, m, 0xEA;}",
                     "=r,r", [_widen(src, USE_ASM)], dtype=tl.bfloat16, is_pure=True, pack=2)
@@ -283,7 +348,10 @@ def _key_operand(kc, kc2, hb, J: tl.constexpr, BITS: tl.constexpr, QD: tl.conste
                     "=r,r", [_widen(src, USE_ASM)], dtype=tl.bfloat16, is_pure=True, pack=2)
         else:
             c = _key_quarter(kc.to(tl.int32), kc2, hb.to(tl.int32), J, BITS, QD)
-            r = (c | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
+            if DT == tl.float16:
+                r = (c | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+            else:
+                r = (c | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
         return r.to(DT)
     else:
         return _key_quarter(kc.to(tl.int32), kc2.to(tl.int32), hb.to(tl.int32), J, BITS, QD).to(DT)
@@ -307,15 +375,29 @@ HI_MASK = tl.constexpr(("0x00010001", "0x00020002", "0x00040004", "0x00080008",
 HI_QMUL = tl.constexpr((4.0, 2.0, 4.0, 2.0, 4.0, 2.0, 1.0, 1.0))
 HI_EXP = tl.constexpr(("0x44004400", "0x43804380", "0x44004400", "0x43804380",
                        "0x44004400", "0x43804380", "0x43004300", "0x43004300"))
+# the same under fp16 exponents (CHANNEL_KEY_OPERANDS fp16): 2^(10 + h), mantissa ulp 2^h as in
+# bf16, so the operand is HI_QMUL[E] * (BODY_OFS_FP16 + bit * 2^min(E, 6))
+HI_EXP_FP16 = tl.constexpr(("0x6C006C00", "0x68006800", "0x6C006C00", "0x68006800",
+                            "0x6C006C00", "0x68006800", "0x64006400", "0x64006400"))
 
 
 @triton.jit
 def _hi_plane(h16, E: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr):
     """Eighth E of the 1-bit plane (uint16-widened bytes) as an MMA operand [BLK, D/8] in DT:
-    HI_QMUL[E] * (BODY_OFS + bit * 2^min(E, 6)) with USE_ASM (bf16 exponent trick under HI_EXP[E]),
+    HI_QMUL[E] * (BODY_OFS + bit * 2^min(E, 6)) with USE_ASM (bf16 exponent trick under HI_EXP[E];
+    fp16: BODY_OFS_FP16 under HI_EXP_FP16[E]),
     HI_QMUL[E] * bit * 2^min(E, 6) without."""
     if USE_ASM:
-        if E < 7:
+        if DT == tl.float16:
+            if E < 7:
+                r = tl.inline_asm_elementwise(
+                    "{.reg .b32 m; mov.b32 m, " + HI_EXP_FP16[E] + "; lop3.b32 $0, $1, " + HI_MASK[E] + ", m, 0xEA;}",
+                    "=r,r", [h16], dtype=tl.float16, is_pure=True, pack=2)
+            else:
+                r = tl.inline_asm_elementwise(
+                    "{.reg .b32 m, w; mov.b32 m, " + HI_EXP_FP16[E] + "; shr.b32 w, $1, 1; lop3.b32 $0, w, 0x00400040, m, 0xEA;}",
+                    "=r,r", [h16], dtype=tl.float16, is_pure=True, pack=2)
+        elif E < 7:
             r = tl.inline_asm_elementwise(
                 "{.reg .b32 m; mov.b32 m, " + HI_EXP[E] + "; lop3.b32 $0, $1, " + HI_MASK[E] + ", m, 0xEA;}",
                 "=r,r", [h16], dtype=tl.bfloat16, is_pure=True, pack=2)
@@ -345,14 +427,16 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
                  sm_scale_log2, logit_cap, qrow,
                  D: tl.constexpr, DV: tl.constexpr, BITS: tl.constexpr, BLK: tl.constexpr, GV: tl.constexpr,
                  BLOCK_M: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, USE_ASM: tl.constexpr,
-                 STAGES: tl.constexpr, PLANES: tl.constexpr, VWORDS: tl.constexpr, KWORDS: tl.constexpr):
+                 STAGES: tl.constexpr, PLANES: tl.constexpr, VWORDS: tl.constexpr, KWORDS: tl.constexpr,
+                 KEY16: tl.constexpr):
     """Decode's quantised body blocks [j_lo, j_hi) (see _key_operand's note), continuing the BF16
     loops' softmax state (row-major a0..a3 [rows, Dv/4]); returns it in the same form. PLANES
     (3 bits, D >= 128): the two-plane key operands (HI_QMUL's note), q^T read again in eighths
     from qrow (pointers to the rows' q) and kept in PV_DT, the softmax scale applied per tile.
     VWORDS (Dv >= 128) / KWORDS (2-bit keys, D >= 128): VCh / KCh are int16 views of the value /
     key codes (strides in words), read as attend_fast's code words (CHANNEL_CODE_READS' note); with
-    KWORDS q^T is read in the 8 extractions' dims from qrow."""
+    KWORDS q^T is read in the 8 extractions' dims from qrow. KEY16: the key side's q * s and code
+    operands in fp16 (CHANNEL_KEY_OPERANDS' note), else in PV_DT."""
     QD: tl.constexpr = D // 4
     QDV: tl.constexpr = DV // 4
     QW: tl.constexpr = D // 8
@@ -363,6 +447,9 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
     VCOLS: tl.constexpr = QWV if VWORDS else QDV
     D8: tl.constexpr = D // 8
     OFS: tl.constexpr = BODY_OFS if USE_ASM else 0.0
+    # the key side's operands (q * s and the codes): PV_DT, or fp16 with its own offset
+    KDT: tl.constexpr = tl.float16 if KEY16 else PV_DT
+    KOFS: tl.constexpr = (BODY_OFS_FP16 if KEY16 else BODY_OFS) if USE_ASM else 0.0
     QSC = 1.0 if LOGIT_CAP else sm_scale_log2
     if PLANES:
         # q^T eighths [D/8, rows] as loaded (bf16 on CUDA): no fp32 copy of q lives in the loop
@@ -434,13 +521,13 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
                 sc, mn = _unpack_params(tl.load(kpb + e * D8))
                 qet = _pick8(e, qe0, qe1, qe2, qe3, qe4, qe5, qe6, qe7).to(tl.float32)
                 ksc = sc * (1.0 / _v_scale(e // 2))
-                qs = (qet * ksc[:, None]).to(PV_DT)  # both planes: q * s / place value
+                qs = (qet * ksc[:, None]).to(KDT)  # both planes: q * s / place value
                 lo = lo_a if e % 2 == 0 else lo_b
-                part = tl.dot(_quarter_v(lo, e // 2, PV_DT, USE_ASM), qs, part)
-                part = tl.dot(_hi_plane(hi16, e, PV_DT, USE_ASM), qs, part)
-                # q . m, minus the operands' offsets OFS * (1 + HI_QMUL) * sum(qs) (from the rounded
-                # qs: exact removal; OFS * (1 + HI_QMUL) * qs is exact in fp32 in either order)
-                qc += qet * mn[:, None] - (OFS * (1.0 + HI_QMUL[e])) * qs.to(tl.float32)
+                part = tl.dot(_lo_operand(lo, e // 2, KDT, USE_ASM), qs, part)
+                part = tl.dot(_hi_plane(hi16, e, KDT, USE_ASM), qs, part)
+                # q . m, minus the operands' offsets KOFS * (1 + HI_QMUL) * sum(qs) (from the rounded
+                # qs: exact removal; KOFS * (1 + HI_QMUL) * qs is exact in fp32 in either order)
+                qc += qet * mn[:, None] - (KOFS * (1.0 + HI_QMUL[e])) * qs.to(tl.float32)
             st = (part + tl.sum(qc, 0)[None, :]) * QSC
         elif KWORDS:
             kw = tl.load(kcb + tl.arange(0, QW)[None, :])  # [keys, D/8 words]
@@ -472,10 +559,10 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
                 sc, mn = _unpack_params(tl.load(kpb + j * QD))
                 qjt = _pick4(j, q0t, q1t, q2t, q3t)
                 ksc = sc * (1.0 / _k_scale_ch(j, BITS)) if USE_ASM else sc
-                qs = (qjt * ksc[:, None]).to(PV_DT)
-                part = tl.dot(_key_operand(kc, kc2, hb, j, BITS, QD, PV_DT, USE_ASM), qs, part)
-                # (q s) . m, minus the offset's share OFS * sum(qs) (from the rounded qs: exact removal)
-                qc += qjt * mn[:, None] - OFS * qs.to(tl.float32)
+                qs = (qjt * ksc[:, None]).to(KDT)
+                part = tl.dot(_key_operand(kc, kc2, hb, j, BITS, QD, KDT, USE_ASM), qs, part)
+                # (q s) . m, minus the offset's share KOFS * sum(qs) (from the rounded qs: exact removal)
+                qc += qjt * mn[:, None] - KOFS * qs.to(tl.float32)
             st = part + tl.sum(qc, 0)[None, :]
         if LOGIT_CAP:
             st = _cap_and_scale(st, sm_scale_log2, logit_cap, LOGIT_CAP)
@@ -589,6 +676,7 @@ def attend_channel_kernel(
     MIN_CHUNK: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, NB16: tl.constexpr,
     USE_ASM: tl.constexpr = False, STAGES: tl.constexpr = 2, PLANES: tl.constexpr = False,
     EXT_DQ: tl.constexpr = False, VWORDS: tl.constexpr = False, KWORDS: tl.constexpr = False,
+    KEY16: tl.constexpr = False,
 ):
     """SPLIT (decode): grid (B, Hkv, max splits), one query token per request (token b), rows =
     the GQA group; qo_indptr / num_mb unused. Not SPLIT (extend-prefix): grid (B, Hkv * num_mb,
@@ -703,7 +791,7 @@ def attend_channel_kernel(
             q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, start_b, ring_lo, sink_lo, sink_hi,
             idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
             sm_scale_log2, logit_cap, Q + tok * stride_qt + hq * stride_qh,
-            D, DV, BITS, BLK, GV, BLOCK_M, LOGIT_CAP, PV_DT, USE_ASM, STAGES, PLANES, VWORDS, KWORDS)
+            D, DV, BITS, BLK, GV, BLOCK_M, LOGIT_CAP, PV_DT, USE_ASM, STAGES, PLANES, VWORDS, KWORDS, KEY16)
         j_hi = j_lo  # the extend loop below walks nothing
     if EXT_DQ:  # its q operands, converted once for every page
         q0 = q0.to(DQ_DT)
@@ -833,7 +921,7 @@ def decode_attention_channel(
     kv_indptr, kv_indices, req_rows, own_start, *, k_bits, k_block, v_group, sm_scale,
     sink_start=None, num_kv_splits=None, max_kv_splits=None, attn_logits=None, attn_lse=None,
     logit_cap=0.0, min_chunk=None, bf16_keys_per_split=None, num_warps=None, num_stages=2,
-    num_int2_stages=None, k3_variant=None, code_reads=None, maxnreg=None,
+    num_int2_stages=None, k3_variant=None, code_reads=None, key_operands=None, maxnreg=None,
 ):
     """See ops.decode_attention_channel; min_chunk / bf16_keys_per_split / num_warps /
     num_stages / maxnreg are tuning knobs (decode.py's meaning; maxnreg caps registers per
@@ -841,13 +929,15 @@ def decode_attention_channel(
     k3_variant: 'packed' / 'planes' (3-bit keys; None: OSCAR_CHANNEL_DECODE_3BIT, default
     'planes'; planes needs head_dim >= 128 and runs packed below). code_reads: 'bytes' / 'words'
     (None: OSCAR_CHANNEL_DECODE_READS, default 'bytes'; words reads value codes and 2-bit key codes
-    as 16-bit words where the dim is >= 128)."""
+    as 16-bit words where the dim is >= 128). key_operands: 'bf16' / 'fp16' (None:
+    OSCAR_CHANNEL_DECODE_KEYS, default 'bf16'; the body's q * s and key code operands)."""
     check_channel_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_bits, k_block, v_group)
     planes = (channel_3bit_variant(k3_variant) == "planes" and k_bits == 3
               and q.shape[-1] >= PLANES_MIN_DIM)
     words = channel_code_reads(code_reads) == "words"
     vwords = words and v_codes.shape[-1] * 4 >= WORDS_MIN_DIM
     kwords = words and k_bits == 2 and q.shape[-1] >= WORDS_MIN_DIM
+    key16 = channel_key_operands(key_operands) == "fp16"
     sink_start = own_start if sink_start is None else sink_start
     B, Hq, D = q.shape
     Hkv = k_codes.shape[1]
@@ -873,7 +963,7 @@ def decode_attention_channel(
         BLOCK_B=BLOCK_B, SPLIT=True, HAS_NSPLITS=num_kv_splits is not None, MIN_CHUNK=min_chunk,
         LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE, NB16=nb16,
         USE_ASM=USE_ASM and q.dtype == torch.bfloat16, STAGES=num_int2_stages or INT2_STAGES, PLANES=planes,
-        VWORDS=vwords, KWORDS=kwords,
+        VWORDS=vwords, KWORDS=kwords, KEY16=key16,
         num_warps=num_warps or (PLANES_NUM_WARPS if planes else DECODE_NUM_WARPS[k_bits]), num_stages=num_stages,
         **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
