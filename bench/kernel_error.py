@@ -227,10 +227,11 @@ def decode_rows(fmt, lens, hkv, gqa, gen, tol):
     variants = {"default splits": {}, "fewest splits": {"num_kv_splits": torch.ones(len(lens), dtype=torch.int32, device=DEV)}}
     if fmt.k_bits == 3 and D >= 128:
         variants["packed 3-bit body"] = {"k3_variant": "packed"}
-    # fp16 key operands: fp16 arithmetic in the interpreter too, so the fp16 bound of the kernel
-    # tests (test_decode_channel_fp16_key_operands) applies on either device
+    # fp16 key operands (two variants): fp16 arithmetic in the interpreter too, so the fp16 bound
+    # of the kernel tests (test_decode_channel_fp16_key_operands) applies on either device
     variants["fp16 key operands"] = {"key_operands": "fp16"}
-    tols = {"fp16 key operands": max(tol, FP16_KEYS_TOL)}
+    variants["fp16-shifted key operands"] = {"key_operands": "fp16-shifted"}
+    tols = {n: max(tol, FP16_KEYS_TOL) for n in ("fp16 key operands", "fp16-shifted key operands")}
     for name, kw in variants.items():
         # fp32 output, as the kernel tests: the server's bf16 output adds one rounding (~2e-3)
         o = torch.full((len(lens), Hq, D), float("nan"), device=DEV)

@@ -102,8 +102,9 @@ ENV_VARS: dict[str, tuple[str | None, str]] = {
     ),
     "OSCAR_CHANNEL_DECODE_KEYS": (
         None,
-        "the per-channel decode's key-side MMA operands: 'bf16' (default) or 'fp16' (each key "
-        "block's q * scale rounded to fp16, 3 more bits; the codes under fp16 exponents). Built "
+        "the per-channel decode's key-side MMA operands: 'bf16' (default), 'fp16' (each key "
+        "block's q * scale rounded to fp16, 3 more bits; the codes under fp16 exponents, offset "
+        "1024) or 'fp16-shifted' (the same with the codes' offset 128, as bf16's). Built "
         "2026-11-27 without a GPU to cut the decode's error on outlier keys (2-4x BF16 "
         "arithmetic's, docs/benchmarks.md); not yet timed or checked on a GPU. Read by the kernels "
         "(oscar_kernels/triton/attend_channel.py)",
@@ -142,7 +143,7 @@ PREFIX_ATTENTION = ("int2", "flashinfer")
 CHANNEL_3BIT_VARIANTS = ("packed", "planes")
 CHANNEL_EXTEND_VARIANTS = ("codes", "dequant")
 CHANNEL_CODE_READS = ("bytes", "words")
-CHANNEL_KEY_OPERANDS = ("bf16", "fp16")
+CHANNEL_KEY_OPERANDS = ("bf16", "fp16", "fp16-shifted")
 
 DEFAULT_SINK = 64
 DEFAULT_RECENT = 256

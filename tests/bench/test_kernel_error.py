@@ -25,7 +25,7 @@ def test_rows_for_every_kernel_within_fp32_error(tmp_path):
     assert {"date", "device", "model", "command", "rows", "seed"} <= set(doc)
     got = {(r["kernel"], r["variant"]) for r in doc["rows"]}
     assert got == {("decode", "default splits"), ("decode", "fewest splits"), ("decode", "packed 3-bit body"),
-                   ("decode", "fp16 key operands"),
+                   ("decode", "fp16 key operands"), ("decode", "fp16-shifted key operands"),
                    ("extend", "dequant"), ("extend", "codes"), ("extend", "dequant, prefix split"),
                    ("extend", "dequant, short tail"), ("extend", "codes, short tail"),
                    ("prefix_pieces", "pieces of 4096"), ("bf16_baseline", ke.BASELINE),
@@ -37,7 +37,7 @@ def test_rows_for_every_kernel_within_fp32_error(tmp_path):
         if r["kernel"] in ("bf16_baseline", "arith_emulation"):
             # bf16 operands: errors of bf16's order (2^-9 a rounding), no tolerance applied
             assert 1e-4 < r["rel_err_max"] < 3e-2 and "within_test_tolerance" not in r, r
-        elif r["variant"] == "fp16 key operands":
+        elif r["variant"] in ("fp16 key operands", "fp16-shifted key operands"):
             # fp16 q * s in the interpreter too: fp16's order, within the fp16 bound
             assert 1e-5 < r["rel_err_max"] < 2e-2 and r["test_tolerance"] == 2e-2 and r["within_test_tolerance"], r
         elif r["kernel"] == "prefix_pieces":

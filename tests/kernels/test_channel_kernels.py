@@ -152,17 +152,19 @@ def test_decode_channel_matches_reference(seed, D, bits, B, vg, gqa, splits, k3,
 
 # fp16 key operands (attend_channel.CHANNEL_KEY_OPERANDS): the interpreter runs them too (fp16
 # q * s and code operands, no offsets), so the output carries fp16's rounding of q * s
-@pytest.mark.parametrize("D,bits,k3", [(128, 3, "planes"), (128, 3, "packed"), (128, 2, None), (128, 4, None),
-                                       (64, 3, None)])
-def test_decode_channel_fp16_key_operands(seed, D, bits, k3):
-    """key_operands='fp16' reads the same pool to fp16's precision of q * s (an error of its
-    order against float64, where the interpreter's fp32 operands are ~1e-6), GQA 4."""
+@pytest.mark.parametrize("D,bits,k3,keys", [(128, 3, "planes", "fp16"), (128, 3, "packed", "fp16-shifted"),
+                                            (128, 2, None, "fp16"), (128, 4, None, "fp16-shifted"),
+                                            (64, 3, None, "fp16"), (128, 3, "planes", "fp16-shifted")])
+def test_decode_channel_fp16_key_operands(seed, D, bits, k3, keys):
+    """key_operands 'fp16' / 'fp16-shifted' read the same pool to fp16's precision of q * s (an
+    error of its order against float64, where the interpreter's fp32 operands are ~1e-6), GQA 4.
+    The interpreter runs both the same way (no offsets); their PTX is checked above."""
     hkv, gqa = 2, 4
     fmt = channel_fmt(D, bits, 32, 64)
     pool = ChannelPool(fmt, *map(list, zip(*REQS_32)), hkv=hkv)
     nb = len(REQS_32)
     q = (torch.randn(nb, hkv * gqa, D) * 2).bfloat16()
-    o16 = run_decode(pool, q, 5, min_chunk=32, k3_variant=k3, key_operands="fp16")
+    o16 = run_decode(pool, q, 5, min_chunk=32, k3_variant=k3, key_operands=keys)
     o32 = run_decode(pool, q, 5, min_chunk=32, k3_variant=k3)
     assert not o16.isnan().any()
     worst = 0.0
@@ -176,20 +178,21 @@ def test_decode_channel_fp16_key_operands(seed, D, bits, k3):
 
 
 def test_decode_channel_key_operands_switch(seed, monkeypatch):
-    """OSCAR_CHANNEL_DECODE_KEYS picks the body's key operands (unset or empty: 'bf16'),
-    key_operands overrides it; bad values are refused."""
+    """OSCAR_CHANNEL_DECODE_KEYS picks the body's key operands (unset or empty: 'bf16', KEYOP 0),
+    key_operands overrides it ('fp16' 1, 'fp16-shifted' 2); bad values are refused."""
     monkeypatch.delenv("OSCAR_CHANNEL_DECODE_KEYS", raising=False)
-    assert _launch(monkeypatch, 128, 3)[1]["KEY16"] is False
-    assert _launch(monkeypatch, 128, 3, key_operands="fp16")[1]["KEY16"] is True
+    assert _launch(monkeypatch, 128, 3)[1]["KEYOP"] == 0
+    assert _launch(monkeypatch, 128, 3, key_operands="fp16")[1]["KEYOP"] == 1
+    assert _launch(monkeypatch, 128, 3, key_operands="fp16-shifted")[1]["KEYOP"] == 2
     monkeypatch.setenv("OSCAR_CHANNEL_DECODE_KEYS", "")
-    assert _launch(monkeypatch, 128, 2)[1]["KEY16"] is False
-    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_KEYS", "fp16")
-    assert _launch(monkeypatch, 64, 4)[1]["KEY16"] is True
-    assert _launch(monkeypatch, 128, 3, key_operands="bf16")[1]["KEY16"] is False
+    assert _launch(monkeypatch, 128, 2)[1]["KEYOP"] == 0
+    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_KEYS", "fp16-shifted")
+    assert _launch(monkeypatch, 64, 4)[1]["KEYOP"] == 2
+    assert _launch(monkeypatch, 128, 3, key_operands="bf16")[1]["KEYOP"] == 0
     monkeypatch.setenv("OSCAR_CHANNEL_DECODE_KEYS", "half")
-    with pytest.raises(ValueError, match="OSCAR_CHANNEL_DECODE_KEYS must be 'bf16' or 'fp16', got 'half'"):
+    with pytest.raises(ValueError, match="OSCAR_CHANNEL_DECODE_KEYS must be 'bf16' or 'fp16' or 'fp16-shifted', got 'half'"):
         _launch(monkeypatch, 128, 3)
-    with pytest.raises(ValueError, match="key_operands must be 'bf16' or 'fp16'"):
+    with pytest.raises(ValueError, match="key_operands must be 'bf16' or 'fp16' or 'fp16-shifted'"):
         _launch(monkeypatch, 128, 3, key_operands="fp32")
 
 
@@ -317,42 +320,47 @@ def test_planes_hi_operand_constants():
 
 
 def test_fp16_key_operand_constants():
-    """The fp16 key operands' PTX (CUDA only) emulated on every byte pair, as the bf16 ones above:
-    under 0x6400 (1024, ulp 1) the 2-bit quarters are BODY_OFS_FP16 + code * _v_scale(J) (quarter
-    3 shifted right by 2), the 4-bit nibbles 1024 + nibble (high nibble shifted right by 4), a
-    packed 3-bit code 1024 + code, and the 1-bit plane under HI_EXP_FP16[E] HI_QMUL[E] *
-    (BODY_OFS_FP16 + bit * 2^min(E, 6)): the same values as bf16's with 1024 for 128, so the
-    planes keep their q operand and the row constant removes KOFS * (1 + HI_QMUL[E])."""
+    """The fp16 key operands' PTX (CUDA only) emulated on every byte pair, as the bf16 ones above.
+    Variant 0 ("fp16", 1024's exponent, ulp 1) gives BODY_OFS_FP16 + code * place, variant 1
+    ("fp16-shifted": the field moved up 3 bits first, 128's exponent, ulp 1/8) BODY_OFS + code *
+    place, bf16's own values: 2-bit quarters with place _v_scale(J) (quarter 3 from bits 6-7), 4-bit
+    nibbles with place 1, a packed 3-bit code, and the 1-bit plane's HI_QMUL[E] * (offset + bit *
+    2^min(E, 6)), so the planes keep their q operand and the row constant removes KOFS * (1 +
+    HI_QMUL[E]) * qs, exact in fp32 for any fp16 qs."""
     from oscar_kernels.triton import attend_channel as ch
-    from oscar_kernels.triton.attend_fast import MASKS
 
     lo, hi = torch.meshgrid(torch.arange(256), torch.arange(256), indexing="ij")
-    w = lo | hi << 16
-    ofs = ch.BODY_OFS_FP16.value
+    w = lo | hi << 16  # two widened bytes (bits 8-15 of each half zero)
+    both = torch.stack([lo, hi], -1)
 
-    def halves(r):
+    def ptx(src: str, mask: str, exp: str) -> torch.Tensor:
+        """lop3 0xEA = (SRC(w) & mask) | exp, SRC one of the sources the tables use, as fp16 halves."""
+        x = {"mov.b32 w, $1;": w, "shr.b32 w, $1, 1;": w >> 1, "shr.b32 w, $1, 2;": w >> 2,
+             "shr.b32 w, $1, 4;": w >> 4, "shl.b32 w, $1, 1;": w << 1, "shl.b32 w, $1, 2;": w << 2,
+             "shl.b32 w, $1, 3;": w << 3}[src]
+        r = ((x & 0xFFFFFFFF) & int(mask, 16)) | int(exp, 16)
         return torch.stack([r & 0xFFFF, r >> 16], -1).to(torch.int16).view(torch.float16).double()
 
-    both = torch.stack([lo, hi], -1)
-    for J in range(4):
-        r = (((w >> 2) & 0x00300030) if J == 3 else (w & int(MASKS.value[J], 16))) | 0x64006400
-        place = 4.0 ** J if J < 3 else 16.0
-        assert torch.equal(halves(r), ofs + ((both >> 2 * J) & 3).double() * place), J
-    for sh in (0, 4):
-        r = ((w >> sh) & 0x000F000F) | 0x64006400
-        assert torch.equal(halves(r), ofs + ((both >> sh) & 15).double()), sh
-    c = torch.arange(8, dtype=torch.int32)
-    assert torch.equal((c | 0x6400).to(torch.int16).view(torch.float16).double(), ofs + c.double())
-    for E in range(8):
-        mask, exp = int(ch.HI_MASK.value[E], 16), int(ch.HI_EXP_FP16.value[E], 16)
-        r = (((w >> 1) if E == 7 else w) & mask) | exp
-        expect = (((both >> E) & 1).double() * 2.0 ** min(E, 6) + ofs) * ch.HI_QMUL.value[E]
-        assert torch.equal(halves(r), expect), E
-    # the offsets' share KOFS * (1 + HI_QMUL) * qs is exact in fp32 for any fp16 qs
-    qs = torch.randn(4096).half().float()
-    for m in set(ch.HI_QMUL.value):
-        prod = (ofs * (1.0 + m)) * qs
-        assert torch.equal(prod.double(), (ofs * (1.0 + m)) * qs.double())
+    for v, ofs in enumerate((ch.BODY_OFS_FP16.value, ch.BODY_OFS.value)):
+        exp = ch.KEY16_EXP.value[v]
+        for J in range(4):
+            place = 4.0 ** J if J < 3 else 16.0
+            got = ptx(ch.LO16_SRC.value[4 * v + J], ch.LO16_MASK.value[4 * v + J], exp)
+            assert torch.equal(got, ofs + ((both >> 2 * J) & 3).double() * place), (v, J)
+        for high in (0, 1):
+            got = ptx(ch.NIB16_SRC.value[2 * v + high], ch.NIB16_MASK.value[v], exp)
+            assert torch.equal(got, ofs + ((both >> 4 * high) & 15).double()), (v, high)
+        c = torch.arange(8, dtype=torch.int32)
+        bits = (c << ch.PACK16_SHIFT.value[v]) | ch.PACK16_BASE.value[v]
+        assert torch.equal(bits.to(torch.int16).view(torch.float16).double(), ofs + c.double()), v
+        for E in range(8):
+            k = 8 * v + E
+            got = ptx(ch.HI16_SRC.value[k], ch.HI16_MASK.value[k], ch.HI16_EXP.value[k])
+            expect = (((both >> E) & 1).double() * 2.0 ** min(E, 6) + ofs) * ch.HI_QMUL.value[E]
+            assert torch.equal(got, expect), (v, E)
+        qs = torch.randn(4096).half().float()
+        for m in set(ch.HI_QMUL.value):
+            assert torch.equal(((ofs * (1.0 + m)) * qs).double(), (ofs * (1.0 + m)) * qs.double())
 
 
 def _prmt(a: int, b: int, sel: int) -> int:

@@ -97,15 +97,19 @@ CHANNEL_READS_DEFAULT = "bytes"
 
 # The decode body's key-side MMA operands (OSCAR_CHANNEL_DECODE_KEYS or
 # decode_attention_channel(key_operands=...)): "bf16" (the default) rounds each block's q * s to
-# bf16 and builds the code operands under bf16 exponents (BODY_OFS + code); "fp16" rounds q * s to
-# fp16 (3 more mantissa bits) and builds the same operands under fp16 exponents (BODY_OFS_FP16 +
-# code: the same lop3s, other constants). Why: the q * s of a block is rounded once for its 64
-# keys, so its error does not average out over keys; on outlier inputs the decode's error is 2-4x
-# BF16 arithmetic's (bench/kernel_error.py, H200, 2026-11-27) and a CPU emulation puts fp16 q * s
-# near BF16 arithmetic (docs/benchmarks.md, 2026-11-27 10:29). Built without a GPU, not timed and
-# not the default: the offset through the MMA is 8x larger in fp16, and q * s must stay below
-# fp16's 65,504. 2-bit keys read as words (KWORDS) use fp16 either way.
-CHANNEL_KEY_OPERANDS = ("bf16", "fp16")
+# bf16 and builds the code operands under bf16 exponents (BODY_OFS + code * place); "fp16" rounds
+# q * s to fp16 (3 more mantissa bits) and builds the same operands under fp16 exponents with the
+# same lop3s (BODY_OFS_FP16 = 1024 + code * place: an offset 8x bf16's relative to the codes);
+# "fp16-shifted" shifts the code fields up 3 bits first (one shl or shr per register) so that the
+# fp16 operands are bf16's values exactly, 128 + code * place. Why: the q * s of a block is rounded
+# once for its 64 keys, so its error does not average out over keys; on outlier inputs the
+# decode's error is 2-4x BF16 arithmetic's (bench/kernel_error.py, H200, 2026-11-27), and a CPU
+# emulation puts fp16 q * s near BF16 arithmetic (docs/benchmarks.md, 2026-11-27 10:29). The two
+# fp16 variants differ in the offsets the MMAs' fp32 sums carry (the tensor cores' accumulation
+# lost such offsets' differences in the value accumulators: docs "Findings"). Built without a GPU,
+# not timed and not the default; q * s must stay below fp16's 65,504. 2-bit keys read as words
+# (KWORDS) use fp16 either way.
+CHANNEL_KEY_OPERANDS = ("bf16", "fp16", "fp16-shifted")
 CHANNEL_KEYS_ENV = "OSCAR_CHANNEL_DECODE_KEYS"
 CHANNEL_KEYS_DEFAULT = "bf16"
 
@@ -246,37 +250,44 @@ def _dequant(c, sc, mn, AXIS: tl.constexpr, DT: tl.constexpr):
 # per tile: for keys through the (q * s) . m row constant, for values from the accumulators before
 # each tile's MMA (attend_fast).
 BODY_OFS = tl.constexpr(128.0)
-# fp16 key operands (CHANNEL_KEY_OPERANDS): the same code fields under the fp16 exponent of 1024,
-# whose mantissa ulp is 1 as bf16's is at 128 (and attend_fast._quarter_k's): BODY_OFS_FP16 + code
+# fp16 key operands (CHANNEL_KEY_OPERANDS), as PTX pieces (source move, field mask, exponent)
+# per variant, index 0 "fp16", 1 "fp16-shifted" (tests/kernels/test_channel_kernels.py emulates
+# every one on all byte pairs). "fp16": the bf16 idioms' fields under 1024 (fp16 mantissa ulp 1 as
+# bf16's at 128): BODY_OFS_FP16 + code * place. "fp16-shifted": each field moved up 3 bits (a
+# widened byte's bits 8-15 are zero, so a shift left of up to 8 cannot carry into the other half)
+# under 128 (ulp 1/8): BODY_OFS + code * place, the bf16 operand's value in fp16.
 BODY_OFS_FP16 = tl.constexpr(1024.0)
+# 2-bit quarter J (place _v_scale(J), quarter 3 at bits 6-7 brought to place 16)
+# (flat tuples, variant-major: entry 4 * variant + J; Triton indexes constexpr tuples of strings
+# one level deep)
+LO16_SRC = tl.constexpr(("mov.b32 w, $1;", "mov.b32 w, $1;", "mov.b32 w, $1;", "shr.b32 w, $1, 2;",
+                         "shl.b32 w, $1, 3;", "shl.b32 w, $1, 3;", "shl.b32 w, $1, 3;", "shl.b32 w, $1, 1;"))
+LO16_MASK = tl.constexpr(("0x00030003", "0x000C000C", "0x00300030", "0x00300030",
+                          "0x00180018", "0x00600060", "0x01800180", "0x01800180"))
+KEY16_EXP = tl.constexpr(("0x64006400", "0x58005800"))
+# 4-bit nibble (low: quarters 0-1, high: quarters 2-3), place 1; entry 2 * variant + high
+NIB16_SRC = tl.constexpr(("mov.b32 w, $1;", "shr.b32 w, $1, 4;", "shl.b32 w, $1, 3;", "shr.b32 w, $1, 1;"))
+NIB16_MASK = tl.constexpr(("0x000F000F", "0x00780078"))
+# a packed 3-bit code c in [0, 8) as int16 bits: c | 0x6400 (1024 + c) or c << 3 | 0x5800 (128 + c)
+PACK16_SHIFT = tl.constexpr((0, 3))
+PACK16_BASE = tl.constexpr((0x6400, 0x5800))
 
 
 @triton.jit
-def _quarter_h(c16, J: tl.constexpr, USE_ASM: tl.constexpr):
-    """attend_fast._quarter_v's operand (quarter J of uint16-widened codes, place value
-    _v_scale(J), quarter 3 shifted down by 2) in fp16: BODY_OFS_FP16 + code * _v_scale(J) with
-    USE_ASM, the exact code * _v_scale(J) without."""
-    if USE_ASM:
-        if J < 3:
+def _lo_operand(c16, J: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr, V16: tl.constexpr):
+    """Quarter J of uint16-widened 2-bit codes as a key operand in DT: attend_fast._quarter_v's
+    bf16 trick (converted to DT, as before), or with DT fp16 the fp16 variant V16 (0 "fp16", 1
+    "fp16-shifted"; the exact code * _v_scale(J) without USE_ASM)."""
+    if DT == tl.float16:
+        if USE_ASM:
+            # one lop3 per two codes: (SRC(c16) & MASK) | EXP as two fp16 halves
             r = tl.inline_asm_elementwise(
-                "{.reg .b32 m; mov.b32 m, 0x64006400; lop3.b32 $0, $1, " + MASKS[J] + ", m, 0xEA;}",
+                "{.reg .b32 m, w; mov.b32 m, " + KEY16_EXP[V16] + "; " + LO16_SRC[4 * V16 + J]
+                + " lop3.b32 $0, w, " + LO16_MASK[4 * V16 + J] + ", m, 0xEA;}",
                 "=r,r", [c16], dtype=tl.float16, is_pure=True, pack=2)
         else:
-            r = tl.inline_asm_elementwise(
-                "{.reg .b32 m, w; mov.b32 m, 0x64006400; shr.b32 w, $1, 2; lop3.b32 $0, w, 0x00300030, m, 0xEA;}",
-                "=r,r", [c16], dtype=tl.float16, is_pure=True, pack=2)
-        return r
-    else:
-        ci = c16.to(tl.int32)
-        return ((ci >> 2) & 48).to(tl.float16) if J == 3 else (ci & (3 << (2 * J))).to(tl.float16)
-
-
-@triton.jit
-def _lo_operand(c16, J: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr):
-    """Quarter J of uint16-widened 2-bit codes as a key operand in DT: fp16 (_quarter_h) or
-    attend_fast._quarter_v's bf16 trick (converted to DT, as before)."""
-    if DT == tl.float16:
-        r = _quarter_h(c16, J, USE_ASM)
+            ci = c16.to(tl.int32)
+            r = ((ci >> 2) & 48).to(tl.float16) if J == 3 else (ci & (3 << (2 * J))).to(tl.float16)
     else:
         r = _quarter_v(c16, J, DT, USE_ASM)
     return r
@@ -319,25 +330,20 @@ def _widen(c8, USE_ASM: tl.constexpr):
 
 @triton.jit
 def _key_operand(kc, kc2, hb, J: tl.constexpr, BITS: tl.constexpr, QD: tl.constexpr, DT: tl.constexpr,
-                 USE_ASM: tl.constexpr):
+                 USE_ASM: tl.constexpr, V16: tl.constexpr):
     """Key quarter J as an MMA operand [BLK, D/4] in DT: BODY_OFS + code * _k_scale_ch(J, BITS)
-    with USE_ASM (bf16; fp16: BODY_OFS_FP16 + ...), the exact code without (interpreter). kc /
-    kc2 / hb: _key_quarter's."""
+    with USE_ASM (bf16; fp16: fp16 variant V16, LO16_SRC's note), the exact code without
+    (interpreter). kc / kc2 / hb: _key_quarter's."""
     if USE_ASM:
-        # fp16 (CHANNEL_KEY_OPERANDS): the same fields under 1024's exponent (BODY_OFS_FP16 + code)
         if BITS == 2:
-            r = _lo_operand(_widen(kc, USE_ASM), J, DT, USE_ASM)
+            r = _lo_operand(_widen(kc, USE_ASM), J, DT, USE_ASM, V16)
         elif BITS == 4:
             src = kc if J % 2 == 0 else kc2
             if DT == tl.float16:
-                if J // 2 == 0:
-                    r = tl.inline_asm_elementwise(
-                        "{.reg .b32 m; mov.b32 m, 0x64006400; lop3.b32 $0, $1, 0x000F000F, m, 0xEA;}",
-                        "=r,r", [_widen(src, USE_ASM)], dtype=tl.float16, is_pure=True, pack=2)
-                else:
-                    r = tl.inline_asm_elementwise(
-                        "{.reg .b32 m, w; mov.b32 m, 0x64006400; shr.b32 w, $1, 4; lop3.b32 $0, w, 0x000F000F, m, 0xEA;}",
-                        "=r,r", [_widen(src, USE_ASM)], dtype=tl.float16, is_pure=True, pack=2)
+                r = tl.inline_asm_elementwise(
+                    "{.reg .b32 m, w; mov.b32 m, " + KEY16_EXP[V16] + "; " + NIB16_SRC[2 * V16 + J // 2]
+                    + " lop3.b32 $0, w, " + NIB16_MASK[V16] + ", m, 0xEA;}",
+                    "=r,r", [_widen(src, USE_ASM)], dtype=tl.float16, is_pure=True, pack=2)
             elif J // 2 == 0:
                 r = tl.inline_asm_elementwise(
                     "{.reg .b32 m; mov.b32 m, 0x43004300; lop3.b32 $0, $1, 0x000F000F, m, 0xEA;}",
@@ -349,13 +355,12 @@ def _key_operand(kc, kc2, hb, J: tl.constexpr, BITS: tl.constexpr, QD: tl.conste
         else:
             c = _key_quarter(kc.to(tl.int32), kc2, hb.to(tl.int32), J, BITS, QD)
             if DT == tl.float16:
-                r = (c | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+                r = ((c << PACK16_SHIFT[V16]) | PACK16_BASE[V16]).to(tl.int16).to(tl.float16, bitcast=True)
             else:
                 r = (c | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
         return r.to(DT)
     else:
         return _key_quarter(kc.to(tl.int32), kc2.to(tl.int32), hb.to(tl.int32), J, BITS, QD).to(DT)
-
 
 
 # 3-bit "planes" decode (PLANES): the 2-bit plane (bytes 0..D/4-1) is read exactly as 2-bit keys,
@@ -375,28 +380,33 @@ HI_MASK = tl.constexpr(("0x00010001", "0x00020002", "0x00040004", "0x00080008",
 HI_QMUL = tl.constexpr((4.0, 2.0, 4.0, 2.0, 4.0, 2.0, 1.0, 1.0))
 HI_EXP = tl.constexpr(("0x44004400", "0x43804380", "0x44004400", "0x43804380",
                        "0x44004400", "0x43804380", "0x43004300", "0x43004300"))
-# the same under fp16 exponents (CHANNEL_KEY_OPERANDS fp16): 2^(10 + h), mantissa ulp 2^h as in
-# bf16, so the operand is HI_QMUL[E] * (BODY_OFS_FP16 + bit * 2^min(E, 6))
-HI_EXP_FP16 = tl.constexpr(("0x6C006C00", "0x68006800", "0x6C006C00", "0x68006800",
-                            "0x6C006C00", "0x68006800", "0x64006400", "0x64006400"))
+# the same under fp16 exponents (CHANNEL_KEY_OPERANDS; index as LO16_SRC): "fp16" under 2^(10 + h)
+# (mantissa ulp 2^h as bf16's), HI_QMUL[E] * (BODY_OFS_FP16 + bit * 2^min(E, 6)); "fp16-shifted"
+# with the bit moved up 3 under 2^(7 + h) (ulp 2^(h - 3)), bf16's HI_QMUL[E] * (BODY_OFS + ...)
+# (entry 8 * variant + E)
+HI16_SRC = tl.constexpr(("mov.b32 w, $1;",) * 7 + ("shr.b32 w, $1, 1;",)
+                        + ("shl.b32 w, $1, 3;",) * 7 + ("shl.b32 w, $1, 2;",))
+HI16_MASK = tl.constexpr(("0x00010001", "0x00020002", "0x00040004", "0x00080008",
+                          "0x00100010", "0x00200020", "0x00400040", "0x00400040",
+                          "0x00080008", "0x00100010", "0x00200020", "0x00400040",
+                          "0x00800080", "0x01000100", "0x02000200", "0x02000200"))
+HI16_EXP = tl.constexpr(("0x6C006C00", "0x68006800", "0x6C006C00", "0x68006800",
+                         "0x6C006C00", "0x68006800", "0x64006400", "0x64006400",
+                         "0x60006000", "0x5C005C00", "0x60006000", "0x5C005C00",
+                         "0x60006000", "0x5C005C00", "0x58005800", "0x58005800"))
 
 
 @triton.jit
-def _hi_plane(h16, E: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr):
+def _hi_plane(h16, E: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr, V16: tl.constexpr):
     """Eighth E of the 1-bit plane (uint16-widened bytes) as an MMA operand [BLK, D/8] in DT:
     HI_QMUL[E] * (BODY_OFS + bit * 2^min(E, 6)) with USE_ASM (bf16 exponent trick under HI_EXP[E];
-    fp16: BODY_OFS_FP16 under HI_EXP_FP16[E]),
-    HI_QMUL[E] * bit * 2^min(E, 6) without."""
+    fp16: variant V16 of HI16_*), HI_QMUL[E] * bit * 2^min(E, 6) without."""
     if USE_ASM:
         if DT == tl.float16:
-            if E < 7:
-                r = tl.inline_asm_elementwise(
-                    "{.reg .b32 m; mov.b32 m, " + HI_EXP_FP16[E] + "; lop3.b32 $0, $1, " + HI_MASK[E] + ", m, 0xEA;}",
-                    "=r,r", [h16], dtype=tl.float16, is_pure=True, pack=2)
-            else:
-                r = tl.inline_asm_elementwise(
-                    "{.reg .b32 m, w; mov.b32 m, " + HI_EXP_FP16[E] + "; shr.b32 w, $1, 1; lop3.b32 $0, w, 0x00400040, m, 0xEA;}",
-                    "=r,r", [h16], dtype=tl.float16, is_pure=True, pack=2)
+            r = tl.inline_asm_elementwise(
+                "{.reg .b32 m, w; mov.b32 m, " + HI16_EXP[8 * V16 + E] + "; " + HI16_SRC[8 * V16 + E]
+                + " lop3.b32 $0, w, " + HI16_MASK[8 * V16 + E] + ", m, 0xEA;}",
+                "=r,r", [h16], dtype=tl.float16, is_pure=True, pack=2)
         elif E < 7:
             r = tl.inline_asm_elementwise(
                 "{.reg .b32 m; mov.b32 m, " + HI_EXP[E] + "; lop3.b32 $0, $1, " + HI_MASK[E] + ", m, 0xEA;}",
@@ -428,15 +438,15 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
                  D: tl.constexpr, DV: tl.constexpr, BITS: tl.constexpr, BLK: tl.constexpr, GV: tl.constexpr,
                  BLOCK_M: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, USE_ASM: tl.constexpr,
                  STAGES: tl.constexpr, PLANES: tl.constexpr, VWORDS: tl.constexpr, KWORDS: tl.constexpr,
-                 KEY16: tl.constexpr):
+                 KEYOP: tl.constexpr):
     """Decode's quantised body blocks [j_lo, j_hi) (see _key_operand's note), continuing the BF16
     loops' softmax state (row-major a0..a3 [rows, Dv/4]); returns it in the same form. PLANES
     (3 bits, D >= 128): the two-plane key operands (HI_QMUL's note), q^T read again in eighths
     from qrow (pointers to the rows' q) and kept in PV_DT, the softmax scale applied per tile.
     VWORDS (Dv >= 128) / KWORDS (2-bit keys, D >= 128): VCh / KCh are int16 views of the value /
     key codes (strides in words), read as attend_fast's code words (CHANNEL_CODE_READS' note); with
-    KWORDS q^T is read in the 8 extractions' dims from qrow. KEY16: the key side's q * s and code
-    operands in fp16 (CHANNEL_KEY_OPERANDS' note), else in PV_DT."""
+    KWORDS q^T is read in the 8 extractions' dims from qrow. KEYOP: the key side's q * s and code
+    operands, index of CHANNEL_KEY_OPERANDS (0: PV_DT; 1, 2: the fp16 variants)."""
     QD: tl.constexpr = D // 4
     QDV: tl.constexpr = DV // 4
     QW: tl.constexpr = D // 8
@@ -448,8 +458,9 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
     D8: tl.constexpr = D // 8
     OFS: tl.constexpr = BODY_OFS if USE_ASM else 0.0
     # the key side's operands (q * s and the codes): PV_DT, or fp16 with its own offset
-    KDT: tl.constexpr = tl.float16 if KEY16 else PV_DT
-    KOFS: tl.constexpr = (BODY_OFS_FP16 if KEY16 else BODY_OFS) if USE_ASM else 0.0
+    KDT: tl.constexpr = tl.float16 if KEYOP > 0 else PV_DT
+    V16: tl.constexpr = KEYOP - 1 if KEYOP > 0 else 0  # LO16_SRC's index
+    KOFS: tl.constexpr = (BODY_OFS_FP16 if KEYOP == 1 else BODY_OFS) if USE_ASM else 0.0
     QSC = 1.0 if LOGIT_CAP else sm_scale_log2
     if PLANES:
         # q^T eighths [D/8, rows] as loaded (bf16 on CUDA): no fp32 copy of q lives in the loop
@@ -523,8 +534,8 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
                 ksc = sc * (1.0 / _v_scale(e // 2))
                 qs = (qet * ksc[:, None]).to(KDT)  # both planes: q * s / place value
                 lo = lo_a if e % 2 == 0 else lo_b
-                part = tl.dot(_lo_operand(lo, e // 2, KDT, USE_ASM), qs, part)
-                part = tl.dot(_hi_plane(hi16, e, KDT, USE_ASM), qs, part)
+                part = tl.dot(_lo_operand(lo, e // 2, KDT, USE_ASM, V16), qs, part)
+                part = tl.dot(_hi_plane(hi16, e, KDT, USE_ASM, V16), qs, part)
                 # q . m, minus the operands' offsets KOFS * (1 + HI_QMUL) * sum(qs) (from the rounded
                 # qs: exact removal; KOFS * (1 + HI_QMUL) * qs is exact in fp32 in either order)
                 qc += qet * mn[:, None] - (KOFS * (1.0 + HI_QMUL[e])) * qs.to(tl.float32)
@@ -560,7 +571,7 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
                 qjt = _pick4(j, q0t, q1t, q2t, q3t)
                 ksc = sc * (1.0 / _k_scale_ch(j, BITS)) if USE_ASM else sc
                 qs = (qjt * ksc[:, None]).to(KDT)
-                part = tl.dot(_key_operand(kc, kc2, hb, j, BITS, QD, KDT, USE_ASM), qs, part)
+                part = tl.dot(_key_operand(kc, kc2, hb, j, BITS, QD, KDT, USE_ASM, V16), qs, part)
                 # (q s) . m, minus the offset's share KOFS * sum(qs) (from the rounded qs: exact removal)
                 qc += qjt * mn[:, None] - KOFS * qs.to(tl.float32)
             st = part + tl.sum(qc, 0)[None, :]
@@ -676,7 +687,7 @@ def attend_channel_kernel(
     MIN_CHUNK: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, NB16: tl.constexpr,
     USE_ASM: tl.constexpr = False, STAGES: tl.constexpr = 2, PLANES: tl.constexpr = False,
     EXT_DQ: tl.constexpr = False, VWORDS: tl.constexpr = False, KWORDS: tl.constexpr = False,
-    KEY16: tl.constexpr = False,
+    KEYOP: tl.constexpr = 0,
 ):
     """SPLIT (decode): grid (B, Hkv, max splits), one query token per request (token b), rows =
     the GQA group; qo_indptr / num_mb unused. Not SPLIT (extend-prefix): grid (B, Hkv * num_mb,
@@ -791,7 +802,7 @@ def attend_channel_kernel(
             q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, start_b, ring_lo, sink_lo, sink_hi,
             idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
             sm_scale_log2, logit_cap, Q + tok * stride_qt + hq * stride_qh,
-            D, DV, BITS, BLK, GV, BLOCK_M, LOGIT_CAP, PV_DT, USE_ASM, STAGES, PLANES, VWORDS, KWORDS, KEY16)
+            D, DV, BITS, BLK, GV, BLOCK_M, LOGIT_CAP, PV_DT, USE_ASM, STAGES, PLANES, VWORDS, KWORDS, KEYOP)
         j_hi = j_lo  # the extend loop below walks nothing
     if EXT_DQ:  # its q operands, converted once for every page
         q0 = q0.to(DQ_DT)
@@ -929,15 +940,16 @@ def decode_attention_channel(
     k3_variant: 'packed' / 'planes' (3-bit keys; None: OSCAR_CHANNEL_DECODE_3BIT, default
     'planes'; planes needs head_dim >= 128 and runs packed below). code_reads: 'bytes' / 'words'
     (None: OSCAR_CHANNEL_DECODE_READS, default 'bytes'; words reads value codes and 2-bit key codes
-    as 16-bit words where the dim is >= 128). key_operands: 'bf16' / 'fp16' (None:
-    OSCAR_CHANNEL_DECODE_KEYS, default 'bf16'; the body's q * s and key code operands)."""
+    as 16-bit words where the dim is >= 128). key_operands: 'bf16' / 'fp16' / 'fp16-shifted'
+    (None: OSCAR_CHANNEL_DECODE_KEYS, default 'bf16'; the body's q * s and key code operands,
+    CHANNEL_KEY_OPERANDS' note)."""
     check_channel_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_bits, k_block, v_group)
     planes = (channel_3bit_variant(k3_variant) == "planes" and k_bits == 3
               and q.shape[-1] >= PLANES_MIN_DIM)
     words = channel_code_reads(code_reads) == "words"
     vwords = words and v_codes.shape[-1] * 4 >= WORDS_MIN_DIM
     kwords = words and k_bits == 2 and q.shape[-1] >= WORDS_MIN_DIM
-    key16 = channel_key_operands(key_operands) == "fp16"
+    keyop = CHANNEL_KEY_OPERANDS.index(channel_key_operands(key_operands))
     sink_start = own_start if sink_start is None else sink_start
     B, Hq, D = q.shape
     Hkv = k_codes.shape[1]
@@ -963,7 +975,7 @@ def decode_attention_channel(
         BLOCK_B=BLOCK_B, SPLIT=True, HAS_NSPLITS=num_kv_splits is not None, MIN_CHUNK=min_chunk,
         LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE, NB16=nb16,
         USE_ASM=USE_ASM and q.dtype == torch.bfloat16, STAGES=num_int2_stages or INT2_STAGES, PLANES=planes,
-        VWORDS=vwords, KWORDS=kwords, KEY16=key16,
+        VWORDS=vwords, KWORDS=kwords, KEYOP=keyop,
         num_warps=num_warps or (PLANES_NUM_WARPS if planes else DECODE_NUM_WARPS[k_bits]), num_stages=num_stages,
         **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
