@@ -95,6 +95,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         self._zero_kv_indptr = torch.zeros_like(self.kv_indptr)
         self._prepare_rotations(getattr(model_runner, "dtype", torch.bfloat16))
         self._fused_store = self._decode_store()
+        self._log_kernel_switches()
         self._new_tokens = self._make_new_token_attention(model_runner)
         self._prefix_fi = self._make_prefix_attention(model_runner)
         if not _WARMED_UP["done"] and getattr(model_runner, "model", None) is not None:
@@ -119,6 +120,15 @@ class OscarInt2TritonBackend(TritonAttnBackend):
                         "in one launch that also rotates q and k" if choice == "fused"
                         else "after two rotation GEMMs, in two launches")
         return choice == "fused"
+
+    def _log_kernel_switches(self) -> None:
+        """Kernel variants chosen by environment (the kernels read them at each launch): said once at start."""
+        from .config import kernel_switches_set
+
+        set_ = kernel_switches_set()
+        if set_ and self.pool.channel:
+            logger.info("OSCAR INT2: kernel variants from the environment: %s",
+                        ", ".join(f"{k}={v}" for k, v in set_.items()))
 
     def _make_new_token_attention(self, model_runner):
         """The kernel for attention among an extend's new tokens (OSCAR_NEW_TOKEN_ATTENTION)."""

@@ -144,6 +144,11 @@ CHANNEL_3BIT_VARIANTS = ("packed", "planes")
 CHANNEL_EXTEND_VARIANTS = ("codes", "dequant")
 CHANNEL_CODE_READS = ("bytes", "words")
 CHANNEL_KEY_OPERANDS = ("bf16", "fp16", "fp16-shifted")
+# (variable, its values, the kernels' default)
+KERNEL_SWITCHES = (("OSCAR_CHANNEL_DECODE_3BIT", CHANNEL_3BIT_VARIANTS, "planes"),
+                   ("OSCAR_CHANNEL_EXTEND", CHANNEL_EXTEND_VARIANTS, "dequant"),
+                   ("OSCAR_CHANNEL_DECODE_READS", CHANNEL_CODE_READS, "bytes"),
+                   ("OSCAR_CHANNEL_DECODE_KEYS", CHANNEL_KEY_OPERANDS, "bf16"))
 
 DEFAULT_SINK = 64
 DEFAULT_RECENT = 256
@@ -344,15 +349,24 @@ def load_config(env: Mapping[str, str] | None = None) -> OscarConfig:
             sources[key] = var
 
     # the kernel switches: the kernels read them themselves; checked here so a bad value stops the start
-    for name, choices in (("OSCAR_CHANNEL_DECODE_3BIT", CHANNEL_3BIT_VARIANTS),
-                          ("OSCAR_CHANNEL_EXTEND", CHANNEL_EXTEND_VARIANTS),
-                          ("OSCAR_CHANNEL_DECODE_READS", CHANNEL_CODE_READS),
-                          ("OSCAR_CHANNEL_DECODE_KEYS", CHANNEL_KEY_OPERANDS)):
+    for name, choices, _ in KERNEL_SWITCHES:
         val, var = _get(env, name)
         if val is not None and val not in choices:
             raise OscarConfigError(f"{var} must be {' or '.join(repr(c) for c in choices)}, got {val!r}")
 
     return OscarConfig(sources=sources, **kw)
+
+
+def kernel_switches_set(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The kernel switches set to something other than the kernels' default ({variable: value}),
+    for the start-up log: the kernels read them at each launch, nothing else reports them."""
+    env = os.environ if env is None else env
+    out = {}
+    for name, _, default in KERNEL_SWITCHES:
+        val, _ = _get(env, name)
+        if val is not None and val != default:
+            out[name] = val
+    return out
 
 
 def env_help() -> str:

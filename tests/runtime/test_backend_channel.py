@@ -301,3 +301,23 @@ def test_warm_up_compiles_both_prefix_readers_when_flashinfer_reads_the_prefix(b
     b.warm_up(model, torch.float32)  # the stand-in wrappers' dtype
     assert calls == ["flashinfer prefix", "int2 prefix"]
     assert (b.forward_metadata, b._has_prefix, b._use_prefix_fi) == ("sentinel", False, False)
+
+
+def test_kernel_variants_from_the_environment_are_logged(backend_cls, monkeypatch, caplog):
+    """A kernel switch set to something other than its default is said once at start (the
+    kernels read it at each launch); defaults and unset switches add no line."""
+    import logging
+
+    b, *_ = _make(backend_cls)
+    for name in ("OSCAR_CHANNEL_DECODE_3BIT", "OSCAR_CHANNEL_EXTEND", "OSCAR_CHANNEL_DECODE_READS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_KEYS", "bf16")
+    with caplog.at_level(logging.INFO, logger="oscar_sglang"):
+        b._log_kernel_switches()
+    assert "kernel variants" not in caplog.text
+    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_KEYS", "fp16-shifted")
+    monkeypatch.setenv("OSCAR_CHANNEL_EXTEND", "codes")
+    with caplog.at_level(logging.INFO, logger="oscar_sglang"):
+        b._log_kernel_switches()
+    assert ("kernel variants from the environment: OSCAR_CHANNEL_EXTEND=codes, "
+            "OSCAR_CHANNEL_DECODE_KEYS=fp16-shifted") in caplog.text

@@ -99,6 +99,22 @@ def test_channel_decode_switch_values_are_the_kernels():
                           (CHANNEL_READS_ENV, CHANNEL_CODE_READS), (CHANNEL_KEYS_ENV, CHANNEL_KEY_OPERANDS)):
         for v in variants + ("",):
             C.load_config({env: v})
+    # the start-up log's defaults are the kernels' own
+    from oscar_kernels.triton import attend_channel as ch
+
+    assert {n: d for n, _, d in C.KERNEL_SWITCHES} == {
+        CHANNEL_3BIT_ENV: ch.CHANNEL_3BIT_DEFAULT, CHANNEL_EXTEND_ENV: ch.CHANNEL_EXTEND_DEFAULT,
+        CHANNEL_READS_ENV: ch.CHANNEL_READS_DEFAULT, CHANNEL_KEYS_ENV: ch.CHANNEL_KEYS_DEFAULT}
+
+
+def test_kernel_switches_set_names_what_is_not_the_default():
+    """The start-up log's list: switches set to a value other than the kernels' default, none
+    for unset, empty or default values."""
+    assert C.kernel_switches_set({}) == {}
+    assert C.kernel_switches_set({"OSCAR_CHANNEL_DECODE_KEYS": "", "OSCAR_CHANNEL_DECODE_3BIT": "planes"}) == {}
+    assert C.kernel_switches_set({"OSCAR_CHANNEL_DECODE_KEYS": "fp16-shifted", "OSCAR_CHANNEL_EXTEND": "codes",
+                                  "OSCAR_CHANNEL_DECODE_READS": "bytes"}) == {
+        "OSCAR_CHANNEL_DECODE_KEYS": "fp16-shifted", "OSCAR_CHANNEL_EXTEND": "codes"}
 
 
 def test_new_token_attention_defaults_to_flashinfer():
