@@ -275,19 +275,15 @@ PACK16_BASE = tl.constexpr((0x6400, 0x5800))
 
 @triton.jit
 def _lo_operand(c16, J: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr, V16: tl.constexpr):
-    """Quarter J of uint16-widened 2-bit codes as a key operand in DT: attend_fast._quarter_v's
-    bf16 trick (converted to DT, as before), or with DT fp16 the fp16 variant V16 (0 "fp16", 1
-    "fp16-shifted"; the exact code * _v_scale(J) without USE_ASM)."""
-    if DT == tl.float16:
-        if USE_ASM:
-            # one lop3 per two codes: (SRC(c16) & MASK) | EXP as two fp16 halves
-            r = tl.inline_asm_elementwise(
-                "{.reg .b32 m, w; mov.b32 m, " + KEY16_EXP[V16] + "; " + LO16_SRC[4 * V16 + J]
-                + " lop3.b32 $0, w, " + LO16_MASK[4 * V16 + J] + ", m, 0xEA;}",
-                "=r,r", [c16], dtype=tl.float16, is_pure=True, pack=2)
-        else:
-            ci = c16.to(tl.int32)
-            r = ((ci >> 2) & 48).to(tl.float16) if J == 3 else (ci & (3 << (2 * J))).to(tl.float16)
+    """Quarter J of uint16-widened 2-bit codes as a key operand in DT: with DT fp16 on CUDA the
+    fp16 variant V16 (0 "fp16", 1 "fp16-shifted"), else attend_fast._quarter_v (its bf16 trick
+    converted to DT, or the exact code * _v_scale(J) without USE_ASM)."""
+    if DT == tl.float16 and USE_ASM:
+        # one lop3 per two codes: (SRC(c16) & MASK) | EXP as two fp16 halves
+        r = tl.inline_asm_elementwise(
+            "{.reg .b32 m, w; mov.b32 m, " + KEY16_EXP[V16] + "; " + LO16_SRC[4 * V16 + J]
+            + " lop3.b32 $0, w, " + LO16_MASK[4 * V16 + J] + ", m, 0xEA;}",
+            "=r,r", [c16], dtype=tl.float16, is_pure=True, pack=2)
     else:
         r = _quarter_v(c16, J, DT, USE_ASM)
     return r
