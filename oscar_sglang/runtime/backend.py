@@ -63,6 +63,7 @@ def prefix_worth_flashinfer(extend_lens, prefix_lens) -> bool:
 
 class OscarInt2TritonBackend(TritonAttnBackend):
     _split_args = None  # (attn_logits, attn_lse, B, args): _decode_splits of the current step
+    _wide_scratch = None  # _wide_split_scratch's (attn_logits, attn_lse): batches of 1-2 requests
     _fused_store = False  # OSCAR_DECODE_STORE=fused (set in __init__ by _decode_store)
 
     def __init__(self, model_runner, skip_prefill: bool = False, kv_indptr_buf=None):
@@ -96,6 +97,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         self._prepare_rotations(getattr(model_runner, "dtype", torch.bfloat16))
         self._fused_store = self._decode_store()
         self._log_kernel_switches()
+        self._wide_scratch = self._wide_split_scratch(self.num_head, self.v_head_dim, self.device)
         self._new_tokens = self._make_new_token_attention(model_runner)
         self._prefix_fi = self._make_prefix_attention(model_runner)
         if not _WARMED_UP["done"] and getattr(model_runner, "model", None) is not None:
@@ -414,7 +416,8 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         split counts (md.num_kv_splits, its heuristic for its own kernel) up to max_kv_splits.
         Per-channel formats: the kernel's own plan (ops.decode_splits_channel: about 8 programs
         per SM, each request's count derived in kernel from its length) in SGLang's scratch
-        ([rows, Hq, --triton-attention-num-kv-splits, Dv], which caps it). On the H100 this
+        ([rows, Hq, --triton-attention-num-kv-splits, Dv], which caps it), or for batches of 1-2
+        requests a wider one of its own (_wide_split_scratch). On the H100 this
         kernel took 1.19-1.34x the plan's time with SGLang's split counts at 8 x 32K, 64 x 8K and
         256 / 512 x 2K (the plan's note in attend_channel.py)."""
         if not self.pool.channel:
@@ -427,11 +430,40 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             return c[3]
         pool = self.pool
         plan = ops.decode_splits_channel(B, pool.head_num, pool.sink, pool.recent, md.attn_logits.device)
-        n = min(plan, md.attn_logits.shape[2], md.attn_lse.shape[2])
-        args = dict(num_kv_splits=None, max_kv_splits=n, attn_logits=md.attn_logits[:B, :, :n],
-                    attn_lse=md.attn_lse[:B, :, :n])
+        logits, lse = md.attn_logits, md.attn_lse
+        wide = self._wide_scratch
+        if plan > min(logits.shape[2], lse.shape[2]) and wide is not None and B <= wide[0].shape[0]:
+            logits, lse = wide  # batches of 1-2 requests: more splits than SGLang's scratch holds
+        n = min(plan, logits.shape[2], lse.shape[2])
+        args = dict(num_kv_splits=None, max_kv_splits=n, attn_logits=logits[:B, :, :n], attn_lse=lse[:B, :, :n])
         self._split_args = (md.attn_logits, md.attn_lse, B, args)
         return args
+
+    def _wide_split_scratch(self, Hq: int, Dv: int, device):
+        """Split scratch of the backend's own for the batches whose plan exceeds SGLang's scratch
+        (--triton-attention-num-kv-splits, which the plugin raises to 64): with 8 KV heads on an
+        H100, batch 1 plans 128 splits and batch 2 68. SGLang sizes its scratch for every row of
+        a graph ([rows, Hq, splits, Dv] fp32: 0.5 GB at 512 rows and 64 splits), so these batches
+        get [2, Hq, 128, Dv] (4 MB) here instead, allocated at start (the same tensors in every
+        CUDA graph). None where the user set --triton-attention-num-kv-splits to another value
+        (it caps the plan) or no batch needs more."""
+        from .hooks import INT2_DEFAULT_KV_SPLITS
+
+        pool = self.pool
+        if not pool.channel or self.max_kv_splits != INT2_DEFAULT_KV_SPLITS:
+            return None
+        plan = lambda b: ops.decode_splits_channel(b, pool.head_num, pool.sink, pool.recent, device)  # noqa: E731
+        rows = 0
+        while plan(rows + 1) > self.max_kv_splits:
+            rows += 1
+        if not rows:
+            return None
+        wide = (torch.empty(rows, Hq, plan(1), Dv, dtype=torch.float32, device=device),
+                torch.empty(rows, Hq, plan(1), dtype=torch.float32, device=device))
+        logger.info("OSCAR INT2: decode batches of up to %d request(s) use up to %d KV splits (a split "
+                    "scratch of %.1f MB beside SGLang's %d-split one)", rows, plan(1),
+                    wide[0].numel() * 4 / 2**20, self.max_kv_splits)
+        return wide
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None,
                        score_mod=None, aux_tensors=None):

@@ -102,12 +102,12 @@ ENV_VARS: dict[str, tuple[str | None, str]] = {
     ),
     "OSCAR_CHANNEL_DECODE_KEYS": (
         None,
-        "the per-channel decode's key-side MMA operands: 'bf16' (default), 'fp16' (each key "
-        "block's q * scale rounded to fp16, 3 more bits; the codes under fp16 exponents, offset "
-        "1024) or 'fp16-shifted' (the same with the codes' offset 128, as bf16's). Built "
-        "2026-11-27 without a GPU to cut the decode's error on outlier keys (2-4x BF16 "
-        "arithmetic's, docs/benchmarks.md); not yet timed or checked on a GPU. Read by the kernels "
-        "(oscar_kernels/triton/attend_channel.py)",
+        "the per-channel decode's key-side MMA operands: 'fp16' (default: each key block's "
+        "q * scale rounded to fp16; the codes under fp16 exponents, offset 1024), 'bf16' (the "
+        "default until 2026-11-27: q * scale rounded to bf16, 3 bits fewer; 2-4x the error on "
+        "outlier keys, docs/benchmarks.md; set it if |q| * |k| reaches ~1e5, past fp16's range) "
+        "or 'fp16-shifted' (fp16 with the codes' offset 128, as bf16's). Read by "
+        "the kernels (oscar_kernels/triton/attend_channel.py)",
     ),
     "OSCAR_NEW_TOKEN_ATTENTION": (
         None,
@@ -148,7 +148,7 @@ CHANNEL_KEY_OPERANDS = ("bf16", "fp16", "fp16-shifted")
 KERNEL_SWITCHES = (("OSCAR_CHANNEL_DECODE_3BIT", CHANNEL_3BIT_VARIANTS, "planes"),
                    ("OSCAR_CHANNEL_EXTEND", CHANNEL_EXTEND_VARIANTS, "dequant"),
                    ("OSCAR_CHANNEL_DECODE_READS", CHANNEL_CODE_READS, "bytes"),
-                   ("OSCAR_CHANNEL_DECODE_KEYS", CHANNEL_KEY_OPERANDS, "bf16"))
+                   ("OSCAR_CHANNEL_DECODE_KEYS", CHANNEL_KEY_OPERANDS, "fp16"))
 
 DEFAULT_SINK = 64
 DEFAULT_RECENT = 256

@@ -256,6 +256,39 @@ def test_decode_splits_use_the_kernels_plan_within_sglangs_scratch(backend_cls, 
     assert got["attn_logits"] is graph.attn_logits and got["attn_lse"] is graph.attn_lse
 
 
+def test_decode_splits_of_small_batches_use_the_backends_wider_scratch(backend_cls, monkeypatch):
+    """Where the kernel's plan for a batch exceeds SGLang's scratch (the plugin's 64 splits), the
+    backend's own scratch ([rows, Hq, plan(1), Dv], allocated at start) holds it: at 132 SMs batch
+    1 plans 128 splits. Larger batches stay in SGLang's; a user's other split count caps the plan
+    (no scratch of the backend's own)."""
+    from oscar_kernels import ops
+    from oscar_kernels.triton import attend_channel as ch
+
+    from oscar_sglang.runtime.hooks import INT2_DEFAULT_KV_SPLITS
+
+    monkeypatch.setattr(ch, "sm_count", lambda device: 132)
+    b, *_ = _make(backend_cls)
+    b.max_kv_splits = INT2_DEFAULT_KV_SPLITS
+    plan = lambda n: ops.decode_splits_channel(n, H, S, W, torch.device("cpu"))  # noqa: E731
+    rows = max(n for n in range(1, 65) if plan(n) > INT2_DEFAULT_KV_SPLITS)
+    b._wide_scratch = wide = b._wide_split_scratch(Hq, D, "cpu")
+    assert plan(1) == ch.DECODE_MAX_SPLITS == 128 and rows >= 1
+    assert wide[0].shape == (rows, Hq, 128, D) and wide[1].shape == (rows, Hq, 128)
+    graph = SimpleNamespace(attn_logits=torch.zeros(16, Hq, 64, D), attn_lse=torch.zeros(16, Hq, 64))
+    for n in range(1, rows + 1):
+        got = b._decode_splits(n, Hq, D, graph)
+        assert got["num_kv_splits"] is None and got["max_kv_splits"] == plan(n) > 64
+        assert got["attn_logits"].shape == (n, Hq, plan(n), D) and got["attn_lse"].shape == (n, Hq, plan(n))
+        assert got["attn_logits"].data_ptr() == wide[0].data_ptr() and got["attn_lse"].data_ptr() == wide[1].data_ptr()
+    got = b._decode_splits(rows + 1, Hq, D, graph)
+    assert got["max_kv_splits"] == plan(rows + 1) <= 64
+    assert got["attn_logits"].data_ptr() == graph.attn_logits.data_ptr()
+    b.max_kv_splits = 32  # --triton-attention-num-kv-splits 32 from the user
+    assert b._wide_split_scratch(Hq, D, "cpu") is None
+    b._wide_scratch, b._split_args = None, None
+    assert b._decode_splits(1, Hq, D, graph)["max_kv_splits"] == 64  # SGLang's scratch caps it
+
+
 def test_flashinfer_reads_the_prefix_only_where_many_rows_share_each_cached_key():
     """A prefill chunk over its prompt's earlier chunks goes through FlashInfer; a batch whose cached
     keys belong mostly to one-token rows (decodes folded in by --enable-mixed-chunk, a short new
@@ -311,7 +344,7 @@ def test_kernel_variants_from_the_environment_are_logged(backend_cls, monkeypatc
     b, *_ = _make(backend_cls)
     for name in ("OSCAR_CHANNEL_DECODE_3BIT", "OSCAR_CHANNEL_EXTEND", "OSCAR_CHANNEL_DECODE_READS"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_KEYS", "bf16")
+    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_KEYS", "fp16")
     with caplog.at_level(logging.INFO, logger="oscar_sglang"):
         b._log_kernel_switches()
     assert "kernel variants" not in caplog.text

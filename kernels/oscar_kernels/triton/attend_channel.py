@@ -96,22 +96,24 @@ CHANNEL_READS_DEFAULT = "bytes"
 
 
 # The decode body's key-side MMA operands (OSCAR_CHANNEL_DECODE_KEYS or
-# decode_attention_channel(key_operands=...)): "bf16" (the default) rounds each block's q * s to
-# bf16 and builds the code operands under bf16 exponents (BODY_OFS + code * place); "fp16" rounds
-# q * s to fp16 (3 more mantissa bits) and builds the same operands under fp16 exponents with the
-# same lop3s (BODY_OFS_FP16 = 1024 + code * place: an offset 8x bf16's relative to the codes);
+# decode_attention_channel(key_operands=...)): "fp16" (the default) rounds each block's q * s to
+# fp16 and builds the code operands under fp16 exponents with bf16's lop3s (BODY_OFS_FP16 = 1024 +
+# code * place: an offset 8x bf16's relative to the codes); "bf16" (the default until 2026-11-27)
+# rounds q * s to bf16 and builds them under bf16 exponents (BODY_OFS + code * place);
 # "fp16-shifted" shifts the code fields up 3 bits first (one shl or shr per register) so that the
 # fp16 operands are bf16's values exactly, 128 + code * place. Why: the q * s of a block is rounded
-# once for its 64 keys, so its error does not average out over keys; on outlier inputs the
-# decode's error is 2-4x BF16 arithmetic's (bench/kernel_error.py, H200, 2026-11-27), and a CPU
-# emulation puts fp16 q * s near BF16 arithmetic (docs/benchmarks.md, 2026-11-27 10:29). The two
-# fp16 variants differ in the offsets the MMAs' fp32 sums carry (the tensor cores' accumulation
-# lost such offsets' differences in the value accumulators: docs "Findings"). Built without a GPU,
-# not timed and not the default; q * s must stay below fp16's 65,504. 2-bit keys read as words
-# (KWORDS) use fp16 either way.
+# once for its 64 keys, so its error does not average out over keys. On outlier inputs against
+# float64 (bench/kernel_error.py, H100: bench/results/kernels/2026-11-27_1257_kernel-error_h100.json)
+# bf16 max 3.2% / 2.4% / 1.2% (3 / 2 / 4-bit keys), fp16 0.9% / 0.9% / 0.5%, BF16 flash arithmetic
+# 0.5% / 0.3% / 0.3%; fp16 as fast or faster (H200, same run, _1241_ / _1242_channel-decode-defaults:
+# 1 x 128K 65.9 vs 67.0 us, 512 x 2K 486 vs 501). fp16 needs |q * s| < 65,504: q is the rotated
+# query (times the softmax scale off the 3-bit planes), s a key channel's range / (2^bits - 1) in
+# its block, so |q| * |k| would have to reach ~10^5; such a model should set
+# OSCAR_CHANNEL_DECODE_KEYS=bf16.
+# 2-bit keys read as words (KWORDS) use fp16 either way.
 CHANNEL_KEY_OPERANDS = ("bf16", "fp16", "fp16-shifted")
 CHANNEL_KEYS_ENV = "OSCAR_CHANNEL_DECODE_KEYS"
-CHANNEL_KEYS_DEFAULT = "bf16"
+CHANNEL_KEYS_DEFAULT = "fp16"
 
 
 # Decode split plan (issue 19). A one-warp program takes 245-255 registers at sm_90, so 8 fit on an
@@ -125,12 +127,16 @@ CHANNEL_KEYS_DEFAULT = "bf16"
 # 2026-11-27_0251_channel-split-plan_h100.json): 8 x 32K 125.8 vs 168.3 us (SGLang's 18 body splits
 # are 1,152 programs: a second wave of 96), 64 x 8K 247.8 vs 302.6 (its 1 body split), 256 / 512
 # x 2K 284.7 / 552.5 vs 340.2 / 691.2 (the same 1 body split, but 64 programs a request, 62 of
-# which return at once); batch 1 within 0.6 us (4K 14.4 vs 13.8). Batch 1 keeps 64 splits: 128
-# gave 128K 71-74 vs 82 us but 4K / 8K 15.3 / 18.7 vs 13.8 / 14.8 (2026-11-27_0241_* / _0246_*:
-# a grid of 128 splits a head, most returning at once, and one-page splits past 4K). Neither more
-# warps, nor register caps (spills), nor a third pipeline stage helped at any batch (_0228_*).
+# which return at once). Batch 1 (8 KV heads) gets 128 splits since 2026-11-27 12:28 (cap 64
+# before): 1 x 128K 66.5 vs 77.2 us, 32K 27.2 vs 28.2, 4K 14.6 vs 14.3, 8K 16.4 vs 15.4 (a grid of
+# 128 splits a head, most returning at once at 4K; 2026-11-27_1228_channel-split-plan-b1_h100.json);
+# the merge's one-shot [128, Dv] tile stays at 4 warps (8 / 16 were 1.3-3.6 us slower), and a
+# 128-key least chunk lost 3 us at 128K for 0.8 us at 4K. Batch 2 gets 68. SGLang's split scratch
+# holds 64 in the server, so the backend gives these batches one of its own (_wide_split_scratch).
+# Neither more warps, nor register caps (spills), nor a third pipeline stage helped at any batch
+# (_0228_*).
 DECODE_SPLIT_PROGRAMS_PER_SM = 8
-DECODE_MAX_SPLITS = 64
+DECODE_MAX_SPLITS = 128
 DECODE_MIN_CHUNK = 64
 
 
@@ -453,8 +459,9 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
     VCOLS: tl.constexpr = QWV if VWORDS else QDV
     D8: tl.constexpr = D // 8
     OFS: tl.constexpr = BODY_OFS if USE_ASM else 0.0
-    # the key side's operands (q * s and the codes): PV_DT, or fp16 with its own offset
-    KDT: tl.constexpr = tl.float16 if KEYOP > 0 else PV_DT
+    # the key side's operands (q * s and the codes): PV_DT, or fp16 with its own offset; fp32 in
+    # the interpreter for every variant, as PV_DT (the CPU tests' float64 bounds stay tight)
+    KDT: tl.constexpr = tl.float16 if KEYOP > 0 and PV_DT != tl.float32 else PV_DT
     V16: tl.constexpr = KEYOP - 1 if KEYOP > 0 else 0  # LO16_SRC's index
     KOFS: tl.constexpr = (BODY_OFS_FP16 if KEYOP == 1 else BODY_OFS) if USE_ASM else 0.0
     QSC = 1.0 if LOGIT_CAP else sm_scale_log2
@@ -929,10 +936,12 @@ def decode_attention_channel(
     sink_start=None, num_kv_splits=None, max_kv_splits=None, attn_logits=None, attn_lse=None,
     logit_cap=0.0, min_chunk=None, bf16_keys_per_split=None, num_warps=None, num_stages=2,
     num_int2_stages=None, k3_variant=None, code_reads=None, key_operands=None, maxnreg=None,
+    merge_chunk=None, merge_warps=None,
 ):
     """See ops.decode_attention_channel; min_chunk / bf16_keys_per_split / num_warps /
-    num_stages / maxnreg are tuning knobs (decode.py's meaning; maxnreg caps registers per
-    thread: the one-warp body takes 245-255 at sm_90, 8 programs per SM, 168 would fit 12).
+    num_stages / maxnreg / merge_chunk / merge_warps are tuning knobs (decode.py's meaning;
+    maxnreg caps registers per thread: the one-warp body takes 245-255 at sm_90, 8 programs per
+    SM, 168 would fit 12; merge_*: the split merge's splits a step and warps).
     k3_variant: 'packed' / 'planes' (3-bit keys; None: OSCAR_CHANNEL_DECODE_3BIT, default
     'planes'; planes needs head_dim >= 128 and runs packed below). code_reads: 'bytes' / 'words'
     (None: OSCAR_CHANNEL_DECODE_READS, default 'bytes'; words reads value codes and 2-bit key codes
@@ -976,7 +985,8 @@ def decode_attention_channel(
         **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     return merge_splits(o, attn_logits, attn_lse, kv_indptr, req_rows, own_start, sink_start,
-                        num_kv_splits, max_kv_splits, nb16, min_chunk, sink_k.shape[1], ring_k.shape[1])
+                        num_kv_splits, max_kv_splits, nb16, min_chunk, sink_k.shape[1], ring_k.shape[1],
+                        chunk=merge_chunk, num_warps=merge_warps)
 
 
 EXTEND_BLOCK_M = 64  # (token, query head) rows per extend program (codes; dequant above head_dim 128)

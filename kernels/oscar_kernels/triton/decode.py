@@ -137,9 +137,9 @@ def merge_chunk(batch: int, q_heads: int, max_kv_splits: int, device) -> int:
 
 
 def merge_splits(o, attn_logits, attn_lse, kv_indptr, req_rows, own_start, sink_start, num_kv_splits,
-                 max_kv_splits, nb16, min_chunk, S, W, chunk=None):
+                 max_kv_splits, nb16, min_chunk, S, W, chunk=None, num_warps=None):
     """Stage 2: LSE-merge the per-split partial outputs into o (both stage-1 kernels). chunk:
-    splits per merge step (None: merge_chunk)."""
+    splits per merge step (None: merge_chunk); num_warps: the merge's warps (None: 4)."""
     B, Hq, Dv = o.shape
     chunk = chunk or merge_chunk(B, Hq, max_kv_splits, o.device)
     _merge_splits_kernel[(B, Hq)](
@@ -150,7 +150,7 @@ def merge_splits(o, attn_logits, attn_lse, kv_indptr, req_rows, own_start, sink_
         num_kv_splits if num_kv_splits is not None else kv_indptr, max_kv_splits,
         S=S, W=W, DV=Dv, CHUNK=chunk,
         HAS_NSPLITS=num_kv_splits is not None, MIN_CHUNK=min_chunk,
-        NB16=nb16, num_warps=4,
+        NB16=nb16, num_warps=num_warps or 4,
     )
     return o
 
