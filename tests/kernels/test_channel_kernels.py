@@ -16,11 +16,14 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from oscar_kernels import ops
 from oscar_kernels import reference as ref
 from oscar_kernels.format import KVFormat, code_bytes
 from oscar_kernels.hadamard import hadamard
+from oscar_kernels.triton import attend_channel as _channel
 
 from .pool_case import DEV, REL_TOL, rel_err, request_rows, rotated_kv
 
@@ -317,6 +320,22 @@ def test_planes_hi_operand_constants():
         assert torch.equal(halves, expect), E
         assert mul * place / (4.0 ** (E // 2) if E // 2 < 3 else 16.0) == 4.0, E
 
+
+
+@triton.jit
+def _code_operand_probe(C, O, DT: tl.constexpr):
+    i = tl.arange(0, 128)
+    tl.store(O + i, _channel._code_operand(tl.load(C + i), DT).to(tl.float32))
+
+
+def test_code_operand_fp16_is_exact():
+    """The `codes` extend's fp16 code operands (1024's exponent, minus 1024) are the codes exactly,
+    every code in [0, 128); the interpreter runs the fp16 bit trick as CUDA does (its bf16 one
+    cannot run there)."""
+    c = torch.arange(128, dtype=torch.int32, device=DEV)
+    o = torch.full((128,), float("nan"), device=DEV)
+    _code_operand_probe[(1,)](c, o, DT=tl.float16)
+    assert torch.equal(o, c.float())
 
 
 def test_fp16_key_operand_constants():

@@ -205,9 +205,11 @@ def _code_operand(c, DT: tl.constexpr):
     """int32 codes in [0, 128) as exact DT values for an MMA operand. bf16 (CUDA): 128 + code
     from the exponent trick, minus 128 in packed bf16 (exact), instead of one int-to-bf16
     conversion per code (sm_90 issues those at 16 per clock and SM, an eighth of the fp32 rate);
-    otherwise (the interpreter's fp32) a cast."""
+    fp16: 1024 + code, minus 1024; otherwise (the interpreter's fp32) a cast."""
     if DT == tl.bfloat16:  # the decode's 3-bit operand idiom (_key_operand), less its offset
         r = (c | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - 128.0
+    elif DT == tl.float16:  # 1024's exponent: mantissa ulp 1
+        r = (c | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
     else:
         r = c.to(DT)
     return r
@@ -706,6 +708,8 @@ def attend_channel_kernel(
     # (3 of 23 extend tests over 2% on the H100, 2026-11-27; a float64 emulation: max 4.2% bf16,
     # 0.13% fp16), for 1.5-3.7% of extend time (bench/results/kernels/
     # 2026-11-27_0743_channel-extend-*_h100.json). |q|, |k|, |v| stay far below fp16's 65504.
+    # The `codes` body's q * s, p * s and code operands too (since 2026-11-27, not yet timed; with
+    # bf16 its error was 1.8-2.9% on the outlier inputs of bench/kernel_error.py).
     DQ_DT: tl.constexpr = tl.float16 if PV_DT == tl.bfloat16 else PV_DT
     b = tl.program_id(0)
     if SPLIT:
@@ -841,9 +845,11 @@ def attend_channel_kernel(
                 qk = tl.dot(_pick4(j, q0, q1, q2, q3), tl.trans(kj), qk)  # q: DQ_DT already
             else:
                 qj = _pick4(j, q0, q1, q2, q3).to(tl.float32)
-                # (q * s) . code + q . m: q scaled once per block, one constant per row
-                qs = (qj * sc[None, :]).to(PV_DT)
-                cj = _code_operand(_key_quarter(kc, kc2, hb, j, BITS, QD), PV_DT)
+                # (q * s) . code + q . m: q scaled once per block, one constant per row; q * s in
+                # DQ_DT (fp16 on CUDA): rounded once for the block's keys, bf16's error does not
+                # average out (the decode's key operands, CHANNEL_KEY_OPERANDS)
+                qs = (qj * sc[None, :]).to(DQ_DT)
+                cj = _code_operand(_key_quarter(kc, kc2, hb, j, BITS, QD), DQ_DT)
                 qk += tl.dot(qs, tl.trans(cj))
                 qm += tl.sum(qj * mn[None, :], 1)
         qk += qm[:, None]
@@ -866,13 +872,13 @@ def attend_channel_kernel(
                 vsc = tl.where(body, vsc, 0.0)
                 vmn = tl.where(body, vmn, 0.0)
                 if not EXT_DQ:  # codes: the group's (p * scale, p @ min)
-                    ps = (pr * vsc[None, :]).to(PV_DT)
+                    ps = (pr * vsc[None, :]).to(DQ_DT)
                     pm = tl.sum(pr * vmn[None, :], 1)[:, None]
             if EXT_DQ:  # the page's values dequantised once, then p @ v
                 vj = _dequant((vc.to(tl.int32) >> (2 * j)) & 3, vsc, vmn, 1, DQ_DT)
                 upd = tl.dot(prd, vj)
             else:
-                upd = tl.dot(ps, _code_operand((vc.to(tl.int32) >> (2 * j)) & 3, PV_DT)) + pm
+                upd = tl.dot(ps, _code_operand((vc.to(tl.int32) >> (2 * j)) & 3, DQ_DT)) + pm
             if j == 0:
                 a0 += upd
             elif j == 1:
