@@ -11,6 +11,7 @@ runtime's divisibility specialisation, ints equal to 1 become constants), then c
     python -m tests.kernels.sm90 fit                                       # every (head_dim, group)
     python -m tests.kernels.sm90 channel [--bits 3] [--batch 64] [--num-warps N] [--num-stages N]
                                          [--k3-variant packed|planes] [--code-reads bytes|words]
+                                         [--key-operands fp16|bf16|fp16-shifted]
                                          # channel-key decode (D=128, GQA 4, L=32K) + ptxas spills
     python -m tests.kernels.sm90 channel-extend [--bits 3] [--block-m 64] [--num-warps N]
                                                 [--variant codes|dequant]
@@ -319,6 +320,9 @@ def channel_extend(bits=3, E=8192, L=32768, D=128, block=64, v_group=64, variant
 
 
 def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help") or "-h" in argv or "--help" in argv:
+        print(__doc__)
+        return 0
     os.environ.pop("TRITON_INTERPRET", None)  # compile for real (before anything imports triton)
     what, rest = argv[0], argv[1:]
     if what == "decode":
