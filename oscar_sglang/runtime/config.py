@@ -104,8 +104,8 @@ ENV_VARS: dict[str, tuple[str | None, str]] = {
         None,
         "the per-channel decode's key-side MMA operands: 'fp16' (default: each key block's "
         "q * scale rounded to fp16; the codes under fp16 exponents, offset 1024), 'bf16' (the "
-        "default until 2026-11-27: q * scale rounded to bf16, 3 bits fewer; 2-4x the error on "
-        "outlier keys, docs/benchmarks.md; set it if |q| * |k| reaches ~1e5, past fp16's range) "
+        "default until 2026-11-27: q * scale rounded to bf16, 3 bits fewer; 2.4-3.5x fp16's error "
+        "on outlier keys, docs/benchmarks.md; set it if |q| * |k| reaches ~1e5, past fp16's range) "
         "or 'fp16-shifted' (fp16 with the codes' offset 128, as bf16's). Read by "
         "the kernels (oscar_kernels/triton/attend_channel.py)",
     ),
