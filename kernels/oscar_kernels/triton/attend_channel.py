@@ -51,7 +51,7 @@ from .attend import (
     as_param_words, empty_softmax_state, load_q_quarters, num_splits_of, pool_launch_args,
     source_ranges, split_ranges,
 )
-from .attend_fast import (MASKS, WORDS_MIN_DIM, _quarter_v, _v_scale, _word_code, _word_dims, _word_ofs,
+from .attend_fast import (WORDS_MIN_DIM, _quarter_v, _v_scale, _word_code, _word_dims, _word_ofs,
                           _words_of_quarter)
 from .decode import BLOCK_B, bf16_splits, merge_splits, plan_decode, sm_count
 from .extend_prefix import extend_outputs
@@ -170,7 +170,7 @@ def channel_code_reads(code_reads=None) -> str:
 
 
 def channel_key_operands(key_operands=None) -> str:
-    """The decode body's key operands: key_operands if given, else OSCAR_CHANNEL_DECODE_KEYS ('bf16')."""
+    """The decode body's key operands: key_operands if given, else OSCAR_CHANNEL_DECODE_KEYS ('fp16')."""
     return _kernel_choice("key_operands", key_operands, CHANNEL_KEYS_ENV, CHANNEL_KEY_OPERANDS, CHANNEL_KEYS_DEFAULT)
 
 
@@ -951,8 +951,8 @@ def decode_attention_channel(
     k3_variant: 'packed' / 'planes' (3-bit keys; None: OSCAR_CHANNEL_DECODE_3BIT, default
     'planes'; planes needs head_dim >= 128 and runs packed below). code_reads: 'bytes' / 'words'
     (None: OSCAR_CHANNEL_DECODE_READS, default 'bytes'; words reads value codes and 2-bit key codes
-    as 16-bit words where the dim is >= 128). key_operands: 'bf16' / 'fp16' / 'fp16-shifted'
-    (None: OSCAR_CHANNEL_DECODE_KEYS, default 'bf16'; the body's q * s and key code operands,
+    as 16-bit words where the dim is >= 128). key_operands: 'fp16' / 'bf16' / 'fp16-shifted'
+    (None: OSCAR_CHANNEL_DECODE_KEYS, default 'fp16'; the body's q * s and key code operands,
     CHANNEL_KEY_OPERANDS' note)."""
     check_channel_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_bits, k_block, v_group)
     planes = (channel_3bit_variant(k3_variant) == "planes" and k_bits == 3
