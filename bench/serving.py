@@ -421,7 +421,8 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="launch servers and measure (GPU machine)")
     r.add_argument("--configs", default="bf16",
-                   help="comma list of: bf16, bf16-splits64, fp8-splits64, int2, int2-splits64, int2-vruntime, flashinfer")
+                   help="comma list of bench/_serving_server.py CONFIGS (e.g. int2, fp8-flashinfer, flashinfer, "
+                        "int2-split-store; an unknown name lists them all)")
     r.add_argument("--models", default="qwen3-8b,llama31-8b",
                    help="devkit model folders under .devkit/models (dummy weights)")
     r.add_argument("--tokenizer", default="smollm2-135m")
