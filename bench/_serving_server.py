@@ -122,15 +122,8 @@ CONFIGS: Dict[str, ServingConfig] = {
         ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton"],
         {"OSCAR_PREFIX_ATTENTION": "int2"},
     ),
-    # int2 with the decode store's split path (OSCAR_DECODE_STORE=split: q and k rotated by two
-    # GEMMs, then the store's two launches; the default until 2026-11-27, fused since)
-    "int2-split-store": ServingConfig(
-        "int2-split-store", "INT2 KV, oscar_triton, decode store after two rotation GEMMs",
-        ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton"],
-        {"OSCAR_DECODE_STORE": "split"},
-    ),
     # int2 with a decode step's store in one launch that also rotates q and k (OSCAR_DECODE_STORE=
-    # fused: three launches a layer fewer; the default since 2026-11-27, set explicitly)
+    # fused: three launches a layer fewer; opt-in until timed)
     "int2-fused-store": ServingConfig(
         "int2-fused-store", "INT2 KV, oscar_triton, one fused store launch a decode layer",
         ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton"],

@@ -112,17 +112,15 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         from .config import load_config
         from .state import RUNTIME_INFO
 
-        cfg = load_config()
-        choice = cfg.resolved_decode_store(self.pool.channel)
+        choice = load_config().decode_store
         if choice == "fused" and not self.pool.channel:
             raise ValueError("OSCAR_DECODE_STORE=fused needs a per-channel key format (the per-token "
                              "recipe's store has no fused form); unset it or pick OSCAR_KV_FORMAT")
         RUNTIME_INFO["decode_store"] = choice
         if self.pool.channel:
-            logger.info("OSCAR INT2: a decode step stores %s (OSCAR_DECODE_STORE=%s%s)",
+            logger.info("OSCAR INT2: a decode step stores %s (OSCAR_DECODE_STORE)",
                         "in one launch that also rotates q and k" if choice == "fused"
-                        else "after two rotation GEMMs, in two launches",
-                        choice, "" if cfg.decode_store else ", the default")
+                        else "after two rotation GEMMs, in two launches")
         return choice == "fused"
 
     def _log_kernel_switches(self) -> None:

@@ -127,11 +127,12 @@ ENV_VARS: dict[str, tuple[str | None, str]] = {
     ),
     "OSCAR_DECODE_STORE": (
         None,
-        "how a decode step stores its tokens: 'fused' (the default for per-channel key formats: one "
-        "launch rotates k and q, writes the side copies and values and quantises the blocks the "
-        "step completes; in a served batch-1 step on H200 6.1 us a layer against 7.9 us for the "
-        "split path's four kernels, 2026-11-27) or 'split' (q and k rotated by two GEMMs in the "
-        "model's dtype, then the store's two launches; the only form for the per-token recipe)",
+        "how a decode step stores its tokens with per-channel key formats: 'split' (default: q and "
+        "k rotated by two GEMMs in the model's dtype, then the store's two launches) or 'fused' "
+        "(one launch rotates k and q with the same arithmetic, writes the side copies and values, "
+        "and quantises the blocks the step completes: 6.1 us a layer against 7.9 us for the split "
+        "path's four kernels in a served batch-1 step on H200; opt-in because on two bare machines "
+        "the first 32K request's TTFT was 1.8-2.0x a warm one's with it, 2026-11-27)",
     ),
 }
 NEW_TOKEN_ATTENTION = ("flashinfer", "triton")
@@ -180,7 +181,7 @@ class OscarConfig:
     v_absorb: bool = True
     new_token_attention: str = NEW_TOKEN_ATTENTION[0]
     prefix_attention: str | None = None  # None: resolved by resolved_prefix_attention()
-    decode_store: str | None = None  # None: resolved by resolved_decode_store()
+    decode_store: str = DECODE_STORE[0]
     sources: dict = field(default_factory=dict, compare=False)  # setting -> env var it came from
 
     @property
@@ -195,13 +196,6 @@ class OscarConfig:
         if self.prefix_attention is not None:
             return self.prefix_attention
         return "flashinfer" if channel and self.new_token_attention == "flashinfer" else "int2"
-
-    def resolved_decode_store(self, channel: bool) -> str:
-        """OSCAR_DECODE_STORE, or its default: the fused store for per-channel key formats (the
-        per-token recipe's store has no fused form)."""
-        if self.decode_store is not None:
-            return self.decode_store
-        return "fused" if channel else "split"
 
     def as_dict(self) -> dict:
         d = asdict(self)

@@ -268,8 +268,6 @@ def test_fused_decode_store_is_refused_for_the_per_token_recipe(backend_cls, mon
         b._decode_store()
     monkeypatch.setenv("OSCAR_DECODE_STORE", "split")
     assert b._decode_store() is False
-    monkeypatch.delenv("OSCAR_DECODE_STORE")  # the default: split for the per-token recipe
-    assert b._decode_store() is False
     with pytest.raises(ValueError, match="per-channel format store options"):
         z = torch.zeros(1, H, D)
         pool.store(0, torch.zeros(1, dtype=torch.int64), z, z, torch.zeros(1, dtype=torch.int64),

@@ -97,8 +97,6 @@ def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, 
 
     b, pool, layer, Rk, Rv = _make(backend_cls, new_tokens=new_tokens, prefix=prefix, absorbed=absorbed)
     assert pool.channel and pool.k_codes[0].shape[-1] == 3 * D // 8
-    monkeypatch.delenv("OSCAR_DECODE_STORE", raising=False)
-    assert b._decode_store() is True  # the default for per-channel formats
     monkeypatch.setenv("OSCAR_DECODE_STORE", store)
     assert b._decode_store() is (store == "fused")
     b._fused_store = store == "fused"

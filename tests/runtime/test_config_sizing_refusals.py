@@ -123,16 +123,10 @@ def test_new_token_attention_defaults_to_flashinfer():
     assert cfg.new_token_attention == "triton" and cfg.sources["new_token_attention"] == "OSCAR_NEW_TOKEN_ATTENTION"
 
 
-def test_decode_store_defaults_to_fused_for_per_channel_formats():
-    cfg = C.load_config({})
-    assert cfg.decode_store is None and "decode_store" not in cfg.sources
-    assert cfg.resolved_decode_store(channel=True) == "fused"
-    assert cfg.resolved_decode_store(channel=False) == "split"  # the per-token recipe has no fused store
-    cfg = C.load_config({"OSCAR_DECODE_STORE": " Split"})
-    assert cfg.decode_store == "split" and cfg.sources["decode_store"] == "OSCAR_DECODE_STORE"
-    assert cfg.resolved_decode_store(channel=True) == "split"
-    with pytest.raises(C.OscarConfigError, match="OSCAR_DECODE_STORE must be 'split' or 'fused'"):
-        C.load_config({"OSCAR_DECODE_STORE": "fast"})
+def test_decode_store_defaults_to_split():
+    assert C.load_config({}).decode_store == "split"
+    cfg = C.load_config({"OSCAR_DECODE_STORE": " Fused"})
+    assert cfg.decode_store == "fused" and cfg.sources["decode_store"] == "OSCAR_DECODE_STORE"
 
 
 def test_prefix_attention_defaults_to_flashinfer_for_per_channel_formats():
