@@ -123,6 +123,16 @@ def summary(rows: List[dict]) -> dict:
 # ------------------------------------------------------------------------------ rendering
 
 
+def _compiles(entries) -> str:
+    """A fresh row's fresh_compiles (the plugin's compiled_while_serving after the first request):
+    '–' where the server does not report it (not int2, or rows measured before 2026-11-27)."""
+    if entries is None:
+        return "–"
+    if not entries:
+        return "none"
+    return ", ".join(f"`{e['kernel'].rsplit('.', 1)[-1]}` ({e['ms']:.0f} ms)" for e in entries)
+
+
 def _f(x, fmt="{:,.0f}", none="–"):
     return none if x is None else fmt.format(x)
 
@@ -181,9 +191,10 @@ def markdown(doc: dict, source: str, image: Optional[str]) -> str:
                    f"{_f(e.get('int2_ttft_vs_fp8_best'), '{:.2f}x')} |")
     fresh = [r for r in rows if r.get("fresh_ttft_s") is not None and _measured(r)]
     if fresh:
-        out += ["", "| configuration | fresh 32K TTFT (first request) | warm |", "|---|---:|---:|"]
-        out += [f"| {r['config']} | {r['fresh_ttft_s']:.2f} s | {_f(r.get('warm_ttft_s'), '{:.2f} s')} |"
-                for r in fresh]
+        out += ["", "| configuration | fresh 32K TTFT (first request) | warm | Triton kernels it compiled |",
+                "|---|---:|---:|---|"]
+        out += [f"| {r['config']} | {r['fresh_ttft_s']:.2f} s | {_f(r.get('warm_ttft_s'), '{:.2f} s')} | "
+                f"{_compiles(r.get('fresh_compiles'))} |" for r in fresh]
     cfgs = {}
     for r in rows:
         cfgs.setdefault(r["config"], r)

@@ -197,6 +197,19 @@ def _facts(url: str) -> dict:
             "new_token_attention": facts["new_token_attention"], "prefix_attention": facts["prefix_attention"]}
 
 
+def compiled_while_serving(url: str):
+    """The plugin's list of Triton kernels compiled after the server's first forward (/server_info
+    oscar_int2.compiled_while_serving: kernel, ms, seconds after the first forward); None where
+    the server does not report it (not int2, or an older plugin)."""
+    from _serving_server import _get_json
+
+    try:
+        st = ((_get_json(url + "/server_info", timeout=60) or {}).get("internal_states") or [{}])[0] or {}
+    except (OSError, ValueError):
+        return None
+    return (st.get("oscar_int2") or {}).get("compiled_while_serving")
+
+
 async def _pool(url: str, idle_timeout_s: float) -> dict:
     """Idle (nothing running or waiting), /flush_cache, then the pool: soak.pool_snapshot plus any
     other oscar_int2 `*_free` field (side-buffer memory, where the plugin reports it)."""
@@ -350,6 +363,7 @@ def run_server(url: str, config: str, loads: List[str], args, table: Table, cloc
     if report.FRESH_LOAD in loads and clock.fits(estimate_s(report.FRESH_LOAD)):
         print(f"  [{config}] fresh server: {report.FRESH_LOAD} first", flush=True)
         fresh = measure(url, report.FRESH_LOAD, args.vocab, facts["context_tokens"], args.request_timeout)
+        fresh["compiles"] = compiled_while_serving(url)  # what the first request waited for, if any
     for w in filter(None, args.warmup.split(",")):
         n, inp, out = report.parse_load(w)
         run_requests(url, random_prompts(n, inp, args.vocab, seed=inp), out, "warm-up")
@@ -368,7 +382,7 @@ def run_server(url: str, config: str, loads: List[str], args, table: Table, cloc
         fields.update(pool_leak(start, pool_state(url, args.idle_timeout)))
         if load == report.FRESH_LOAD and fresh is not None:
             fields.update(fresh_ttft_s=fresh["ttft_p50_s"], warm_ttft_s=fields["ttft_p50_s"],
-                          fresh_ok=fresh["ok"])
+                          fresh_ok=fresh["ok"], fresh_compiles=fresh["compiles"])
         row = put(load, "batch1" if fields["n"] == 1 else "throughput", fields)
         print(f"  [{config}] {load}: {_f(row['output_tok_s'])} output tok/s, TTFT p50 "
               f"{_f(row['ttft_p50_s'], '{:.2f}')} s, TPOT p50 {_f(row['tpot_p50_ms'], '{:.2f}')} ms, "

@@ -31,7 +31,7 @@ from sglang.srt.layers.attention.triton_backend import TritonAttnBackend, logit_
 
 from oscar_kernels import ops
 
-from . import debug_tap
+from . import compile_watch, debug_tap
 from .new_tokens import FlashInferNewTokens, TritonNewTokens, workspace_bytes
 from .prefix_flashinfer import FlashInferPrefix
 from .pool import OscarInt2KVPool
@@ -95,6 +95,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         # prefix length 0 for every request: the stock extend kernel then sees only new tokens
         self._zero_kv_indptr = torch.zeros_like(self.kv_indptr)
         self._prepare_rotations(getattr(model_runner, "dtype", torch.bfloat16))
+        compile_watch.install()  # kernels compiled while serving: a warning each (start() below)
         self._fused_store = self._decode_store()
         self._log_kernel_switches()
         self._wide_scratch = self._wide_split_scratch(self.num_head, self.v_head_dim, self.device)
@@ -184,11 +185,14 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         mode = forward_batch.forward_mode
         if mode.is_target_verify() or getattr(mode, "is_draft_extend_v2", lambda: False)():
             raise RuntimeError("oscar_triton: speculative decoding is not supported")
+        compile_watch.start()
         super().init_forward_metadata(forward_batch)
         self._prepare_forward(forward_batch)
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
         # CUDA-graph capture / replay (decode): eager, before the graph runs.
+        if not in_capture:
+            compile_watch.start()
         super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
         self._prepare_forward(forward_batch)
 

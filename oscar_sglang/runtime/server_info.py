@@ -3,10 +3,11 @@
 SGLang's /server_info includes each scheduler's get_internal_state(); the `info` hook adds an
 "oscar_int2" entry there: the KV format, recipe, rotation file and sha256, group size, windows,
 bytes per token, tokens that fit, and the live pool usage (free tokens, and free request rows with
-their side-buffer bytes).
+their side-buffer bytes), and the Triton kernels compiled while serving (compile_watch).
 """
 from __future__ import annotations
 
+from .compile_watch import compiled_while_serving
 from .state import hooks_ok
 
 _STATIC_KEYS = (
@@ -23,6 +24,8 @@ _STATIC_KEYS = (
 def describe(info: dict, scheduler=None) -> dict:
     out = {k: info.get(k) for k in _STATIC_KEYS if k in info}
     out["hooks_ok"] = hooks_ok()
+    # Triton kernels this scheduler compiled after its first forward (each one a request's wait)
+    out["compiled_while_serving"] = compiled_while_serving()
     if scheduler is not None:
         try:
             alloc = scheduler.token_to_kv_pool_allocator

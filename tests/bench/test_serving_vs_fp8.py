@@ -43,7 +43,8 @@ def make_handler(st: dict):
                     "attention_backend": "stub", "disable_radix_cache": False,
                     "internal_states": [{"effective_max_running_requests_per_dp": MRR,
                                          "oscar_int2": {"tokens_free": TOTAL - used,
-                                                        "side_bytes_free": SIDE - st["side_leaked"]}}]})
+                                                        "side_bytes_free": SIDE - st["side_leaked"],
+                                                        "compiled_while_serving": list(st["compiles"])}}]})
             if self.path == "/v1/loads":
                 return self._json(200, {"loads": [{"num_used_tokens": used, "num_running_reqs": inflight,
                                                    "num_waiting_reqs": 0}]})
@@ -60,6 +61,8 @@ def make_handler(st: dict):
             hold = len(ids) + out
             with st["lock"]:
                 first = st["requests"] == 0
+                if first:  # what the plugin lists once its first request compiled something
+                    st["compiles"].extend(st["first_compiles"])
                 st["requests"] += 1
                 st["inflight"] += 1
                 st["active"] += hold
@@ -96,7 +99,8 @@ def make_handler(st: dict):
 def start_stub(kv="int2", **kw):
     st = {"lock": threading.Lock(), "active": 0, "leaked": 0, "side_leaked": 0, "inflight": 0, "requests": 0,
           "aborts_seen": 0, "prompts": [], "kv": kv, "ttft_s": 0.005, "tpot_s": 0.0005, "cold_s": 0.0,
-          "leak_per_request": 0, "leak_on_abort": False, "side_leak_on_abort": 0, **kw}
+          "leak_per_request": 0, "leak_on_abort": False, "side_leak_on_abort": 0, "compiles": [],
+          "first_compiles": [], **kw}
     srv = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(st))
     srv.daemon_threads = True
     threading.Thread(target=srv.serve_forever, daemon=True).start()
@@ -218,11 +222,14 @@ def test_a_leak_on_aborted_streams_and_side_buffers_is_caught(stubs, tmp_path):
 
 def test_fresh_and_warm_ttft_of_the_32k_row(stubs, tmp_path, seed):
     cold = random.Random(seed).uniform(0.3, 0.5)
-    a = stubs(cold_s=cold)
+    compiled = [{"kernel": "oscar_kernels.triton.store_channel._tokens_kernel", "ms": round(cold * 1e3, 1),
+                 "after_start_s": 0.1}]
+    a = stubs(cold_s=cold, first_compiles=compiled)
     doc = run(tmp_path / "fresh.json", {"int2": a}, "1x32768+256", "--abort-load", "")
     (row,) = doc["rows"]
     assert row["load"] == report.FRESH_LOAD and row["input_tokens_sent"] == 32768
     assert row["fresh_ttft_s"] >= cold and row["warm_ttft_s"] == row["ttft_p50_s"] < cold
+    assert row["fresh_compiles"] == compiled  # what the fresh request waited for, as the server said
     # the fresh request was the server's first, and the warm one the same prompt again
     assert a["prompts"][0] == a["prompts"][-1] and len(a["prompts"]) == 3  # fresh, warm-up, warm
     e = doc["summary"]["per_load"][report.FRESH_LOAD]
@@ -456,3 +463,20 @@ def test_prefill_rates_per_load_from_a_server_log(tmp_path, seed):
     assert vs.main(["scheduler-rates", str(log), "--run", str(run), "--out", str(out)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
     assert row["config"] == "fp8-flashinfer" and {k: row[k] for k in got} == got
+
+
+def test_fresh_table_names_the_kernels_the_first_request_compiled(seed):
+    rng = random.Random(seed)
+    ms = rng.uniform(200, 1500)
+    base = {"load": report.FRESH_LOAD, "kind": "batch1", "ok": True, "n": 1, "output_tok_s": 90.0,
+            "ttft_p50_s": 1.2, "tpot_p50_ms": 7.0, "warm_ttft_s": 1.2}
+    rows = [dict(base, config="int2", kv="int2", backend="oscar_triton", fresh_ttft_s=2.3,
+                 fresh_compiles=[{"kernel": "oscar_kernels.triton.store_channel._tokens_kernel", "ms": ms,
+                                  "after_start_s": 0.2}]),
+            dict(base, config="int2-mixed-chunk", kv="int2", backend="oscar_triton", fresh_ttft_s=1.2,
+                 fresh_compiles=[]),
+            dict(base, config="fp8-flashinfer", kv="fp8_e4m3", backend="flashinfer", fresh_ttft_s=11.0)]
+    text = report.markdown({"date": "d", "device": "H100", "model": "m", "rows": rows}, "x.json", None)
+    assert f"| int2 | 2.30 s | 1.20 s | `_tokens_kernel` ({ms:.0f} ms) |" in text
+    assert "| int2-mixed-chunk | 1.20 s | 1.20 s | none |" in text
+    assert "| fp8-flashinfer | 11.00 s | 1.20 s | – |" in text  # not reported by that server

@@ -1,0 +1,82 @@
+"""Triton kernels compiled while serving: one warning each, and a list in /server_info.
+
+A kernel variant (a Triton specialisation) that neither the start-up warm-up nor CUDA-graph
+capture compiled is compiled by the first request that needs it, and that request waits for it
+(about a second on a machine whose Triton cache is empty). On 2026-11-27 the first 32K request on
+two bare machines took 1.8-2.0x a warm one's TTFT with OSCAR_DECODE_STORE=fused, and the server
+log could not say why. The backend calls start() at the first forward after CUDA-graph capture;
+from then on each in-process Triton cache miss (a compile, or a load from Triton's disk cache) is
+logged with the kernel, its time and its signature, and listed in /server_info under
+oscar_int2.compiled_while_serving.
+
+Triton's runtime hooks (knobs.runtime.jit_cache_hook / jit_post_compile_hook, Triton >= 3.4) are
+chained, not replaced: a hook someone else set still runs, and what it returns is returned.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+logger = logging.getLogger("oscar_sglang")
+
+MAX_KEPT = 64  # entries kept for /server_info (the log has every one)
+
+_state: dict = {"installed": False, "serving_since": None, "pending": {}, "compiled": []}
+
+
+def _name(fn) -> str:
+    module = getattr(fn, "module", "") or ""
+    return f"{module}.{getattr(fn, 'name', '?')}" if module else str(getattr(fn, "name", "?"))
+
+
+def _on_miss(prev, kwargs):
+    skip = prev(**kwargs) if prev is not None else None  # truthy: Triton compiles nothing
+    if not skip and _state["serving_since"] is not None and not kwargs.get("is_manual_warmup"):
+        _state["pending"][(_name(kwargs.get("fn")), repr(kwargs.get("key")))] = time.perf_counter()
+    return skip
+
+
+def _on_compiled(prev, kwargs):
+    t0 = _state["pending"].pop((_name(kwargs.get("fn")), repr(kwargs.get("key"))), None)
+    if t0 is not None:
+        took = time.perf_counter() - t0
+        entry = {"kernel": _name(kwargs.get("fn")), "ms": round(took * 1e3, 1),
+                 "after_start_s": round(time.perf_counter() - _state["serving_since"], 1)}
+        if len(_state["compiled"]) < MAX_KEPT:
+            _state["compiled"].append(entry)
+        logger.warning("OSCAR INT2: Triton compiled %s while serving (%.0f ms, %.1f s after the first "
+                       "forward): the start-up did not compile this variant, so a request waited for it; "
+                       "signature %s", entry["kernel"], took * 1e3, entry["after_start_s"],
+                       str(kwargs.get("repr", ""))[:600])
+    return prev(**kwargs) if prev is not None else None
+
+
+def install() -> bool:
+    """Chain the watch into Triton's runtime hooks (once per process). False where this Triton
+    has no such hooks (nothing is watched then; said once in the log)."""
+    if _state["installed"]:
+        return True
+    try:
+        from triton import knobs
+
+        rt = knobs.runtime
+        prev_miss, prev_done = rt.jit_cache_hook, rt.jit_post_compile_hook
+    except (ImportError, AttributeError):
+        logger.info("OSCAR INT2: this Triton has no runtime compile hooks; kernels compiled while "
+                    "serving are not reported")
+        return False
+    rt.jit_cache_hook = lambda **kw: _on_miss(prev_miss, kw)
+    rt.jit_post_compile_hook = lambda **kw: _on_compiled(prev_done, kw)
+    _state["installed"] = True
+    return True
+
+
+def start() -> None:
+    """The first forward after capture: compiles from here on are a request's wait."""
+    if _state["serving_since"] is None:
+        _state["serving_since"] = time.perf_counter()
+
+
+def compiled_while_serving() -> list:
+    """[{kernel, ms, after_start_s}] of the compiles since start() (at most MAX_KEPT)."""
+    return [dict(e) for e in _state["compiled"]]

@@ -1,0 +1,84 @@
+"""compile_watch: a Triton compile after the first forward is logged and listed in /server_info;
+compiles before it are not; hooks set by others keep running and keep their say.
+
+Triton's own JIT runs the hooks only on a GPU (the interpreter has none), so these tests call the
+hooks installed in triton.knobs.runtime with the keyword arguments JITFunction._call_hook passes
+(Triton 3.6): key, repr, fn (module and name), compile, is_manual_warmup, already_compiled."""
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+knobs = pytest.importorskip("triton").knobs
+
+
+@pytest.fixture
+def watch(monkeypatch):
+    from oscar_sglang.runtime import compile_watch as cw
+
+    monkeypatch.setattr(cw, "_state", {"installed": False, "serving_since": None, "pending": {}, "compiled": []})
+    rt = knobs.runtime
+    saved = rt.jit_cache_hook, rt.jit_post_compile_hook
+    yield cw
+    rt.jit_cache_hook, rt.jit_post_compile_hook = saved
+
+
+def _compile(key, manual=False):
+    """One in-process cache miss as Triton reports it: the cache hook, then (compiled) the post hook."""
+    fn = SimpleNamespace(module="oscar_kernels.triton.store_channel", name="_tokens_kernel", jit_function=None)
+    kw = dict(key=key, repr=f"_tokens_kernel[num_warps=4](XK: *bf16, T: i32) {key}", fn=fn,
+              compile={"key": key}, is_manual_warmup=manual, already_compiled=False)
+    skip = knobs.runtime.jit_cache_hook(**kw)
+    if not skip:
+        knobs.runtime.jit_post_compile_hook(**kw)
+    return skip
+
+
+def test_only_compiles_after_the_first_forward_are_reported(watch, caplog):
+    assert watch.install() and watch.install()  # once per process
+    with caplog.at_level(logging.WARNING, logger="oscar_sglang"):
+        _compile(("capture", 1))  # start-up and CUDA-graph capture: expected
+        assert watch.compiled_while_serving() == [] and not caplog.records
+        watch.start()
+        watch.start()  # later forwards do not move the start
+        _compile(("serving", 8192))
+        _compile(("warmup", 16), manual=True)  # a kernel's own .warmup(): not a request's wait
+    got = watch.compiled_while_serving()
+    assert [e["kernel"] for e in got] == ["oscar_kernels.triton.store_channel._tokens_kernel"]
+    assert got[0]["ms"] >= 0 and got[0]["after_start_s"] >= 0
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 1 and "compiled oscar_kernels.triton.store_channel._tokens_kernel while serving" in msgs[0]
+    assert "('serving', 8192)" in msgs[0]  # the signature says which specialisation it was
+
+
+def test_hooks_set_by_others_still_run_and_decide(watch):
+    seen = []
+    knobs.runtime.jit_cache_hook = lambda **kw: seen.append(("miss", kw["key"])) or kw["key"] == "skip"
+    knobs.runtime.jit_post_compile_hook = lambda **kw: seen.append(("done", kw["key"]))
+    watch.install()
+    watch.start()
+    assert _compile("skip") is True  # the other hook asked Triton not to compile: nothing compiled
+    assert _compile("real") is False
+    assert seen == [("miss", "skip"), ("miss", "real"), ("done", "real")]
+    assert [e["kernel"].rsplit(".", 1)[1] for e in watch.compiled_while_serving()] == ["_tokens_kernel"]
+
+
+def test_the_list_is_bounded(watch):
+    watch.install()
+    watch.start()
+    for i in range(watch.MAX_KEPT + 5):
+        _compile(("k", i))
+    assert len(watch.compiled_while_serving()) == watch.MAX_KEPT
+
+
+def test_server_info_lists_them(watch):
+    from oscar_sglang.runtime.server_info import describe
+
+    watch.install()
+    assert describe({})["compiled_while_serving"] == []
+    watch.start()
+    _compile(("serving", 1))
+    assert [e["kernel"] for e in describe({})["compiled_while_serving"]] == [
+        "oscar_kernels.triton.store_channel._tokens_kernel"]
