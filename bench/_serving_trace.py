@@ -26,8 +26,10 @@ CATEGORIES = [
     ("norm_rope_act", re.compile(r"norm|rope|rotary|silu|act_and_mul|gelu|swiglu", re.I)),
     # SGLang triton decode/extend kernels, flashinfer, and oscar_kernels' attend/merge kernels
     ("attention", re.compile(r"_fwd_|stage[12]|attn|attention|attend|merge_splits|flash", re.I)),
-    # KV-cache writes: SGLang's set_kv_buffer copies, oscar_kernels' quantise-and-store kernel
-    ("kv_write", re.compile(r"set_kv|store_kv|_store_kernel|kv_buffer|store_cache|quantiz", re.I)),
+    # KV-cache writes: SGLang's set_kv_buffer copies and store_kvcache, its FP8 casts, oscar_kernels'
+    # quantise-and-store kernels (per-token _store_kernel; per-channel _tokens_kernel, _key_blocks_kernel)
+    ("kv_write", re.compile(r"set_kv|store_kv|_store_kernel|kv_buffer|store_cache|quantiz|_tokens_kernel|"
+                            r"_key_blocks_kernel|float8_copy", re.I)),
     ("gemm", re.compile(r"gemm|gemv|nvjet|cutlass|xmma|cublas|matmul|splitk|sm90_|sm80_", re.I)),
     ("sampling", re.compile(r"sort|softmax|multinomial|argmax|argmin|topk|cumsum|exponential|"
                             r"distribution|philox|random|max_|reduce", re.I)),
@@ -70,6 +72,7 @@ def analyze(path: Path, stage: str = "DECODE") -> Dict:
 
     per_step = []
     by_name = defaultdict(float)
+    durs = defaultdict(list)  # kernel name -> each launch's duration (us), for per_kernel
     for i in range(len(steps) - 1):
         per_step.append({"period_us": starts[i + 1] - starts[i],
                          "cpu_forward_us": steps[i]["dur"], "cats": defaultdict(float),
@@ -82,6 +85,7 @@ def analyze(path: Path, stage: str = "DECODE") -> Dict:
             per_step[i]["cats"][categorize(k["name"])] += k["dur"]
             per_step[i]["n_kernels"] += 1
             by_name[k["name"]] += k["dur"]
+            durs[k["name"]].append(k["dur"])
     for t in graph_launches:
         i = bisect.bisect_right(starts, t) - 1
         if 0 <= i < len(per_step):
@@ -108,6 +112,12 @@ def analyze(path: Path, stage: str = "DECODE") -> Dict:
         "top_kernels": [{"name": k[:120], "ms_per_step": v / n / 1e3,
                          "share": v / total_k if total_k else 0.0,
                          "category": categorize(k)} for k, v in top],
+        # each of the 25 costliest kernels: launches a step and the spread of one launch's time
+        # (a layer's kernel at batch 1: its per-layer cost, where ms_per_step sums the layers)
+        "per_kernel": [{"name": k[:120], "launches_per_step": len(durs[k]) / n,
+                        "p10_us": float(np.percentile(durs[k], 10)), "p50_us": float(np.median(durs[k])),
+                        "p90_us": float(np.percentile(durs[k], 90)), "category": categorize(k)}
+                       for k, _ in sorted(by_name.items(), key=lambda kv: -kv[1])[:25]],
     }
 
 
