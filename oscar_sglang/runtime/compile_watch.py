@@ -44,9 +44,9 @@ def _on_compiled(prev, kwargs):
                  "after_start_s": round(time.perf_counter() - _state["serving_since"], 1)}
         if len(_state["compiled"]) < MAX_KEPT:
             _state["compiled"].append(entry)
-        logger.warning("OSCAR INT2: Triton compiled %s while serving (%.0f ms, %.1f s after the first "
-                       "forward): the start-up did not compile this variant, so a request waited for it; "
-                       "signature %s", entry["kernel"], took * 1e3, entry["after_start_s"],
+        logger.warning("OSCAR INT2: Triton compiled (or loaded from its disk cache) %s while serving "
+                       "(%.0f ms, %.1f s after the first forward): the start-up did not compile this "
+                       "variant, so a request waited for it; signature %s", entry["kernel"], took * 1e3, entry["after_start_s"],
                        str(kwargs.get("repr", ""))[:600])
     return prev(**kwargs) if prev is not None else None
 
