@@ -65,6 +65,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
     _split_args = None  # (attn_logits, attn_lse, B, args): _decode_splits of the current step
     _wide_scratch = None  # _wide_split_scratch's (attn_logits, attn_lse): batches of 1-2 requests
     _fused_store = False  # OSCAR_DECODE_STORE=fused (set in __init__ by _decode_store)
+    _joint_logged = False  # _rot_qk_joint said which form it takes
 
     def __init__(self, model_runner, skip_prefill: bool = False, kv_indptr_buf=None):
         pool = model_runner.token_to_kv_pool
@@ -324,6 +325,29 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         R = self._k_rot[self.pool.local(layer_id)]
         return self._apply(q3, None if R is None else R.to(q3.dtype))
 
+    def _rot_qk_joint(self, q3: torch.Tensor, k3: torch.Tensor, layer_id: int):
+        """(q @ R_k, k @ R_k) by one GEMM, or None where it does not apply. It applies to one
+        token (a decode step of one request) whose k heads follow its q heads in one buffer, as
+        SGLang's fused qkv_proj leaves them, with one R_k for every KV head (the data-free
+        rotation): the [Hq + H, D] rows are then a plain matrix. At batch 1 each rotation GEMM is
+        a ~2-2.5 us launch (H200 profile, 2026-11-27): one of the two a layer goes."""
+        R = self._k_rot[self.pool.local(layer_id)]
+        if R is None or R.dim() != 2 or q3.shape[0] != 1 or k3.shape[0] != 1:
+            return None
+        _, Hq, D = q3.shape
+        H = k3.shape[1]
+        adjacent = (k3.dtype == q3.dtype and k3.shape[2] == D and q3.stride()[1:] == (D, 1)
+                    and k3.stride()[1:] == (D, 1) and k3.data_ptr() == q3.data_ptr() + Hq * D * q3.element_size())
+        if not self._joint_logged:  # once: which form a one-request decode step takes
+            self._joint_logged = True
+            logger.info("OSCAR INT2: a one-request decode step rotates q and k %s",
+                        "with one GEMM (k's heads follow q's in the model's qkv buffer)" if adjacent
+                        else "with two GEMMs (q and k are not adjacent in one buffer)")
+        if not adjacent:
+            return None
+        y = q3.as_strided((Hq + H, D), (D, 1)) @ R.to(q3.dtype)  # q's heads then k's, one matrix
+        return y[:Hq].view(1, Hq, D), y[Hq:].view(1, H, D)
+
     def _rot_kv(self, k3: torch.Tensor, v3: torch.Tensor, layer_id: int):
         i = self.pool.local(layer_id)
         Rk, Rv = self._k_rot[i], self._v_rot[i]
@@ -352,10 +376,12 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         if layer.sliding_window_size is not None and layer.sliding_window_size > -1:
             raise NotImplementedError("oscar_triton: sliding-window layers are not supported")
 
-    def _store(self, layer, fb, k3, v3, rows, seq_lens, q3=None):
+    def _store(self, layer, fb, k3, v3, rows, seq_lens, q3=None, joint_q3=None):
         """Rotate and store the new tokens. q3 (a decode step with OSCAR_DECODE_STORE=fused): one
         store launch rotates k and q itself (no GEMM launches) and quantises the completed blocks
-        (one token a request); returns q @ R_k then (q3 itself without a K rotation), else None."""
+        (one token a request); returns q @ R_k then (q3 itself without a K rotation). joint_q3 (a
+        decode step with the split store): rotated with k by one GEMM where _rot_qk_joint applies,
+        and returned; otherwise None is returned (the caller rotates q)."""
         i = self.pool.local(layer.layer_id)
         Rk, Rv = self._k_rot[i], self._v_rot[i]
         if q3 is not None:
@@ -366,9 +392,15 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             self.pool.store(layer.layer_id, fb.out_cache_loc, k3, v_r, fb.positions, rows, seq_lens,
                             one_token_per_request=True, **rot)
             return rot.get("q_out", q3)
-        k_r, v_r = self._rot_kv(k3, v3, layer.layer_id)
+        joint = None if joint_q3 is None else self._rot_qk_joint(joint_q3, k3, layer.layer_id)
+        if joint is not None:
+            q_r, k_r = joint
+            v_r = self._apply(v3, None if Rv is None else Rv.to(v3.dtype))
+        else:
+            q_r = None
+            k_r, v_r = self._rot_kv(k3, v3, layer.layer_id)
         self.pool.store(layer.layer_id, fb.out_cache_loc, k_r, v_r, fb.positions, rows, seq_lens)
-        return None
+        return q_r
 
     def _cached_kv_args(self, layer, fb) -> dict:
         """Arguments the INT2-aware decode and prefix kernels share: this layer's pool buffers,
@@ -397,7 +429,8 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         q_rot = None
         if save_kv_cache:  # write first: the new token is read back from the BF16 ring
             q_rot = self._store(layer, fb, k.reshape(-1, H, D), v.reshape(-1, H, Dv), fb.req_pool_indices,
-                                fb.seq_lens, q3=q3 if self._fused_store else None)
+                                fb.seq_lens, q3=q3 if self._fused_store else None,
+                                joint_q3=None if self._fused_store else q3)
         md = self.forward_metadata
         # where o_proj absorbed R_v the per-channel merge writes the model's dtype itself (no
         # float32 output and no cast kernel per layer)
