@@ -422,7 +422,7 @@ def main(argv=None) -> int:
     r = sub.add_parser("run", help="launch servers and measure (GPU machine)")
     r.add_argument("--configs", default="bf16",
                    help="comma list of bench/_serving_server.py CONFIGS (e.g. int2, fp8-flashinfer, flashinfer, "
-                        "int2-split-store; an unknown name lists them all)")
+                        "int2-fused-store; an unknown name lists them all)")
     r.add_argument("--models", default="qwen3-8b,llama31-8b",
                    help="devkit model folders under .devkit/models (dummy weights)")
     r.add_argument("--tokenizer", default="smollm2-135m")

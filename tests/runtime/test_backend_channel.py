@@ -362,7 +362,7 @@ def test_a_one_request_decode_rotates_q_and_k_with_one_gemm(backend_cls, seed, m
     _rot_q call) and the steps store and attend bit for bit as when q and k are separate tensors
     (two GEMMs; a signed permutation makes both exact), and as float64 attention over the
     rotated keys. Five tokens from position 0 (a decode-only stand-in for a request whose prefill
-left own_start = sink_start = 0): sink and ring only, every key a BF16 copy."""
+    left own_start = sink_start = 0): sink and ring only, every key a BF16 copy."""
     import logging
 
     caplog.set_level(logging.INFO, logger="oscar_sglang")
