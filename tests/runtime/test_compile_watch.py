@@ -82,3 +82,18 @@ def test_server_info_lists_them(watch):
     _compile(("serving", 1))
     assert [e["kernel"] for e in describe({})["compiled_while_serving"]] == [
         "oscar_kernels.triton.store_channel._tokens_kernel"]
+
+
+def test_the_backend_starts_the_watch_at_its_first_forward_after_capture(watch, monkeypatch):
+    """Capture's metadata calls (in_capture=True) do not start it; a replay's or an eager forward's do."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    from oscar_sglang.runtime.backend import OscarInt2TritonBackend
+
+    monkeypatch.setattr(TritonAttnBackend, "init_forward_metadata_out_graph", lambda self, fb, in_capture=False: None)
+    b = OscarInt2TritonBackend.__new__(OscarInt2TritonBackend)
+    monkeypatch.setattr(b, "_prepare_forward", lambda fb: None)
+    b.init_forward_metadata_out_graph(SimpleNamespace(), in_capture=True)
+    assert watch._state["serving_since"] is None
+    b.init_forward_metadata_out_graph(SimpleNamespace())
+    assert watch._state["serving_since"] is not None
