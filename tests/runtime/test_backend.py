@@ -381,3 +381,37 @@ def test_flashinfer_new_tokens_refuse_what_they_cannot_do(monkeypatch):
     layer = SimpleNamespace(scaling=0.1, logit_capping_method="gelu")
     with pytest.raises(NotImplementedError, match="OSCAR_NEW_TOKEN_ATTENTION=triton"):
         nt.run(x, x[:, :H], x[:, :H], layer, 30.0, want_lse=True)
+
+
+def test_the_per_token_recipe_takes_the_joint_rotation_too(backend_cls, seed):
+    """A one-request decode step of the per-token recipe with one R_k for both KV heads, q and k
+    adjacent in a qkv buffer: stores and attends bit for bit as with q and k in separate tensors
+    (two GEMMs; signed permutations keep both exact), and near float64 attention over the first
+    S + W tokens (all BF16 copies)."""
+    gen = torch.Generator().manual_seed(seed)
+    shared = _signed_perm(1)[0]
+    row, n = 1, S + W
+    qkvs = [(torch.randn(1, (Hq + 2 * H) * D, generator=gen)
+             * (1 + 4 * (torch.rand(Hq + 2 * H, D, generator=gen) > 0.9)).reshape(1, -1)).bfloat16() for _ in range(n)]
+    runs = {}
+    for joint in (True, False):
+        b, pool, layer, _, Rv = _make(backend_cls, exact=True)
+        pool.k_rot = [shared.expand(H, D, D)]
+        b._prepare_rotations(torch.bfloat16)
+        req_to_token = torch.zeros(4, 64, dtype=torch.int64)
+        req_to_token[row, :n] = torch.arange(1, n + 1)
+        pool.own_start[row], pool.sink_start[row] = 0, 0  # the row's own prefill left it so
+        outs = []
+        for t, qkv in enumerate(qkvs):
+            q, k, v = qkv[:, :Hq * D], qkv[:, Hq * D:(Hq + H) * D], qkv[:, (Hq + H) * D:]
+            if not joint:
+                q, k, v = q.clone(), k.clone(), v.clone()
+            fb = _decode_batch(b, req_to_token, torch.tensor([row]), torch.tensor([t + 1]), splits=(4,))
+            outs.append(b.forward_decode(q, k, v, layer, fb).float().reshape(Hq, D))
+        runs[joint] = outs
+    for t, (a, c) in enumerate(zip(runs[True], runs[False])):
+        assert torch.equal(a, c)
+        ks = torch.stack([x[0, Hq * D:(Hq + H) * D].reshape(H, D) for x in qkvs[: t + 1]]).double() @ shared.double()
+        vs = torch.stack([x[0, (Hq + H) * D:].reshape(H, D) for x in qkvs[: t + 1]]).double()
+        qr = qkvs[t][0, :Hq * D].reshape(Hq, D).double() @ shared.double()
+        _close(a, _reference(qr, [ks], [vs]), tol=1e-2)  # bf16 q / k / v copies, fp32 attention
