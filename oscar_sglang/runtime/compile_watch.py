@@ -25,7 +25,9 @@ _state: dict = {"installed": False, "serving_since": None, "pending": {}, "compi
 
 
 def _name(fn) -> str:
+    """module.name of Triton's JitFunctionInfo (its module is the kernel's __module__ string)."""
     module = getattr(fn, "module", "") or ""
+    module = getattr(module, "__name__", module)  # typed as a module object in Triton's dataclass
     return f"{module}.{getattr(fn, 'name', '?')}" if module else str(getattr(fn, "name", "?"))
 
 
