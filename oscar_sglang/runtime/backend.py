@@ -122,7 +122,8 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         if self.pool.channel:
             logger.info("OSCAR INT2: a decode step stores %s (OSCAR_DECODE_STORE)",
                         "in one launch that also rotates q and k" if choice == "fused"
-                        else "after two rotation GEMMs, in two launches")
+                        else "after the rotation GEMMs (one for q and k at batch 1 where they share "
+                             "the qkv buffer), in two launches")
         return choice == "fused"
 
     def _log_kernel_switches(self) -> None:
@@ -348,12 +349,14 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         y = q3.as_strided((Hq + H, D), (D, 1)) @ R.to(q3.dtype)  # q's heads then k's, one matrix
         return y[:Hq].view(1, Hq, D), y[Hq:].view(1, H, D)
 
+    def _rot_v(self, v3: torch.Tensor, layer_id: int) -> torch.Tensor:
+        """v [T, H, Dv] -> v @ R_v (same dtype; v itself where the weights absorbed R_v)."""
+        Rv = self._v_rot[self.pool.local(layer_id)]
+        return self._apply(v3, None if Rv is None else Rv.to(v3.dtype))
+
     def _rot_kv(self, k3: torch.Tensor, v3: torch.Tensor, layer_id: int):
-        i = self.pool.local(layer_id)
-        Rk, Rv = self._k_rot[i], self._v_rot[i]
-        k3 = self._apply(k3, None if Rk is None else Rk.to(k3.dtype))
-        v3 = self._apply(v3, None if Rv is None else Rv.to(v3.dtype))
-        return k3, v3
+        Rk = self._k_rot[self.pool.local(layer_id)]
+        return self._apply(k3, None if Rk is None else Rk.to(k3.dtype)), self._rot_v(v3, layer_id)
 
     def _unrot_o(self, o3: torch.Tensor, layer_id: int) -> torch.Tensor:
         """o [T, Hq, Dv] float32 in the rotated V space -> o @ R_v^T, float32 (unchanged where
@@ -382,10 +385,9 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         (one token a request); returns q @ R_k then (q3 itself without a K rotation). joint_q3 (a
         decode step with the split store): rotated with k by one GEMM where _rot_qk_joint applies,
         and returned; otherwise None is returned (the caller rotates q)."""
-        i = self.pool.local(layer.layer_id)
-        Rk, Rv = self._k_rot[i], self._v_rot[i]
+        Rk = self._k_rot[self.pool.local(layer.layer_id)]
         if q3 is not None:
-            v_r = self._apply(v3, None if Rv is None else Rv.to(v3.dtype))
+            v_r = self._rot_v(v3, layer.layer_id)
             rot = {}
             if Rk is not None:
                 rot = dict(rot_k=Rk.to(k3.dtype), q=q3, q_out=torch.empty(q3.shape, dtype=q3.dtype, device=q3.device))
@@ -395,7 +397,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         joint = None if joint_q3 is None else self._rot_qk_joint(joint_q3, k3, layer.layer_id)
         if joint is not None:
             q_r, k_r = joint
-            v_r = self._apply(v3, None if Rv is None else Rv.to(v3.dtype))
+            v_r = self._rot_v(v3, layer.layer_id)
         else:
             q_r = None
             k_r, v_r = self._rot_kv(k3, v3, layer.layer_id)

@@ -39,17 +39,18 @@ def _on_miss(prev, kwargs):
 
 
 def _on_compiled(prev, kwargs):
-    t0 = _state["pending"].pop((_name(kwargs.get("fn")), repr(kwargs.get("key"))), None)
+    name = _name(kwargs.get("fn"))
+    t0 = _state["pending"].pop((name, repr(kwargs.get("key"))), None)
     if t0 is not None:
-        took = time.perf_counter() - t0
-        entry = {"kernel": _name(kwargs.get("fn")), "ms": round(took * 1e3, 1),
-                 "after_start_s": round(time.perf_counter() - _state["serving_since"], 1)}
+        now = time.perf_counter()
+        entry = {"kernel": name, "ms": round((now - t0) * 1e3, 1),
+                 "after_start_s": round(now - _state["serving_since"], 1)}
         if len(_state["compiled"]) < MAX_KEPT:
             _state["compiled"].append(entry)
         logger.warning("OSCAR INT2: Triton compiled (or loaded from its disk cache) %s while serving "
                        "(%.0f ms, %.1f s after the first forward): the start-up did not compile this "
-                       "variant, so a request waited for it; signature %s", entry["kernel"], took * 1e3, entry["after_start_s"],
-                       str(kwargs.get("repr", ""))[:600])
+                       "variant, so a request waited for it; signature %s",
+                       name, entry["ms"], entry["after_start_s"], str(kwargs.get("repr", ""))[:600])
     return prev(**kwargs) if prev is not None else None
 
 

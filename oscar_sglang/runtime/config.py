@@ -128,7 +128,8 @@ ENV_VARS: dict[str, tuple[str | None, str]] = {
     "OSCAR_DECODE_STORE": (
         None,
         "how a decode step stores its tokens with per-channel key formats: 'split' (default: q and "
-        "k rotated by two GEMMs in the model's dtype, then the store's two launches) or 'fused' "
+        "k rotated by two GEMMs in the model's dtype, one for both at batch 1 where k follows q in "
+        "the qkv buffer, then the store's two launches) or 'fused' "
         "(one launch rotates k and q with the same arithmetic, writes the side copies and values, "
         "and quantises the blocks the step completes: 6.1 us a layer against 7.9 us for the split "
         "path's four kernels in a served batch-1 step on H200; opt-in because on two bare machines "
