@@ -423,3 +423,20 @@ def dequant_prefix_channel(
     from .triton import dequant_channel as _dq
 
     return _dq.dequant_prefix_channel(**args)
+
+
+def fill_kv_indices(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+) -> torch.Tensor:
+    """kv_indices[kv_indptr[b] + p] = req_to_token[req_pool_indices[b], p] for p < seq_lens[b]
+    (reference.fill_kv_indices): SGLang's Triton-backend kv_indices, filled by many programs per
+    request. kv_indptr [B + 1] holds the prefix sums of seq_lens [B] already; req_to_token
+    [rows, max_len] int32 with contiguous rows; kv_indices of any integer dtype, written in place
+    and returned. No host synchronisation: safe where SGLang refills its CUDA-graph buffers."""
+    from .triton import kv_indices as _ki
+
+    return _ki.fill_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_indices)

@@ -209,6 +209,15 @@ def pool_request_kv(
     return out
 
 
+def fill_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_indices):
+    """kv_indices[kv_indptr[b] + p] = req_to_token[req_pool_indices[b], p] for p < seq_lens[b],
+    one request at a time (the oracle of ops.fill_kv_indices); other entries are left alone."""
+    for b in range(seq_lens.shape[0]):
+        n, start = int(seq_lens[b]), int(kv_indptr[b])
+        kv_indices[start:start + n] = req_to_token[int(req_pool_indices[b]), :n].to(kv_indices.dtype)
+    return kv_indices
+
+
 # --------------------------------------------------------------------------------------------
 # KVFormat references (docs/format.md, "KVFormat"): 2/3/4-bit codes, per-channel keys over page
 # blocks, token-norm, per-token values, and the reader's view of one request.

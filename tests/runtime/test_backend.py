@@ -415,3 +415,50 @@ def test_the_per_token_recipe_takes_the_joint_rotation_too(backend_cls, seed):
         vs = torch.stack([x[0, (Hq + H) * D:].reshape(H, D) for x in qkvs[: t + 1]]).double()
         qr = qkvs[t][0, :Hq * D].reshape(Hq, D).double() @ shared.double()
         _close(a, _reference(qr, [ks], [vs]), tol=1e-2)  # bf16 q / k / v copies, fp32 attention
+
+
+@pytest.mark.parametrize("graph_buffer", [False, True])
+def test_kv_indices_fill_is_sglangs_table(backend_cls, seed, graph_buffer):
+    """The backend's kv_indptr / kv_indices fill (many programs a request) gives exactly the
+    table TritonAttnBackend's own fill gives (SGLang's kernel, run here on the same object):
+    requests of 0 to 3,000 positions in shuffled rows; the per-step int64 table or the int32
+    CUDA-graph buffer, whose batch is a prefix of longer seq_lens / req_pool_indices buffers."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    from oscar_sglang.runtime.backend import parent_fill_problem
+
+    assert parent_fill_problem() is None
+    rows, max_len = 12, 3100
+    lens = [0, 1, 3000, 517, 64]
+    b = backend_cls.__new__(backend_cls)
+    b.req_to_token = torch.randperm(rows * max_len).to(torch.int32).view(rows, max_len)
+    pad = 3 if graph_buffer else 0  # graph buffers: rows past the batch are padding
+    seq_lens = torch.tensor(lens + [7] * pad, dtype=torch.int64)
+    rpi = torch.cat([torch.randperm(rows)[: len(lens)], torch.zeros(pad, dtype=torch.int64)])
+    dtype = torch.int32 if graph_buffer else torch.int64
+    tables = []
+    for fill in (backend_cls._fill_kv_indptr_and_indices, TritonAttnBackend._fill_kv_indptr_and_indices):
+        b.kv_indptr = torch.zeros(rows + 1, dtype=torch.int32)
+        kv_indices = torch.full((sum(lens) + 40,), -5, dtype=dtype)
+        if graph_buffer:
+            indptr = fill(b, len(lens), seq_lens[: len(lens)], rpi[: len(lens)], kv_indices)
+        else:
+            indptr = fill(b, len(lens), seq_lens, rpi, kv_indices)
+        tables.append((indptr.clone(), kv_indices))
+    (ours_ptr, ours), (theirs_ptr, theirs) = tables
+    assert torch.equal(ours_ptr, theirs_ptr) and ours_ptr[-1] == sum(lens)
+    assert torch.equal(ours, theirs)
+    assert (ours[sum(lens):] == -5).all()
+
+
+def test_a_changed_parent_fill_is_refused(monkeypatch):
+    """Were SGLang's fill renamed, ours would silently never run: the backend refuses to start."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    from oscar_sglang.runtime import backend as be
+
+    monkeypatch.delattr(TritonAttnBackend, "_fill_kv_indptr_and_indices")
+    assert "sglang==0.5.17" in be.parent_fill_problem()
+    monkeypatch.undo()
+    monkeypatch.setattr(TritonAttnBackend, "_fill_kv_indptr_and_indices", lambda self, bs, seq_lens, rows: None)
+    assert "gone or changed" in be.parent_fill_problem()
