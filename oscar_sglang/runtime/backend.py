@@ -304,6 +304,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             for has_prefix, use_fi in paths:
                 self._has_prefix, self._use_prefix_fi = has_prefix, use_fi
                 self.forward_extend(q, k, v, layer, fb, save_kv_cache=False)
+            self._warm_up_kv_indices_fill(dev)
             if torch.device(dev).type == "cuda":
                 torch.cuda.synchronize()
         except Exception as e:
@@ -318,6 +319,22 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         logger.info("OSCAR INT2: prefill kernels compiled at start (%.1f s)", time.perf_counter() - t0)
 
     # ------------------------------------------------------------------ rotations
+    def _warm_up_kv_indices_fill(self, dev) -> None:
+        """Compile the kv_indices fill for both length dtypes SGLang hands it: int64 seq_lens
+        (decode steps; also compiled by CUDA-graph capture) and int32 extend_prefix_lens (a prefill
+        over cached tokens), else the first long prompt compiled it (134.9 ms on a bare H200,
+        compile_watch, bench/results/serving_vs_fp8_h200_2026-11-27_1543_kv-indices-fill.json).
+        Reads request row 0 into a scratch table."""
+        req_to_token = getattr(self, "req_to_token", None)
+        if req_to_token is None:
+            return
+        n = min(16, req_to_token.shape[1])
+        indptr = torch.tensor([0, n], dtype=torch.int32, device=dev)
+        rows = torch.zeros(1, dtype=torch.int64, device=dev)
+        for len_dtype in (torch.int64, torch.int32):
+            ops.fill_kv_indices(req_to_token, rows, torch.full((1,), n, dtype=len_dtype, device=dev),
+                                indptr, torch.empty(n, dtype=torch.int64, device=dev))
+
     def _prepare_rotations(self, dtype: torch.dtype) -> None:
         """Per local layer, the rotations in the form the hot path uses: K and V in the model's
         dtype (one GEMM with fp32 accumulation, no fp32 copies of q / k / v), as a single [D, D]

@@ -344,13 +344,28 @@ def test_warm_up_runs_the_cached_prefix_path_and_stores_nothing(backend_cls, mon
     real_prefix, real_ext = ops.extend_prefix_attention, b._new_tokens._fwd
     monkeypatch.setattr(ops, "extend_prefix_attention", lambda *a, **k: calls.append("prefix") or real_prefix(*a, **k))
     b._new_tokens._fwd = lambda *a, **k: calls.append(("extend", k.get("skip_prefix"))) or real_ext(*a, **k)
+    # the kv_indices fill, for both length dtypes (decode's int64 seq_lens, a prefill's int32
+    # prefix lengths), into a scratch table read from row 0
+    real_fill = ops.fill_kv_indices
+    fills = []
+
+    def fill(r2t, rows, lens, indptr, out):
+        got = real_fill(r2t, rows, lens, indptr, out)
+        fills.append((lens.dtype, out.dtype, torch.equal(got, r2t[0, :int(lens[0])].long())))
+        return got
+
+    monkeypatch.setattr(ops, "fill_kv_indices", fill)
+    b.req_to_token = torch.randperm(4 * 64).to(torch.int32).view(4, 64)
+    table = b.req_to_token.clone()
     before = [t.clone() for t in (*pool.k_codes, *pool.v_codes, *pool.ring_k, *pool.sink_k)]
     b.forward_metadata, b._has_prefix = "sentinel", False
     b.warm_up(model, torch.bfloat16)
     assert calls == [("extend", True), "prefix", ("extend", None)]
+    assert fills == [(torch.int64, torch.int64, True), (torch.int32, torch.int64, True)]
     assert b.forward_metadata == "sentinel" and b._has_prefix is False
     after = (*pool.k_codes, *pool.v_codes, *pool.ring_k, *pool.sink_k)
     assert all(torch.equal(x, y) for x, y in zip(before, after))
+    assert torch.equal(b.req_to_token, table)
 
 
 def test_pool_codes_are_head_major(backend_cls):
