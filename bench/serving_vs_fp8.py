@@ -80,7 +80,7 @@ DEFAULT_LOADS = ("1x4096+256,1x32768+256,1x131072+256,256x2048+256,64x8192+512,"
 DEFAULT_WARMUP = "2x1024+16,1x12000+16"  # a short prompt, and one of two prefill chunks
 # time estimates for --deadline-s (H100, Llama-3.1-8B; a row already on file gives its own wall_s)
 # A server start with FlashInfer's JIT on a bare machine (rows' startup_s): 145-206 s on 4 x H200
-# (results/serving_vs_fp8_h200_2026-11-27_*.json), 197-212 s on 4 x H100 (serving_vs_fp8_h100.json
+# (results/serving_vs_fp8_h200_2026-11-27_*.json), 197-212 s on 4 x H100 (serving_vs_fp8_h100_2026-11-27_0700.json
 # and its _2026-11-27_0008 copy); 270 s (150 for the JIT) skipped a 64 x 8K pair that would have
 # fit in 272 s, so the JIT share is now what the slowest start measured.
 STARTUP_S, FLASHINFER_JIT_S, STOP_S = 120.0, 95.0, 15.0
