@@ -264,8 +264,9 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         own start-up request has no cached prefix, so the former used to compile on the first
         prompt longer than one prefill chunk: its TTFT on the H100 was 6.99 s fresh vs 1.90 s warm
         at 32K. Decode needs nothing here: CUDA-graph capture compiles it. Runs forward_extend
-        twice, reading padding slot 0 / row 0 and storing nothing; a failure stops the start
-        (better than failing a user's request)."""
+        twice, reading padding slot 0 / row 0 and storing nothing, then the kv_indices fill for a
+        prefill's prefix lengths (_warm_up_kv_indices_fill); a failure stops the start (better
+        than failing a user's request)."""
         from .absorb import attention_modules
 
         layer = next((m.attn for m in attention_modules(model)
@@ -318,7 +319,6 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             self.forward_metadata, self._has_prefix, self._max_prefix, self._use_prefix_fi = saved
         logger.info("OSCAR INT2: prefill kernels compiled at start (%.1f s)", time.perf_counter() - t0)
 
-    # ------------------------------------------------------------------ rotations
     def _warm_up_kv_indices_fill(self, dev) -> None:
         """Compile the kv_indices fill for both length dtypes SGLang hands it: int64 seq_lens
         (decode steps; also compiled by CUDA-graph capture) and int32 extend_prefix_lens (a prefill
@@ -335,6 +335,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             ops.fill_kv_indices(req_to_token, rows, torch.full((1,), n, dtype=len_dtype, device=dev),
                                 indptr, torch.empty(n, dtype=torch.int64, device=dev))
 
+    # ------------------------------------------------------------------ rotations
     def _prepare_rotations(self, dtype: torch.dtype) -> None:
         """Per local layer, the rotations in the form the hot path uses: K and V in the model's
         dtype (one GEMM with fp32 accumulation, no fp32 copies of q / k / v), as a single [D, D]
