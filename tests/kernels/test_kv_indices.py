@@ -1,7 +1,8 @@
 """ops.fill_kv_indices (many programs per request) vs reference.fill_kv_indices (one request at a
 time): random slot tables, requests of length 0, 1, odd and longer than a program's block times
-its pieces, req_to_token rows in any order, both index dtypes SGLang uses (int64 kv_indices when
-filled per step, int32 for its CUDA-graph buffers). Entries past the batch stay untouched."""
+its pieces, req_to_token rows in any order; int64 kv_indices (SGLang's, per step and in its
+CUDA-graph buffers) with int64 lengths, and int32 ones with int32 lengths (a prefill's prefix
+lengths are int32). Entries past the batch stay untouched."""
 import pytest
 import torch
 

@@ -436,8 +436,9 @@ def test_the_per_token_recipe_takes_the_joint_rotation_too(backend_cls, seed):
 def test_kv_indices_fill_is_sglangs_table(backend_cls, seed, graph_buffer):
     """The backend's kv_indptr / kv_indices fill (many programs a request) gives exactly the
     table TritonAttnBackend's own fill gives (SGLang's kernel, run here on the same object):
-    requests of 0 to 3,000 positions in shuffled rows; the per-step int64 table or the int32
-    CUDA-graph buffer, whose batch is a prefix of longer seq_lens / req_pool_indices buffers."""
+    requests of 0 to 3,000 positions in shuffled rows, into an int64 table; with graph_buffer
+    also an int32 one, and ours given the whole longer seq_lens / req_pool_indices buffers of a
+    padded CUDA-graph batch (it reads the first bs; SGLang's callers slice them for its fill)."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
     from oscar_sglang.runtime.backend import parent_fill_problem
@@ -452,13 +453,13 @@ def test_kv_indices_fill_is_sglangs_table(backend_cls, seed, graph_buffer):
     rpi = torch.cat([torch.randperm(rows)[: len(lens)], torch.zeros(pad, dtype=torch.int64)])
     dtype = torch.int32 if graph_buffer else torch.int64
     tables = []
-    for fill in (backend_cls._fill_kv_indptr_and_indices, TritonAttnBackend._fill_kv_indptr_and_indices):
+    n = len(lens)
+    for fill, whole in ((backend_cls._fill_kv_indptr_and_indices, True),
+                        (TritonAttnBackend._fill_kv_indptr_and_indices, False)):
         b.kv_indptr = torch.zeros(rows + 1, dtype=torch.int32)
         kv_indices = torch.full((sum(lens) + 40,), -5, dtype=dtype)
-        if graph_buffer:
-            indptr = fill(b, len(lens), seq_lens[: len(lens)], rpi[: len(lens)], kv_indices)
-        else:
-            indptr = fill(b, len(lens), seq_lens, rpi, kv_indices)
+        sl, rp = (seq_lens, rpi) if whole else (seq_lens[:n], rpi[:n])
+        indptr = fill(b, n, sl, rp, kv_indices)
         tables.append((indptr.clone(), kv_indices))
     (ours_ptr, ours), (theirs_ptr, theirs) = tables
     assert torch.equal(ours_ptr, theirs_ptr) and ours_ptr[-1] == sum(lens)
