@@ -342,10 +342,12 @@ def test_fp16_key_operand_constants():
     """The fp16 key operands' PTX (CUDA only) emulated on every byte pair, as the bf16 ones above.
     Variant 0 ("fp16", 1024's exponent, ulp 1) gives BODY_OFS_FP16 + code * place, variant 1
     ("fp16-shifted": the field moved up 3 bits first, 128's exponent, ulp 1/8) BODY_OFS + code *
-    place, bf16's own values: 2-bit quarters with place _v_scale(J) (quarter 3 from bits 6-7), 4-bit
-    nibbles with place 1, a packed 3-bit code, and the 1-bit plane's HI_QMUL[E] * (offset + bit *
-    2^min(E, 6)), so the planes keep their q operand and the row constant removes KOFS * (1 +
-    HI_QMUL[E]) * qs, exact in fp32 for any fp16 qs."""
+    place, bf16's own values: 2-bit quarters with place _k_place(J, KEYOP) (4^J; quarter 3 from bits
+    6-7 at place 64 for "fp16", 16 for "fp16-shifted"), 4-bit nibbles with place 1, a packed 3-bit
+    code, and the 1-bit plane's HI_QMUL[8 * KEYOP + E] * (offset + bit * w) (wt = 2^E for "fp16",
+    2^min(E, 6) for "fp16-shifted") whose bit weighs 4 places of its eighth's 2-bit code, so the
+    planes keep their q operand and the row constant removes KOFS * (1 + HI_QMUL) * qs, exact in
+    fp32 for any fp16 qs."""
     from oscar_kernels.triton import attend_channel as ch
 
     lo, hi = torch.meshgrid(torch.arange(256), torch.arange(256), indexing="ij")
@@ -361,9 +363,11 @@ def test_fp16_key_operand_constants():
         return torch.stack([r & 0xFFFF, r >> 16], -1).to(torch.int16).view(torch.float16).double()
 
     for v, ofs in enumerate((ch.BODY_OFS_FP16.value, ch.BODY_OFS.value)):
-        exp = ch.KEY16_EXP.value[v]
+        exp, keyop = ch.KEY16_EXP.value[v], v + 1
+        places = [4.0 ** J if J < 3 else ch.KEY_PLACE3.value[keyop] for J in range(4)]
+        assert places[3] == (64.0 if keyop == 1 else 16.0)
         for J in range(4):
-            place = 4.0 ** J if J < 3 else 16.0
+            place = places[J]
             got = ptx(ch.LO16_SRC.value[4 * v + J], ch.LO16_MASK.value[4 * v + J], exp)
             assert torch.equal(got, ofs + ((both >> 2 * J) & 3).double() * place), (v, J)
         for high in (0, 1):
@@ -375,8 +379,10 @@ def test_fp16_key_operand_constants():
         for E in range(8):
             k = 8 * v + E
             got = ptx(ch.HI16_SRC.value[k], ch.HI16_MASK.value[k], ch.HI16_EXP.value[k])
-            expect = (((both >> E) & 1).double() * 2.0 ** min(E, 6) + ofs) * ch.HI_QMUL.value[E]
+            wt, mul = 2.0 ** (E if keyop == 1 else min(E, 6)), ch.HI_QMUL.value[8 * keyop + E]
+            expect = (((both >> E) & 1).double() * wt + ofs) * mul
             assert torch.equal(got, expect), (v, E)
+            assert mul * wt == 4.0 * places[E // 2], (v, E)
         qs = torch.randn(4096).half().float()
         for m in set(ch.HI_QMUL.value):
             assert torch.equal(((ofs * (1.0 + m)) * qs).double(), (ofs * (1.0 + m)) * qs.double())

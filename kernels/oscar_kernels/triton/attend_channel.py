@@ -265,13 +265,18 @@ BODY_OFS = tl.constexpr(128.0)
 # widened byte's bits 8-15 are zero, so a shift left of up to 8 cannot carry into the other half)
 # under 128 (ulp 1/8): BODY_OFS + code * place, the bf16 operand's value in fp16.
 BODY_OFS_FP16 = tl.constexpr(1024.0)
-# 2-bit quarter J (place _v_scale(J), quarter 3 at bits 6-7 brought to place 16)
+# 2-bit quarter J, place _k_place(J, KEYOP): "fp16" reads every quarter where it lies (quarter 3
+# at bits 6-7, place 64: 1024 + 3 * 64 fits fp16's 10-bit mantissa), "fp16-shifted" brings quarter
+# 3 down to place 16 as bf16 must (its 7-bit mantissa holds 128 + 3 * 16, not 128 + 3 * 64); a
+# shift less per two codes of quarter 3 (offline sm_90 SASS: 80 -> 32 shifts a 3-bit body tile)
 # (flat tuples, variant-major: entry 4 * variant + J; Triton indexes constexpr tuples of strings
 # one level deep)
-LO16_SRC = tl.constexpr(("mov.b32 w, $1;", "mov.b32 w, $1;", "mov.b32 w, $1;", "shr.b32 w, $1, 2;",
+LO16_SRC = tl.constexpr(("mov.b32 w, $1;", "mov.b32 w, $1;", "mov.b32 w, $1;", "mov.b32 w, $1;",
                          "shl.b32 w, $1, 3;", "shl.b32 w, $1, 3;", "shl.b32 w, $1, 3;", "shl.b32 w, $1, 1;"))
-LO16_MASK = tl.constexpr(("0x00030003", "0x000C000C", "0x00300030", "0x00300030",
+LO16_MASK = tl.constexpr(("0x00030003", "0x000C000C", "0x00300030", "0x00C000C0",
                           "0x00180018", "0x00600060", "0x01800180", "0x01800180"))
+# place value of key quarter 3 per KEYOP (bf16, fp16, fp16-shifted); quarters 0-2: 4^J
+KEY_PLACE3 = tl.constexpr((16.0, 64.0, 16.0))
 KEY16_EXP = tl.constexpr(("0x64006400", "0x58005800"))
 # 4-bit nibble (low: quarters 0-1, high: quarters 2-3), place 1; entry 2 * variant + high
 NIB16_SRC = tl.constexpr(("mov.b32 w, $1;", "shr.b32 w, $1, 4;", "shl.b32 w, $1, 3;", "shr.b32 w, $1, 1;"))
@@ -282,26 +287,41 @@ PACK16_BASE = tl.constexpr((0x6400, 0x5800))
 
 
 @triton.jit
-def _lo_operand(c16, J: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr, V16: tl.constexpr):
-    """Quarter J of uint16-widened 2-bit codes as a key operand in DT: with DT fp16 on CUDA the
-    fp16 variant V16 (0 "fp16", 1 "fp16-shifted"), else attend_fast._quarter_v (its bf16 trick
-    converted to DT, or the exact code * _v_scale(J) without USE_ASM)."""
+def _k_place(J: tl.constexpr, KEYOP: tl.constexpr):
+    """Place value of 2-bit key quarter J's code in its operand (KEYOP: CHANNEL_KEY_OPERANDS index)."""
+    if J == 3:
+        r = KEY_PLACE3[KEYOP]
+    else:
+        r = 4.0 ** J
+    return r
+
+
+@triton.jit
+def _lo_operand(c16, J: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr, KEYOP: tl.constexpr):
+    """Quarter J of uint16-widened 2-bit codes as a key operand in DT, code * _k_place(J, KEYOP)
+    plus the operand's offset: with DT fp16 on CUDA the fp16 variant of KEYOP (1 "fp16", 2
+    "fp16-shifted"), else attend_fast._quarter_v (its bf16 trick converted to DT, or the exact
+    code * _v_scale(J) without USE_ASM; quarter 3 of "fp16" exactly at place 64)."""
+    V16: tl.constexpr = KEYOP - 1 if KEYOP > 0 else 0
     if DT == tl.float16 and USE_ASM:
         # one lop3 per two codes: (SRC(c16) & MASK) | EXP as two fp16 halves
         r = tl.inline_asm_elementwise(
             "{.reg .b32 m, w; mov.b32 m, " + KEY16_EXP[V16] + "; " + LO16_SRC[4 * V16 + J]
             + " lop3.b32 $0, w, " + LO16_MASK[4 * V16 + J] + ", m, 0xEA;}",
             "=r,r", [c16], dtype=tl.float16, is_pure=True, pack=2)
+    elif J == 3 and KEY_PLACE3[KEYOP] == 64.0:
+        tl.static_assert(not USE_ASM, "place-64 key operands are fp16's")
+        r = (c16.to(tl.int32) & 0xC0).to(DT)
     else:
         r = _quarter_v(c16, J, DT, USE_ASM)
     return r
 
 
 @triton.jit
-def _k_scale_ch(J: tl.constexpr, BITS: tl.constexpr):
+def _k_scale_ch(J: tl.constexpr, BITS: tl.constexpr, KEYOP: tl.constexpr):
     """Scale of key quarter J's operand (its code field's place value)."""
     if BITS == 2:
-        r = _v_scale(J)
+        r = _k_place(J, KEYOP)
     else:
         r = 1.0
     return r
@@ -334,13 +354,14 @@ def _widen(c8, USE_ASM: tl.constexpr):
 
 @triton.jit
 def _key_operand(kc, kc2, hb, J: tl.constexpr, BITS: tl.constexpr, QD: tl.constexpr, DT: tl.constexpr,
-                 USE_ASM: tl.constexpr, V16: tl.constexpr):
+                 USE_ASM: tl.constexpr, KEYOP: tl.constexpr):
     """Key quarter J as an MMA operand [BLK, D/4] in DT: BODY_OFS + code * _k_scale_ch(J, BITS)
-    with USE_ASM (bf16; fp16: fp16 variant V16, LO16_SRC's note), the exact code without
+    with USE_ASM (bf16; fp16: the fp16 variant of KEYOP, LO16_SRC's note), the exact code without
     (interpreter). kc / kc2 / hb: _key_quarter's."""
+    V16: tl.constexpr = KEYOP - 1 if KEYOP > 0 else 0
     if USE_ASM:
         if BITS == 2:
-            r = _lo_operand(_widen(kc, USE_ASM), J, DT, USE_ASM, V16)
+            r = _lo_operand(_widen(kc, USE_ASM), J, DT, USE_ASM, KEYOP)
         elif BITS == 4:
             src = kc if J % 2 == 0 else kc2
             if DT == tl.float16:
@@ -379,32 +400,39 @@ def _key_operand(kc, kc2, hb, J: tl.constexpr, BITS: tl.constexpr, QD: tl.conste
 # 2^min(E, 6)) exactly, so both planes multiply the same q operand (q * s / _v_scale) and the
 # 1-bit plane's offset is HI_QMUL[E] * BODY_OFS. Until 2026-11-27 q was scaled by HI_QMUL[E]
 # instead, a second operand per eighth (6 more conversions to the MMA layout a tile).
+# With "fp16" key operands (quarter 3 at place 64, LO16_SRC's note) eighth 7's bit stays at bit 7
+# (2^7 under fp16's 1024 is exact), and HI_QMUL[E] = 4 * _k_place(E // 2, KEYOP) / 2^E is 4 or 2
+# for every eighth. HI_QMUL: entry 8 * KEYOP + E (bf16, fp16, fp16-shifted).
 HI_MASK = tl.constexpr(("0x00010001", "0x00020002", "0x00040004", "0x00080008",
                         "0x00100010", "0x00200020", "0x00400040", "0x00400040"))
-HI_QMUL = tl.constexpr((4.0, 2.0, 4.0, 2.0, 4.0, 2.0, 1.0, 1.0))
+HI_QMUL = tl.constexpr((4.0, 2.0, 4.0, 2.0, 4.0, 2.0, 1.0, 1.0,
+                        4.0, 2.0, 4.0, 2.0, 4.0, 2.0, 4.0, 2.0,
+                        4.0, 2.0, 4.0, 2.0, 4.0, 2.0, 1.0, 1.0))
 HI_EXP = tl.constexpr(("0x44004400", "0x43804380", "0x44004400", "0x43804380",
                        "0x44004400", "0x43804380", "0x43004300", "0x43004300"))
 # the same under fp16 exponents (CHANNEL_KEY_OPERANDS; index as LO16_SRC): "fp16" under 2^(10 + h)
-# (mantissa ulp 2^h as bf16's), HI_QMUL[E] * (BODY_OFS_FP16 + bit * 2^min(E, 6)); "fp16-shifted"
+# (mantissa ulp 2^h as bf16's), HI_QMUL[8 + E] * (BODY_OFS_FP16 + bit * 2^E); "fp16-shifted"
 # with the bit moved up 3 under 2^(7 + h) (ulp 2^(h - 3)), bf16's HI_QMUL[E] * (BODY_OFS + ...)
 # (entry 8 * variant + E)
-HI16_SRC = tl.constexpr(("mov.b32 w, $1;",) * 7 + ("shr.b32 w, $1, 1;",)
+HI16_SRC = tl.constexpr(("mov.b32 w, $1;",) * 8
                         + ("shl.b32 w, $1, 3;",) * 7 + ("shl.b32 w, $1, 2;",))
 HI16_MASK = tl.constexpr(("0x00010001", "0x00020002", "0x00040004", "0x00080008",
-                          "0x00100010", "0x00200020", "0x00400040", "0x00400040",
+                          "0x00100010", "0x00200020", "0x00400040", "0x00800080",
                           "0x00080008", "0x00100010", "0x00200020", "0x00400040",
                           "0x00800080", "0x01000100", "0x02000200", "0x02000200"))
 HI16_EXP = tl.constexpr(("0x6C006C00", "0x68006800", "0x6C006C00", "0x68006800",
-                         "0x6C006C00", "0x68006800", "0x64006400", "0x64006400",
+                         "0x6C006C00", "0x68006800", "0x6C006C00", "0x68006800",
                          "0x60006000", "0x5C005C00", "0x60006000", "0x5C005C00",
                          "0x60006000", "0x5C005C00", "0x58005800", "0x58005800"))
 
 
 @triton.jit
-def _hi_plane(h16, E: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr, V16: tl.constexpr):
+def _hi_plane(h16, E: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr, KEYOP: tl.constexpr):
     """Eighth E of the 1-bit plane (uint16-widened bytes) as an MMA operand [BLK, D/8] in DT:
-    HI_QMUL[E] * (BODY_OFS + bit * 2^min(E, 6)) with USE_ASM (bf16 exponent trick under HI_EXP[E];
-    fp16: variant V16 of HI16_*), HI_QMUL[E] * bit * 2^min(E, 6) without."""
+    HI_QMUL[8 * KEYOP + E] * (offset + bit * w), w = 2^E with "fp16" key operands (KEYOP 1), else
+    2^min(E, 6): with USE_ASM the bf16 exponent trick under HI_EXP[E] (KEYOP 0) or the fp16 variant
+    KEYOP - 1 of HI16_*; HI_QMUL[8 * KEYOP + E] * bit * w without."""
+    V16: tl.constexpr = KEYOP - 1 if KEYOP > 0 else 0
     if USE_ASM:
         if DT == tl.float16:
             r = tl.inline_asm_elementwise(
@@ -422,8 +450,8 @@ def _hi_plane(h16, E: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr, V16
         return r.to(DT)
     else:
         hi = h16.to(tl.int32)
-        bit = ((hi >> 1) & 64) if E == 7 else (hi & (1 << E))
-        return (bit * HI_QMUL[E]).to(DT)
+        bit = ((hi >> 1) & 64) if E == 7 and KEYOP != 1 else (hi & (1 << E))
+        return (bit * HI_QMUL[8 * KEYOP + E]).to(DT)
 
 
 @triton.jit
@@ -464,7 +492,6 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
     # the key side's operands (q * s and the codes): PV_DT, or fp16 with its own offset; fp32 in
     # the interpreter for every variant, as PV_DT (the CPU tests' float64 bounds stay tight)
     KDT: tl.constexpr = tl.float16 if KEYOP > 0 and PV_DT != tl.float32 else PV_DT
-    V16: tl.constexpr = KEYOP - 1 if KEYOP > 0 else 0  # LO16_SRC's index
     KOFS: tl.constexpr = (BODY_OFS_FP16 if KEYOP == 1 else BODY_OFS) if USE_ASM else 0.0
     QSC = 1.0 if LOGIT_CAP else sm_scale_log2
     if PLANES:
@@ -536,14 +563,14 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
             for e in tl.static_range(8):
                 sc, mn = _unpack_params(tl.load(kpb + e * D8))
                 qet = _pick8(e, qe0, qe1, qe2, qe3, qe4, qe5, qe6, qe7).to(tl.float32)
-                ksc = sc * (1.0 / _v_scale(e // 2))
+                ksc = sc * (1.0 / _k_place(e // 2, KEYOP))
                 qs = (qet * ksc[:, None]).to(KDT)  # both planes: q * s / place value
                 lo = lo_a if e % 2 == 0 else lo_b
-                part = tl.dot(_lo_operand(lo, e // 2, KDT, USE_ASM, V16), qs, part)
-                part = tl.dot(_hi_plane(hi16, e, KDT, USE_ASM, V16), qs, part)
+                part = tl.dot(_lo_operand(lo, e // 2, KDT, USE_ASM, KEYOP), qs, part)
+                part = tl.dot(_hi_plane(hi16, e, KDT, USE_ASM, KEYOP), qs, part)
                 # q . m, minus the operands' offsets KOFS * (1 + HI_QMUL) * sum(qs) (from the rounded
                 # qs: exact removal; KOFS * (1 + HI_QMUL) * qs is exact in fp32 in either order)
-                qc += qet * mn[:, None] - (KOFS * (1.0 + HI_QMUL[e])) * qs.to(tl.float32)
+                qc += qet * mn[:, None] - (KOFS * (1.0 + HI_QMUL[8 * KEYOP + e])) * qs.to(tl.float32)
             st = (part + tl.sum(qc, 0)[None, :]) * QSC
         elif KWORDS:
             kw = tl.load(kcb + tl.arange(0, QW)[None, :])  # [keys, D/8 words]
@@ -574,9 +601,9 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
             for j in tl.static_range(4):
                 sc, mn = _unpack_params(tl.load(kpb + j * QD))
                 qjt = _pick4(j, q0t, q1t, q2t, q3t)
-                ksc = sc * (1.0 / _k_scale_ch(j, BITS)) if USE_ASM else sc
+                ksc = sc * (1.0 / _k_scale_ch(j, BITS, KEYOP)) if USE_ASM else sc
                 qs = (qjt * ksc[:, None]).to(KDT)
-                part = tl.dot(_key_operand(kc, kc2, hb, j, BITS, QD, KDT, USE_ASM, V16), qs, part)
+                part = tl.dot(_key_operand(kc, kc2, hb, j, BITS, QD, KDT, USE_ASM, KEYOP), qs, part)
                 # (q s) . m, minus the offset's share KOFS * sum(qs) (from the rounded qs: exact removal)
                 qc += qjt * mn[:, None] - KOFS * qs.to(tl.float32)
             st = part + tl.sum(qc, 0)[None, :]
