@@ -142,7 +142,8 @@ def _ptxas_spills(k) -> dict:
 
 def _sass_loops(k) -> list:
     """Loops of the kernel's SASS (a backward branch to an earlier address): for each, its
-    instruction count, MMAs (HMMA) and warp-level sync-free body, largest first. A loop's
+    instruction count, MMAs (HMMA), spill traffic (local: STL / LDL) and warp-level sync-free
+    body, largest first. A loop's
     instruction count per iteration is the cost of one tile (the INT2 / body loop has the most)."""
     import tempfile
 
@@ -167,7 +168,8 @@ def _sass_loops(k) -> list:
                           "hgmma": sum("HGMMA" in t for t in body), "f2f": sum("F2F" in t for t in body),
                           "lop3": sum("LOP3" in t for t in body), "prmt": sum("PRMT" in t for t in body),
                           "i2f": sum("I2F" in t for t in body), "ldg": sum("LDG" in t or "LDGSTS" in t for t in body),
-                          "shfl": sum("SHFL" in t for t in body), "mufu": sum("MUFU" in t for t in body)})
+                          "shfl": sum("SHFL" in t for t in body), "mufu": sum("MUFU" in t for t in body),
+                          "local": sum("STL" in t or "LDL" in t for t in body)})
     return sorted(loops, key=lambda l: -l["instructions"])
 
 

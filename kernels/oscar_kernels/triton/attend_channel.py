@@ -464,15 +464,18 @@ def _pick8(E: tl.constexpr, a0, a1, a2, a3, a4, a5, a6, a7):
 
 
 @triton.jit
-def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, start_b, ring_lo, sink_lo, sink_hi,
-                 idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
+def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, jz, n_a, start_b, ring_lo,
+                 sink_lo, sink_hi, idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
                  sm_scale_log2, logit_cap, qrow,
                  D: tl.constexpr, DV: tl.constexpr, BITS: tl.constexpr, BLK: tl.constexpr, GV: tl.constexpr,
                  BLOCK_M: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, USE_ASM: tl.constexpr,
                  STAGES: tl.constexpr, PLANES: tl.constexpr, VWORDS: tl.constexpr, KWORDS: tl.constexpr,
-                 KEYOP: tl.constexpr):
-    """Decode's quantised body blocks [j_lo, j_hi) (see _key_operand's note), continuing the BF16
-    loops' softmax state (row-major a0..a3 [rows, Dv/4]); returns it in the same form. PLANES
+                 KEYOP: tl.constexpr, MASKED: tl.constexpr):
+    """Decode's quantised body blocks (see _key_operand's note), continuing the BF16 loops' softmax
+    state (row-major a0..a3 [rows, Dv/4]); returns it in the same form. Blocks: jb in [t_lo, t_hi)
+    whose every position is a body position, without masks (MASKED False); or, MASKED, the edge
+    blocks t in [t_lo, t_hi) -> jb = t below n_head, jz + t - n_head from there, every position
+    masked to the body's (attend_channel_kernel's split of the blocks). PLANES
     (3 bits, D >= 128): the two-plane key operands (HI_QMUL's note), q^T read again in eighths
     from qrow (pointers to the rows' q) and kept in PV_DT, the softmax scale applied per tile.
     VWORDS (Dv >= 128) / KWORDS (2-bit keys, D >= 128): VCh / KCh are int16 views of the value /
@@ -540,10 +543,15 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
     bm0, bm1, bm2, bm3 = zero, zero, zero, zero
     offs = tl.arange(0, BLK)
     dq = tl.arange(0, QD)
-    for jb in tl.range(j_lo, j_hi, num_stages=STAGES):
+    for t in tl.range(t_lo, t_hi, num_stages=STAGES):
+        if MASKED:
+            jb = tl.where(t < n_head, t, jz + t - n_head)
+        else:
+            jb = t
         blk = tl.where(jb < n_a, jb, jb - n_a + start_b)
-        p = blk * BLK + offs
-        body = (p < ring_lo) & ((p < sink_lo) | (p >= sink_hi))
+        if MASKED:
+            p = blk * BLK + offs
+            body = (p < ring_lo) & ((p < sink_lo) | (p >= sink_hi))
         # a block is a page (see the extend loop below): its slots are page * BLK + offs, so the
         # tile needs one index load instead of a gather of BLK, and its addresses are affine
         page = (tl.load(idx_base + blk * BLK) // BLK).to(tl.int64)
@@ -609,7 +617,8 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
             st = part + tl.sum(qc, 0)[None, :]
         if LOGIT_CAP:
             st = _cap_and_scale(st, sm_scale_log2, logit_cap, LOGIT_CAP)
-        st = tl.where(body[:, None], st, float("-inf"))
+        if MASKED:
+            st = tl.where(body[:, None], st, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(st, 0))
         alpha = tl.exp2(m_i - m_new)
         pt = tl.exp2(st - m_new[None, :])
@@ -623,8 +632,9 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, star
                 vsc, vmn = _unpack_params(tl.load(VPh + slot * stride_vpn + (j * QDV) // GV))
                 # masked lanes (the page's sink / ring positions) get p = 0; zeroed params keep
                 # anything non-finite there out of the output (0 * NaN)
-                vsc = tl.where(body, vsc, 0.0)
-                vmn = tl.where(body, vmn, 0.0)
+                if MASKED:
+                    vsc = tl.where(body, vsc, 0.0)
+                    vmn = tl.where(body, vmn, 0.0)
                 pst = (pt * vsc[:, None]).to(VDT)
                 gmn = tl.sum(pt * vmn[:, None], 0)
                 # the operands' offsets times this tile's sum(p sc) (of the rounded p * sc) come
@@ -778,10 +788,19 @@ def attend_channel_kernel(
     n_b = tl.where(ring_lo > sink_hi, tl.maximum(tl.cdiv(ring_lo, BLK) - start_b, 0), 0)
     n_blk = n_a + n_b
     if SPLIT:
-        # splits NB16.. share the blocks (num_splits_of leaves >= 1 of them); BF16 splits get none
-        chunk = tl.cdiv(n_blk, n_splits - NB16)
-        j_lo = tl.where(split >= NB16, tl.minimum((split - NB16) * chunk, n_blk), 0)
-        j_hi = tl.where(split >= NB16, tl.minimum(j_lo + chunk, n_blk), 0)
+        # Blocks whose every position is a body position, [fa, fz) (list B's inside [sink_hi,
+        # ring_lo)), are shared by splits NB16.. (num_splits_of leaves >= 1 of them) and walked
+        # without the body masks; the others (at most the sink's and the ring's edge blocks, and
+        # list A) go to BF16 split 0, masked. Offline sm_90 SASS (3-bit planes, B=8, L=32K): the
+        # masks were ~140 of a tile's 1,721 instructions, 1,581 without; the two loops in
+        # different programs' branches take 236 registers, no spills (both loops in every program:
+        # 255 and spills).
+        fa = tl.minimum(tl.maximum(n_a + tl.cdiv(sink_hi, BLK) - start_b, n_a), n_blk)
+        fz = tl.minimum(tl.maximum(n_a + ring_lo // BLK - start_b, fa), n_blk)
+        chunk = tl.cdiv(fz - fa, n_splits - NB16)
+        j_lo = tl.where(split >= NB16, tl.minimum(fa + (split - NB16) * chunk, fz), 0)
+        j_hi = tl.where(split >= NB16, tl.minimum(j_lo + chunk, fz), 0)
+        n_edge = tl.where(split == 0, fa + n_blk - fz, 0)
     else:
         chunk = tl.cdiv(n_blk, MAX_SPLITS)
         j_lo = tl.minimum(split * chunk, n_blk)
@@ -832,11 +851,20 @@ def attend_channel_kernel(
     VPh = VP + kvh64 * stride_vph
     idx_base = kv_indices + kv_start
     if SPLIT:
-        m_i, l_i, a0, a1, a2, a3 = _decode_body(
-            q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, n_a, start_b, ring_lo, sink_lo, sink_hi,
-            idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
-            sm_scale_log2, logit_cap, Q + tok * stride_qt + hq * stride_qh,
-            D, DV, BITS, BLK, GV, BLOCK_M, LOGIT_CAP, PV_DT, USE_ASM, STAGES, PLANES, VWORDS, KWORDS, KEYOP)
+        if split < NB16:  # the edge blocks (split 0's), masked
+            m_i, l_i, a0, a1, a2, a3 = _decode_body(
+                q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, 0, n_edge, fa, fz, n_a, start_b, ring_lo,
+                sink_lo, sink_hi, idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
+                sm_scale_log2, logit_cap, Q + tok * stride_qt + hq * stride_qh,
+                D, DV, BITS, BLK, GV, BLOCK_M, LOGIT_CAP, PV_DT, USE_ASM, STAGES, PLANES, VWORDS, KWORDS, KEYOP,
+                True)
+        else:
+            m_i, l_i, a0, a1, a2, a3 = _decode_body(
+                q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, 0, 0, n_a, start_b, ring_lo,
+                sink_lo, sink_hi, idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
+                sm_scale_log2, logit_cap, Q + tok * stride_qt + hq * stride_qh,
+                D, DV, BITS, BLK, GV, BLOCK_M, LOGIT_CAP, PV_DT, USE_ASM, STAGES, PLANES, VWORDS, KWORDS, KEYOP,
+                False)
         j_hi = j_lo  # the extend loop below walks nothing
     if EXT_DQ:  # its q operands, converted once for every page
         q0 = q0.to(DQ_DT)
