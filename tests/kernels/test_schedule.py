@@ -56,10 +56,8 @@ def test_fast_decode_fits_its_programs_per_sm(fused):
     assert attend_fast.SPLIT_PROGRAMS_PER_SM <= attend_fast.PROGRAMS_PER_SM
 
 
-# 4-bit keys are left out: since their edge blocks got a loop of their own (2026-11-27) the two
-# loops' copy buffers take 28,696 B of shared memory, 7 programs an SM (docs/benchmarks.md)
-@pytest.mark.parametrize("args", [("--bits", "3"), ("--bits", "2"), ("--bits", "2", "--code-reads", "words")],
-                         ids=["3bit_planes", "2bit", "2bit_words"])
+@pytest.mark.parametrize("args", [("--bits", "3"), ("--bits", "2"), ("--bits", "4"), ("--bits", "2", "--code-reads", "words")],
+                         ids=["3bit_planes", "2bit", "4bit", "2bit_words"])
 def test_channel_decode_fits_its_programs_per_sm(args):
     """One-warp per-channel decode programs (B=8, L=32K, D=128) fit DECODE_SPLIT_PROGRAMS_PER_SM on
     an H100 SM by registers and by shared memory (1 KB reserved per block), with no spill traffic

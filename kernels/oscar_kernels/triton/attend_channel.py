@@ -794,13 +794,21 @@ def attend_channel_kernel(
         # list A) go to BF16 split 0, masked. Offline sm_90 SASS (3-bit planes, B=8, L=32K): the
         # masks were ~140 of a tile's 1,721 instructions, 1,581 without; the two loops in
         # different programs' branches take 236 registers, no spills (both loops in every program:
-        # 255 and spills).
-        fa = tl.minimum(tl.maximum(n_a + tl.cdiv(sink_hi, BLK) - start_b, n_a), n_blk)
-        fz = tl.minimum(tl.maximum(n_a + ring_lo // BLK - start_b, fa), n_blk)
+        # 255 and spills). 4-bit keys keep one masked loop over every block in the body splits
+        # (EDGE_LOOP): their second loop's copy buffers took the program's shared memory from
+        # 18,432 to 28,696 B, 7 programs an SM instead of 8, and the decode 3-18% slower (H100,
+        # bench/results/kernels/2026-11-27_1807_channel-4bit-*).
+        EDGE_LOOP: tl.constexpr = BITS != 4
+        if EDGE_LOOP:
+            fa = tl.minimum(tl.maximum(n_a + tl.cdiv(sink_hi, BLK) - start_b, n_a), n_blk)
+            fz = tl.minimum(tl.maximum(n_a + ring_lo // BLK - start_b, fa), n_blk)
+        else:
+            fa = n_blk * 0
+            fz = n_blk
         chunk = tl.cdiv(fz - fa, n_splits - NB16)
         j_lo = tl.where(split >= NB16, tl.minimum(fa + (split - NB16) * chunk, fz), 0)
         j_hi = tl.where(split >= NB16, tl.minimum(j_lo + chunk, fz), 0)
-        n_edge = tl.where(split == 0, fa + n_blk - fz, 0)
+        n_edge = tl.where(split == 0, fa + n_blk - fz, 0)  # 0 without EDGE_LOOP
     else:
         chunk = tl.cdiv(n_blk, MAX_SPLITS)
         j_lo = tl.minimum(split * chunk, n_blk)
@@ -851,7 +859,7 @@ def attend_channel_kernel(
     VPh = VP + kvh64 * stride_vph
     idx_base = kv_indices + kv_start
     if SPLIT:
-        if split < NB16:  # the edge blocks (split 0's), masked
+        if EDGE_LOOP and split < NB16:  # the edge blocks (split 0's), masked
             m_i, l_i, a0, a1, a2, a3 = _decode_body(
                 q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, 0, n_edge, fa, fz, n_a, start_b, ring_lo,
                 sink_lo, sink_hi, idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
@@ -864,7 +872,7 @@ def attend_channel_kernel(
                 sink_lo, sink_hi, idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
                 sm_scale_log2, logit_cap, Q + tok * stride_qt + hq * stride_qh,
                 D, DV, BITS, BLK, GV, BLOCK_M, LOGIT_CAP, PV_DT, USE_ASM, STAGES, PLANES, VWORDS, KWORDS, KEYOP,
-                False)
+                not EDGE_LOOP)  # without the edge loop these blocks include the edges: masked
         j_hi = j_lo  # the extend loop below walks nothing
     if EXT_DQ:  # its q operands, converted once for every page
         q0 = q0.to(DQ_DT)
