@@ -26,9 +26,12 @@ ring (read by attend._bf16_source_loop) and the quantised body, positions
 Body tiles walk whole blocks: the blocks holding [0, min(sink_lo, ring_lo)), then those holding
 [sink_hi, ring_lo) (a block shared by both lists is walked once); positions of a block that are
 not body positions (sink hole, ring, past the request) are masked. Every walked block holds at
-least one body position, so no tile is fully masked. Decode: splits NB16..n-1 share the body
-blocks in equal contiguous chunks; the split count is num_splits_of over the body's key count, as
-in the merge kernel, so decode.merge_splits needs no change. Extend: one program walks them all.
+least one body position, so no tile is fully masked. Decode: splits NB16..n-1 share the blocks
+whose every position is a body position in equal contiguous chunks and walk them without masks;
+the other blocks (the sink's and the ring's edges, list A) are BF16 split 0's, masked (4-bit keys:
+the body splits share every block, masked; see the kernel); the split count is num_splits_of over
+the body's key count, as in the merge kernel, so decode.merge_splits needs no change. Extend: one
+program walks them all.
 
 A body position must lie in a complete block (the format's reader rule,
 reference.format_source_masks): the ring holds >= one block, so only a request whose own_start
@@ -797,7 +800,7 @@ def attend_channel_kernel(
         # 255 and spills). 4-bit keys keep one masked loop over every block in the body splits
         # (EDGE_LOOP): their second loop's copy buffers took the program's shared memory from
         # 18,432 to 28,696 B, 7 programs an SM instead of 8, and the decode 3-18% slower (H100,
-        # bench/results/kernels/2026-11-27_1807_channel-4bit-*).
+        # bench/results/kernels/2026-11-27_1808_channel-4bit-*).
         EDGE_LOOP: tl.constexpr = BITS != 4
         if EDGE_LOOP:
             fa = tl.minimum(tl.maximum(n_a + tl.cdiv(sink_hi, BLK) - start_b, n_a), n_blk)
