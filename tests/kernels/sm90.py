@@ -143,8 +143,8 @@ def _ptxas_spills(k) -> dict:
 def _sass_loops(k) -> list:
     """Loops of the kernel's SASS (a backward branch to an earlier address): for each, its
     instruction count, MMAs (HMMA), spill traffic (local: STL / LDL) and warp-level sync-free
-    body, largest first. A loop's
-    instruction count per iteration is the cost of one tile (the INT2 / body loop has the most)."""
+    body, largest first. A loop's instruction count per iteration is the cost of one tile (the
+    INT2 / body loops have the most)."""
     import tempfile
 
     import triton

@@ -344,7 +344,7 @@ def test_fp16_key_operand_constants():
     ("fp16-shifted": the field moved up 3 bits first, 128's exponent, ulp 1/8) BODY_OFS + code *
     place, bf16's own values: 2-bit quarters with place _k_place(J, KEYOP) (4^J; quarter 3 from bits
     6-7 at place 64 for "fp16", 16 for "fp16-shifted"), 4-bit nibbles with place 1, a packed 3-bit
-    code, and the 1-bit plane's HI_QMUL[8 * KEYOP + E] * (offset + bit * w) (wt = 2^E for "fp16",
+    code, and the 1-bit plane's HI_QMUL[8 * KEYOP + E] * (offset + bit * wt) (wt = 2^E for "fp16",
     2^min(E, 6) for "fp16-shifted") whose bit weighs 4 places of its eighth's 2-bit code, so the
     planes keep their q operand and the row constant removes KOFS * (1 + HI_QMUL) * qs, exact in
     fp32 for any fp16 qs."""
