@@ -231,12 +231,33 @@ def decode_rows(fmt, lens, hkv, gqa, gen, tol):
     variants["bf16 key operands"] = {"key_operands": "bf16"}
     variants["fp16 key operands"] = {"key_operands": "fp16"}
     variants["fp16-shifted key operands"] = {"key_operands": "fp16-shifted"}
+    # code words (attend_channel.CHANNEL_CODE_READS): value codes, and 2-bit keys, read as 16-bit words
+    if D >= 128:  # K and V share head_dim here
+        variants["words reads"] = {"code_reads": "words"}
+        variants["words reads, fewest splits"] = {**variants["fewest splits"], "code_reads": "words"}
     for name, kw in variants.items():
         # fp32 output, as the kernel tests: the server's bf16 output adds one rounding (~2e-3)
         o = torch.full((len(lens), Hq, D), float("nan"), device=DEV)
         ops.decode_attention_channel(q, o, *st.args(), **st.kw(), sm_scale=sm, **kw)
         rows.append(row("decode", name, fmt, list(lens), rel_errors(o, want), tol,
                         rel_diff_vs_arith_emulation=max(rel_errors(o, emu))))
+    # flat attention (every head's q ~ N(0, 0.3^2)): the output is a near-cancelling mean of the
+    # zero-mean values, the case where the value operands' offsets cost the most
+    # (tests/gpu/test_long_decode.py's); one split per request, so each walks every body block
+    qf = (torch.randn(len(lens), Hq, D, generator=gen) * 0.3).bfloat16().to(DEV)
+    want_f, base_f = [], []
+    for b in range(len(lens)):
+        K, V = st.view(b)
+        want_f.append(ref.attention(qf[b:b + 1], K, V, sm_scale=sm)[0][0])
+        base_f.append(bf16_attention(qf[b:b + 1].float(), K, V, sm)[0][0])
+    rows.append(row("bf16_baseline", BASELINE + "; flat q", fmt, list(lens), rel_errors(base_f, want_f), None))
+    for name, kw in {"flat q, fewest splits, bytes reads": {"code_reads": "bytes"},
+                     "flat q, fewest splits, words reads": {"code_reads": "words"}}.items():
+        if D < 128 and kw["code_reads"] == "words":
+            continue
+        o = torch.full((len(lens), Hq, D), float("nan"), device=DEV)
+        ops.decode_attention_channel(qf, o, *st.args(), **st.kw(), sm_scale=sm, **variants["fewest splits"], **kw)
+        rows.append(row("decode", name, fmt, list(lens), rel_errors(o, want_f), tol))
     return rows
 
 
@@ -338,9 +359,15 @@ def main(argv=None) -> int:
         ext, st = extend_rows(fmt, case, args.kv_heads, args.gqa, gen, tol)
         rows += ext
         rows.append(piece_rows(st, args.kv_heads))
+    from oscar_kernels.triton import attend_channel as ch
+
+    # what a row without its own switch ran (the kernels' defaults, or the environment's)
+    defaults = {"code_reads": ch.channel_code_reads(), "key_operands": ch.channel_key_operands(),
+                "k3_variant": ch.channel_3bit_variant()}
     doc = _results.document(
         "synthetic (per-channel pool written by ops.store_kv_channel)", rows, seed=seed,
-        head_dim=args.head_dim, kv_heads=args.kv_heads, gqa=args.gqa, seconds=round(time.time() - t0, 1))
+        head_dim=args.head_dim, kv_heads=args.kv_heads, gqa=args.gqa, decode_defaults=defaults,
+        seconds=round(time.time() - t0, 1))
     out = args.out or str(_results.default_path("kernels")).replace(".json", "_kernel-error.json")
     log(f"wrote {_results.write(out, doc)}")
     bad = [f"{r['kernel']} {r['variant']} {r['format']}" for r in rows if r.get("within_test_tolerance") is False]

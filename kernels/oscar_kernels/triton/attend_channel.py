@@ -260,6 +260,22 @@ def _dequant(c, sc, mn, AXIS: tl.constexpr, DT: tl.constexpr):
 # two codes, attend_fast._quarter_v; 4-bit nibbles and 3-bit codes below). The offsets are removed
 # per tile: for keys through the (q * s) . m row constant, for values from the accumulators before
 # each tile's MMA (attend_fast).
+# ROWC, the keys' row constant per tile (since 2026-11-27; offline sm_90 SASS, B=8, L=32K,
+# 3-bit planes: 1,531 -> 1,462 instructions a body tile with byte reads, 1,386 -> 1,321 with
+# words): q is divided once per program by each key quarter's operand scale ks (its place value:
+# a power of two, so exactly), which makes q * s a single product per dim; the mins' term is
+# summed per dim as (q / ks) . m, multiplied up between quarters (Horner, walking quarter 3 down
+# to 0: ks_{J+1} / ks_J is a power of two); the operands' offsets come off as KOFS * sum(w * qs)
+# from a second per-dim sum (w: the offset's weight, 1 + HI_QMUL for the planes), after the loop of
+# eighths or quarters instead of once per term.
+# VONES, the values' offsets: each tile's sum(p * sc) per row comes from the tensor cores as
+# ones @ (p * sc), the same [accumulator rows, keys] x [keys, rows] product as the tile's values,
+# so it lands in the value accumulators' layout (1,581 -> 1,531 instructions with byte reads,
+# 1,444 -> 1,386 with words): no conversion of p * sc back to fp32, no cross-lane sums.
+# ROWC and VONES on the H100, one call against abc5d06's kernels (bench/results/kernels/
+# 2026-11-27_2044_channel-before-rowc-vones_h100.json / _2045_channel-rowc-vones_h100.json, k3c64,
+# 8 x 32K / 64 x 8K / 512 x 2K / 1 x 128K): bytes 110.6 / 221.8 / 497.7 / 64.8 -> 109.4 / 215.8 /
+# 486.0 / 63.3 us, words 103.6 / 206.7 / 466.7 / 59.4 -> 101.8 / 197.5 / 458.1 / 57.6 us.
 BODY_OFS = tl.constexpr(128.0)
 # fp16 key operands (CHANNEL_KEY_OPERANDS), as PTX pieces (source move, field mask, exponent)
 # per variant, index 0 "fp16", 1 "fp16-shifted" (tests/kernels/test_channel_kernels.py emulates
@@ -501,17 +517,18 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
     KOFS: tl.constexpr = (BODY_OFS_FP16 if KEYOP == 1 else BODY_OFS) if USE_ASM else 0.0
     QSC = 1.0 if LOGIT_CAP else sm_scale_log2
     if PLANES:
-        # q^T eighths [D/8, rows] as loaded (bf16 on CUDA): no fp32 copy of q lives in the loop
+        # q^T eighths [D/8, rows] in PV_DT, each divided by its key quarter's place value (a power
+        # of two: exact), so that q * s needs no scale of its own (ROWC's note)
         d8 = tl.arange(0, D8)
         qe = qrow[None, :] + d8[:, None]
-        qe0 = tl.load(qe).to(PV_DT)
-        qe1 = tl.load(qe + D8).to(PV_DT)
-        qe2 = tl.load(qe + 2 * D8).to(PV_DT)
-        qe3 = tl.load(qe + 3 * D8).to(PV_DT)
-        qe4 = tl.load(qe + 4 * D8).to(PV_DT)
-        qe5 = tl.load(qe + 5 * D8).to(PV_DT)
-        qe6 = tl.load(qe + 6 * D8).to(PV_DT)
-        qe7 = tl.load(qe + 7 * D8).to(PV_DT)
+        qe0 = (tl.load(qe).to(tl.float32) * (1.0 / _k_place(0, KEYOP))).to(PV_DT)
+        qe1 = (tl.load(qe + D8).to(tl.float32) * (1.0 / _k_place(0, KEYOP))).to(PV_DT)
+        qe2 = (tl.load(qe + 2 * D8).to(tl.float32) * (1.0 / _k_place(1, KEYOP))).to(PV_DT)
+        qe3 = (tl.load(qe + 3 * D8).to(tl.float32) * (1.0 / _k_place(1, KEYOP))).to(PV_DT)
+        qe4 = (tl.load(qe + 4 * D8).to(tl.float32) * (1.0 / _k_place(2, KEYOP))).to(PV_DT)
+        qe5 = (tl.load(qe + 5 * D8).to(tl.float32) * (1.0 / _k_place(2, KEYOP))).to(PV_DT)
+        qe6 = (tl.load(qe + 6 * D8).to(tl.float32) * (1.0 / _k_place(3, KEYOP))).to(PV_DT)
+        qe7 = (tl.load(qe + 7 * D8).to(tl.float32) * (1.0 / _k_place(3, KEYOP))).to(PV_DT)
     elif KWORDS:
         # q^T at the 8 extractions' dims [D/8, rows] in fp32, the softmax scale folded in
         qw0 = tl.load(qrow[None, :] + _word_dims(0, QW)[:, None]).to(tl.float32) * QSC
@@ -523,11 +540,12 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
         qw6 = tl.load(qrow[None, :] + _word_dims(6, QW)[:, None]).to(tl.float32) * QSC
         qw7 = tl.load(qrow[None, :] + _word_dims(7, QW)[:, None]).to(tl.float32) * QSC
     else:
-        # q^T quarters [D/4, rows] in fp32, the softmax scale folded in (unless capped)
-        q0t = tl.trans(q0.to(tl.float32) * QSC)
-        q1t = tl.trans(q1.to(tl.float32) * QSC)
-        q2t = tl.trans(q2.to(tl.float32) * QSC)
-        q3t = tl.trans(q3.to(tl.float32) * QSC)
+        # q^T quarters [D/4, rows] in fp32, the softmax scale folded in (unless capped) and each
+        # divided by its key operands' scale (a power of two: exact; ROWC's note)
+        q0t = tl.trans(q0.to(tl.float32) * (QSC / _k_scale_ch(0, BITS, KEYOP) if USE_ASM else QSC))
+        q1t = tl.trans(q1.to(tl.float32) * (QSC / _k_scale_ch(1, BITS, KEYOP) if USE_ASM else QSC))
+        q2t = tl.trans(q2.to(tl.float32) * (QSC / _k_scale_ch(2, BITS, KEYOP) if USE_ASM else QSC))
+        q3t = tl.trans(q3.to(tl.float32) * (QSC / _k_scale_ch(3, BITS, KEYOP) if USE_ASM else QSC))
     # value accumulators transposed, in operand units (attend_fast): bytes [Dv/4, rows] per quarter
     # (a'_j = vs_j a_j), or code words [Dv/8, rows] per extraction (x_j: quarter j's even dims,
     # x_{4+j}: its odd dims, scale 1); per quarter the per-row sums sum(p * mn), sum(p * sc) of its
@@ -544,6 +562,8 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
         a3 = tl.trans(a3 * _v_scale(3) if USE_ASM else a3)
     zero = tl.zeros([BLOCK_M], tl.float32)
     bm0, bm1, bm2, bm3 = zero, zero, zero, zero
+    # the A operand of each value group's sum(p * sc) per row (VONES), [accumulator rows, keys]
+    ones_v = tl.full([VCOLS, BLK], 1.0, VDT)
     offs = tl.arange(0, BLK)
     dq = tl.arange(0, QD)
     for t in tl.range(t_lo, t_hi, num_stages=STAGES):
@@ -569,34 +589,39 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
             lo_b = _widen(tl.load(kcb + D8 + d8[None, :]), USE_ASM)
             hi16 = _widen(tl.load(kcb + QD + d8[None, :]), USE_ASM)
             kpb = KPh + page * stride_kpn + d8
-            qc = tl.zeros([D8, BLOCK_M], tl.float32)  # per-dim terms of the row constant
+            # per-dim terms of the row constant: (q / place) . m, Horner over the quarters' place
+            # values, and the operands' offsets' (1 + HI_QMUL) * qs, times KOFS after the loop
+            qc = tl.zeros([D8, BLOCK_M], tl.float32)
+            qo = tl.zeros([D8, BLOCK_M], tl.float32)
             part = tl.zeros([BLK, BLOCK_M], tl.float32)
-            for e in tl.static_range(8):
+            for e in tl.static_range(7, -1, -1):  # quarters 3 to 0
+                if e % 2 == 1 and e < 7:
+                    qc = qc * (_k_place(e // 2 + 1, KEYOP) / _k_place(e // 2, KEYOP))
                 sc, mn = _unpack_params(tl.load(kpb + e * D8))
-                qet = _pick8(e, qe0, qe1, qe2, qe3, qe4, qe5, qe6, qe7).to(tl.float32)
-                ksc = sc * (1.0 / _k_place(e // 2, KEYOP))
-                qs = (qet * ksc[:, None]).to(KDT)  # both planes: q * s / place value
+                qet = _pick8(e, qe0, qe1, qe2, qe3, qe4, qe5, qe6, qe7).to(tl.float32)  # q / place value
+                qs = (qet * sc[:, None]).to(KDT)  # both planes: q * s / place value
                 lo = lo_a if e % 2 == 0 else lo_b
                 part = tl.dot(_lo_operand(lo, e // 2, KDT, USE_ASM, KEYOP), qs, part)
                 part = tl.dot(_hi_plane(hi16, e, KDT, USE_ASM, KEYOP), qs, part)
-                # q . m, minus the operands' offsets KOFS * (1 + HI_QMUL) * sum(qs) (from the rounded
-                # qs: exact removal; KOFS * (1 + HI_QMUL) * qs is exact in fp32 in either order)
-                qc += qet * mn[:, None] - (KOFS * (1.0 + HI_QMUL[8 * KEYOP + e])) * qs.to(tl.float32)
-            st = (part + tl.sum(qc, 0)[None, :]) * QSC
+                qc += qet * mn[:, None]
+                # from the rounded qs: exact removal ((1 + HI_QMUL) * qs is exact in fp32)
+                qo += (1.0 + HI_QMUL[8 * KEYOP + e]) * qs.to(tl.float32)
+            st = (part + tl.sum(qc - KOFS * qo, 0)[None, :]) * QSC
         elif KWORDS:
             kw = tl.load(kcb + tl.arange(0, QW)[None, :])  # [keys, D/8 words]
             kpb = KPh + page * stride_kpn
             # s^T = sum_P extraction_P @ (q_P * s_P)^T + row constant (extraction scale 1)
-            qc = tl.zeros([QW, BLOCK_M], tl.float32)
+            qc = tl.zeros([QW, BLOCK_M], tl.float32)  # q . m
+            qo = tl.zeros([QW, BLOCK_M], tl.float32)  # the offsets' share
             part = tl.zeros([BLK, BLOCK_M], tl.float32)
             for e in tl.static_range(8):
                 sc, mn = _unpack_params(tl.load(kpb + _word_dims(e, QW)))
                 qpt = _pick8(e, qw0, qw1, qw2, qw3, qw4, qw5, qw6, qw7)
                 qs = (qpt * sc[:, None]).to(WDT)
                 part = tl.dot(_word_code(kw, e, WDT, USE_ASM), qs, part)
-                # (q s) . m, minus the offset's share (from the rounded qs: exact removal)
-                qc += qpt * mn[:, None] - _word_ofs(e, USE_ASM) * qs.to(tl.float32)
-            st = part + tl.sum(qc, 0)[None, :]
+                qc += qpt * mn[:, None]
+                qo += _word_ofs(e, USE_ASM) * qs.to(tl.float32)  # from the rounded qs: exact removal
+            st = part + tl.sum(qc - qo, 0)[None, :]
         else:
             kc = tl.load(kcb + dq[None, :])
             kc2 = kc
@@ -606,18 +631,21 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
             if BITS == 4:
                 kc2 = tl.load(kcb + QD + dq[None, :])
             kpb = KPh + page * stride_kpn + dq
-            # scores s^T [keys, rows] = sum_j op_j @ (q_j * s_j / ks_j)^T + row constant
-            qc = tl.zeros([QD, BLOCK_M], tl.float32)  # per-dim terms of the row constant
+            # scores s^T [keys, rows] = sum_j op_j @ (q_j / ks_j * s_j)^T + row constant (ROWC)
+            qc = tl.zeros([QD, BLOCK_M], tl.float32)  # (q / ks) . m, Horner over the quarters' ks
+            qo = tl.zeros([QD, BLOCK_M], tl.float32)  # the offsets' qs
             part = tl.zeros([BLK, BLOCK_M], tl.float32)
-            for j in tl.static_range(4):
+            for j in tl.static_range(3, -1, -1):
+                if j < 3 and USE_ASM:
+                    if _k_scale_ch(j + 1, BITS, KEYOP) != _k_scale_ch(j, BITS, KEYOP):
+                        qc = qc * (_k_scale_ch(j + 1, BITS, KEYOP) / _k_scale_ch(j, BITS, KEYOP))
                 sc, mn = _unpack_params(tl.load(kpb + j * QD))
-                qjt = _pick4(j, q0t, q1t, q2t, q3t)
-                ksc = sc * (1.0 / _k_scale_ch(j, BITS, KEYOP)) if USE_ASM else sc
-                qs = (qjt * ksc[:, None]).to(KDT)
+                qjt = _pick4(j, q0t, q1t, q2t, q3t)  # q / ks
+                qs = (qjt * sc[:, None]).to(KDT)
                 part = tl.dot(_key_operand(kc, kc2, hb, j, BITS, QD, KDT, USE_ASM, KEYOP), qs, part)
-                # (q s) . m, minus the offset's share KOFS * sum(qs) (from the rounded qs: exact removal)
-                qc += qjt * mn[:, None] - KOFS * qs.to(tl.float32)
-            st = part + tl.sum(qc, 0)[None, :]
+                qc += qjt * mn[:, None]
+                qo += qs.to(tl.float32)  # from the rounded qs: exact removal
+            st = part + tl.sum(qc - KOFS * qo, 0)[None, :]
         if LOGIT_CAP:
             st = _cap_and_scale(st, sm_scale_log2, logit_cap, LOGIT_CAP)
         if MASKED:
@@ -644,8 +672,9 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
                 # off each accumulator before the tile's MMA adds them. Removed once after the
                 # loop (before 2026-11-26) they left fp32 sums 64-128x the output to cancel: the
                 # error grew with the tiles a split walks, to 0.14 (peaked) and 4.4 (flat
-                # attention) relative at 32K keys in one split (H100; tests/gpu/test_long_decode.py)
-                gs = tl.sum(pst.to(tl.float32), 0)[None, :]
+                # attention) relative at 32K keys in one split (H100; tests/gpu/test_long_decode.py).
+                # The sums come from the tensor cores (VONES' note).
+                gs = tl.dot(ones_v, pst)
             if VWORDS:  # quarter j = extractions j (even dims) and 4 + j (odd dims)
                 if j == 0:
                     x0 = tl.dot(_word_code(vct, 0, VDT, USE_ASM), pst, x0 * al - _word_ofs(0, USE_ASM) * gs)
