@@ -276,6 +276,16 @@ def _dequant(c, sc, mn, AXIS: tl.constexpr, DT: tl.constexpr):
 # 2026-11-27_2044_channel-before-rowc-vones_h100.json / _2045_channel-rowc-vones_h100.json, k3c64,
 # 8 x 32K / 64 x 8K / 512 x 2K / 1 x 128K): bytes 110.6 / 221.8 / 497.7 / 64.8 -> 109.4 / 215.8 /
 # 486.0 / 63.3 us, words 103.6 / 206.7 / 466.7 / 59.4 -> 101.8 / 197.5 / 458.1 / 57.6 us.
+# VMID, the values' mid-code: the accumulators sum p * sc * (code - VMID), with VMID * sc added to
+# the group's min in the fp32 row sums instead. Each value is sc * code + mn, and a group's codes
+# spread over 0..3, so summed over a split's keys sc * code grows with the keys while the output
+# (a weighted mean of values that may cancel) does not: the tensor cores' accumulation then drops
+# low bits of a sum up to ~100x the output. Centred, the accumulators stay of the output's order.
+# H100, flat attention over 32K zero-mean keys in one split (bench/kernel_error.py's flat rows,
+# 2026-11-27_2059_ -> _2107_kernel-error_h100.json): words 2.6e-2 -> 1.5e-3, bytes 1.0e-2 -> 4.3e-3
+# relative error (BF16 flash arithmetic 2.6e-3). Offline sm_90: +30 instructions a 3-bit body tile
+# with words (1,321 -> 1,351), +40 with bytes; not timed on its own.
+VMID = tl.constexpr(1.5)
 BODY_OFS = tl.constexpr(128.0)
 # fp16 key operands (CHANNEL_KEY_OPERANDS), as PTX pieces (source move, field mask, exponent)
 # per variant, index 0 "fp16", 1 "fp16-shifted" (tests/kernels/test_channel_kernels.py emulates
@@ -303,6 +313,16 @@ NIB16_MASK = tl.constexpr(("0x000F000F", "0x00780078"))
 # a packed 3-bit code c in [0, 8) as int16 bits: c | 0x6400 (1024 + c) or c << 3 | 0x5800 (128 + c)
 PACK16_SHIFT = tl.constexpr((0, 3))
 PACK16_BASE = tl.constexpr((0x6400, 0x5800))
+
+
+@triton.jit
+def _v_place(J: tl.constexpr, USE_ASM: tl.constexpr):
+    """Place value of value quarter J's code in its byte-read operand (1 without USE_ASM: bare codes)."""
+    if USE_ASM:
+        r = _v_scale(J)
+    else:
+        r = 1.0
+    return r
 
 
 @triton.jit
@@ -667,40 +687,42 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
                     vsc = tl.where(body, vsc, 0.0)
                     vmn = tl.where(body, vmn, 0.0)
                 pst = (pt * vsc[:, None]).to(VDT)
-                gmn = tl.sum(pt * vmn[:, None], 0)
-                # the operands' offsets times this tile's sum(p sc) (of the rounded p * sc) come
-                # off each accumulator before the tile's MMA adds them. Removed once after the
-                # loop (before 2026-11-26) they left fp32 sums 64-128x the output to cancel: the
+                # the accumulators hold p * sc * (code - VMID) (VMID's note): the mid-code's share
+                # goes with the mins into the fp32 row sums
+                gmn = tl.sum(pt * (vmn + VMID * vsc)[:, None], 0)
+                # the operands' offsets (and VMID) times this tile's sum(p sc) (of the rounded p *
+                # sc) come off each accumulator before the tile's MMA adds them. Removed once after
+                # the loop (before 2026-11-26) they left fp32 sums 64-128x the output to cancel: the
                 # error grew with the tiles a split walks, to 0.14 (peaked) and 4.4 (flat
                 # attention) relative at 32K keys in one split (H100; tests/gpu/test_long_decode.py).
                 # The sums come from the tensor cores (VONES' note).
                 gs = tl.dot(ones_v, pst)
             if VWORDS:  # quarter j = extractions j (even dims) and 4 + j (odd dims)
                 if j == 0:
-                    x0 = tl.dot(_word_code(vct, 0, VDT, USE_ASM), pst, x0 * al - _word_ofs(0, USE_ASM) * gs)
-                    x4 = tl.dot(_word_code(vct, 4, VDT, USE_ASM), pst, x4 * al - _word_ofs(4, USE_ASM) * gs)
+                    x0 = tl.dot(_word_code(vct, 0, VDT, USE_ASM), pst, x0 * al - (_word_ofs(0, USE_ASM) + VMID) * gs)
+                    x4 = tl.dot(_word_code(vct, 4, VDT, USE_ASM), pst, x4 * al - (_word_ofs(4, USE_ASM) + VMID) * gs)
                 elif j == 1:
-                    x1 = tl.dot(_word_code(vct, 1, VDT, USE_ASM), pst, x1 * al - _word_ofs(1, USE_ASM) * gs)
-                    x5 = tl.dot(_word_code(vct, 5, VDT, USE_ASM), pst, x5 * al - _word_ofs(5, USE_ASM) * gs)
+                    x1 = tl.dot(_word_code(vct, 1, VDT, USE_ASM), pst, x1 * al - (_word_ofs(1, USE_ASM) + VMID) * gs)
+                    x5 = tl.dot(_word_code(vct, 5, VDT, USE_ASM), pst, x5 * al - (_word_ofs(5, USE_ASM) + VMID) * gs)
                 elif j == 2:
-                    x2 = tl.dot(_word_code(vct, 2, VDT, USE_ASM), pst, x2 * al - _word_ofs(2, USE_ASM) * gs)
-                    x6 = tl.dot(_word_code(vct, 6, VDT, USE_ASM), pst, x6 * al - _word_ofs(6, USE_ASM) * gs)
+                    x2 = tl.dot(_word_code(vct, 2, VDT, USE_ASM), pst, x2 * al - (_word_ofs(2, USE_ASM) + VMID) * gs)
+                    x6 = tl.dot(_word_code(vct, 6, VDT, USE_ASM), pst, x6 * al - (_word_ofs(6, USE_ASM) + VMID) * gs)
                 else:
-                    x3 = tl.dot(_word_code(vct, 3, VDT, USE_ASM), pst, x3 * al - _word_ofs(3, USE_ASM) * gs)
-                    x7 = tl.dot(_word_code(vct, 7, VDT, USE_ASM), pst, x7 * al - _word_ofs(7, USE_ASM) * gs)
+                    x3 = tl.dot(_word_code(vct, 3, VDT, USE_ASM), pst, x3 * al - (_word_ofs(3, USE_ASM) + VMID) * gs)
+                    x7 = tl.dot(_word_code(vct, 7, VDT, USE_ASM), pst, x7 * al - (_word_ofs(7, USE_ASM) + VMID) * gs)
             else:
                 if USE_ASM:
                     op = _quarter_v(v16, j, PV_DT, USE_ASM)
                 else:
                     op = ((vct >> (2 * j)) & 3).to(PV_DT)
                 if j == 0:
-                    a0 = tl.dot(op, pst, a0 * al - OFS * gs)
+                    a0 = tl.dot(op, pst, a0 * al - (OFS + VMID * _v_place(0, USE_ASM)) * gs)
                 elif j == 1:
-                    a1 = tl.dot(op, pst, a1 * al - OFS * gs)
+                    a1 = tl.dot(op, pst, a1 * al - (OFS + VMID * _v_place(1, USE_ASM)) * gs)
                 elif j == 2:
-                    a2 = tl.dot(op, pst, a2 * al - OFS * gs)
+                    a2 = tl.dot(op, pst, a2 * al - (OFS + VMID * _v_place(2, USE_ASM)) * gs)
                 else:
-                    a3 = tl.dot(op, pst, a3 * al - OFS * gs)
+                    a3 = tl.dot(op, pst, a3 * al - (OFS + VMID * _v_place(3, USE_ASM)) * gs)
             if j == 0:
                 bm0 = bm0 * alpha + gmn
             elif j == 1:
