@@ -845,10 +845,10 @@ def main():
                     "variants (packed, planes; attend_channel.CHANNEL_3BIT_VARIANTS) also timed for every 3-bit "
                     "format of --channel-formats, same run, after checking each against packed's output "
                     "(the main column uses OSCAR_CHANNEL_DECODE_3BIT, default planes)")
-    ap.add_argument("--channel-code-reads", default="words", help="comma list of per-channel decode code "
+    ap.add_argument("--channel-code-reads", default="bytes", help="comma list of per-channel decode code "
                     "reads (bytes, words; attend_channel.CHANNEL_CODE_READS) also timed for every --channel-formats "
                     "format, same run, after checking each against the main column's output (the main column "
-                    "uses OSCAR_CHANNEL_DECODE_READS, default bytes; '' = none)")
+                    "uses OSCAR_CHANNEL_DECODE_READS, default words; '' = none)")
     ap.add_argument("--channel-max-splits", default="", help="comma list: also time the per-channel decode "
                     "at these max_kv_splits (BF16 splits + body splits) for every shape")
     ap.add_argument("--sglang-splits", action="store_true", help="also time the per-channel decode at "

@@ -221,7 +221,7 @@ def decode_attention_channel(
     assembly) or 'planes' (a 2-bit and a 1-bit plane, two MMAs; head_dim >= 128, else packed);
     None = OSCAR_CHANNEL_DECODE_3BIT (unset or empty: 'planes'). code_reads: how codes are read,
     'bytes' or 'words' (value codes and 2-bit key codes as 16-bit code words, as the per-token fast
-    kernel, where the dim is >= 128); None = OSCAR_CHANNEL_DECODE_READS (unset or empty: 'bytes').
+    kernel, where the dim is >= 128); None = OSCAR_CHANNEL_DECODE_READS (unset or empty: 'words').
     key_operands: the body's q * s and key code MMA operands, 'fp16', 'bf16' (coarser q * s, the
     default until 2026-11-27) or 'fp16-shifted' (see attend_channel.CHANNEL_KEY_OPERANDS); None =
     OSCAR_CHANNEL_DECODE_KEYS (unset or empty: 'fp16').

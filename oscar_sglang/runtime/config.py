@@ -95,9 +95,9 @@ ENV_VARS: dict[str, tuple[str | None, str]] = {
     ),
     "OSCAR_CHANNEL_DECODE_READS": (
         None,
-        "how the per-channel decode reads codes: 'bytes' (default) or 'words' (value codes and "
-        "2-bit key codes as 16-bit words, as the per-token fast kernel; head_dim 128; 8-13% "
-        "faster on the H100, 3x the error of 'bytes' over 32K keys in one split). Read by the kernels "
+        "how the per-channel decode reads codes: 'words' (default: value codes and 2-bit key "
+        "codes as 16-bit words, as the per-token fast kernel; head_dim 128, bytes below) or 'bytes' "
+        "(byte reads, 6-9% slower on the H100 and bf16 value operands). Read by the kernels "
         "(oscar_kernels/triton/attend_channel.py)",
     ),
     "OSCAR_CHANNEL_DECODE_KEYS": (
@@ -149,7 +149,7 @@ CHANNEL_KEY_OPERANDS = ("bf16", "fp16", "fp16-shifted")
 # (variable, its values, the kernels' default)
 KERNEL_SWITCHES = (("OSCAR_CHANNEL_DECODE_3BIT", CHANNEL_3BIT_VARIANTS, "planes"),
                    ("OSCAR_CHANNEL_EXTEND", CHANNEL_EXTEND_VARIANTS, "dequant"),
-                   ("OSCAR_CHANNEL_DECODE_READS", CHANNEL_CODE_READS, "bytes"),
+                   ("OSCAR_CHANNEL_DECODE_READS", CHANNEL_CODE_READS, "words"),
                    ("OSCAR_CHANNEL_DECODE_KEYS", CHANNEL_KEY_OPERANDS, "fp16"))
 
 DEFAULT_SINK = 64

@@ -256,20 +256,22 @@ def _launch_words(monkeypatch, D, bits, **kw):
 
 
 def test_decode_channel_code_reads_switch(seed, monkeypatch):
-    """OSCAR_CHANNEL_DECODE_READS picks how decode reads codes (unset or empty: 'bytes'),
+    """OSCAR_CHANNEL_DECODE_READS picks how decode reads codes (unset or empty: 'words'),
     code_reads overrides it; 'words' passes int16 views of the value codes (value dim >= 128) and
     of 2-bit key codes (head_dim >= 128) and reads bytes elsewhere; bad values are refused."""
     i16, u8 = torch.int16, torch.uint8
     monkeypatch.delenv("OSCAR_CHANNEL_DECODE_READS", raising=False)
-    assert _launch_words(monkeypatch, 128, 2) == (False, False, u8, u8)
-    assert _launch_words(monkeypatch, 128, 2, code_reads="words") == (True, True, i16, i16)
+    assert _launch_words(monkeypatch, 128, 2) == (True, True, i16, i16)
+    assert _launch_words(monkeypatch, 128, 2, code_reads="bytes") == (False, False, u8, u8)
     monkeypatch.setenv("OSCAR_CHANNEL_DECODE_READS", "")
+    assert _launch_words(monkeypatch, 128, 3) == (True, False, i16, u8)
+    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_READS", "bytes")
     assert _launch_words(monkeypatch, 128, 3) == (False, False, u8, u8)
+    assert _launch_words(monkeypatch, 128, 2, code_reads="words") == (True, True, i16, i16)
     monkeypatch.setenv("OSCAR_CHANNEL_DECODE_READS", "words")
     assert _launch_words(monkeypatch, 128, 3) == (True, False, i16, u8)
     assert _launch_words(monkeypatch, 128, 4) == (True, False, i16, u8)
     assert _launch_words(monkeypatch, 64, 2) == (False, False, u8, u8)
-    assert _launch_words(monkeypatch, 128, 2, code_reads="bytes") == (False, False, u8, u8)
     monkeypatch.setenv("OSCAR_CHANNEL_DECODE_READS", "word")
     with pytest.raises(ValueError, match="OSCAR_CHANNEL_DECODE_READS must be 'bytes' or 'words', got 'word'"):
         _launch_words(monkeypatch, 128, 2)

@@ -113,7 +113,7 @@ def test_kernel_switches_set_names_what_is_not_the_default():
     assert C.kernel_switches_set({}) == {}
     assert C.kernel_switches_set({"OSCAR_CHANNEL_DECODE_KEYS": "", "OSCAR_CHANNEL_DECODE_3BIT": "planes"}) == {}
     assert C.kernel_switches_set({"OSCAR_CHANNEL_DECODE_KEYS": "fp16-shifted", "OSCAR_CHANNEL_EXTEND": "codes",
-                                  "OSCAR_CHANNEL_DECODE_READS": "bytes"}) == {
+                                  "OSCAR_CHANNEL_DECODE_READS": "words"}) == {
         "OSCAR_CHANNEL_DECODE_KEYS": "fp16-shifted", "OSCAR_CHANNEL_EXTEND": "codes"}
 
 

@@ -83,19 +83,26 @@ PLANES_MIN_DIM = 128
 
 
 # How decode reads codes (OSCAR_CHANNEL_DECODE_READS or decode_attention_channel(code_reads=...)):
-# "bytes" (the default) reads value codes transposed, one byte per (dim quarter, key), which sm_90
-# builds from single-byte shared-memory loads and byte permutes (64 LDS.U8 per 64-key tile), and
-# widens every key byte to 16 bits (byte permutes again); "words" reads value codes, and 2-bit key
-# codes, as attend_fast's 16-bit code words (ldmatrix straight into the MMA operand, one lop3 per
-# two codes, 8 extractions of D/8 dims each; needs a value / key dim >= 128, below it reads bytes;
-# 3- and 4-bit keys keep their byte reads). Values are the same per-token 2-bit groups as the fast
-# kernel's and 2-bit keys the same quarter-split bytes, so its validated extractions are reused;
-# the per-channel key scales are read at each extraction's dims. H100, 2026-11-26: 8-13% faster than
-# bytes (B=8 x 32K), but not the default: over 32K keys in one split its error against float64 is
-# 3.2e-2 where bytes give 1.0e-2 (fp16 operands; docs/benchmarks.md "Findings").
+# "bytes" reads value codes transposed, one byte per (dim quarter, key), which sm_90 builds from
+# single-byte shared-memory loads and byte permutes (64 LDS.U8 per 64-key tile), and widens every
+# key byte to 16 bits (byte permutes again); "words" (the default since 2026-11-27) reads value
+# codes, and 2-bit key codes, as attend_fast's 16-bit code words (ldmatrix straight into the MMA
+# operand, one lop3 per two codes, 8 extractions of D/8 dims each; needs a value / key dim >= 128,
+# below it reads bytes; 3- and 4-bit keys keep their byte reads). Values are the same per-token
+# 2-bit groups as the fast kernel's and 2-bit keys the same quarter-split bytes, so its validated
+# extractions are reused; the per-channel key scales are read at each extraction's dims. Its value
+# operands are fp16 (p * s rounded to fp16; bytes: bf16), so it is also the more accurate. H100,
+# final kernels (bench/results/kernels/2026-11-27_2107_kernel-error_h100.json): on the outlier
+# inputs of bench/kernel_error.py 0.35% / 0.25% / 0.12% max error against float64 for 3 / 2 / 4-bit
+# keys (BF16 flash arithmetic: 0.86% / 0.67% / 0.65%); with flat attention over 32K zero-mean keys
+# in one split 0.15% / 0.15% / 0.17%, bytes 0.43% / 0.49% / 0.49% (BF16: 0.26% / 0.23% / 0.26%).
+# One call against bytes, before VMID (2026-11-27_2045_channel-rowc-vones_h100.json, k3c64):
+# B=8 x 32K 101.8 vs 109.4 us, 64 x 8K 197.5 vs 215.8, 512 x 2K 458.1 vs 486.0, 1 x 128K 57.6 vs
+# 63.3. It was opt-in until VMID: flat attention over 32K keys in one split erred 3.2e-2
+# (2026-11-26) and 2.6e-2 (2026-11-27_2059_kernel-error_h100.json), bytes 1.0e-2.
 CHANNEL_CODE_READS = ("bytes", "words")
 CHANNEL_READS_ENV = "OSCAR_CHANNEL_DECODE_READS"
-CHANNEL_READS_DEFAULT = "bytes"
+CHANNEL_READS_DEFAULT = "words"
 
 
 # The decode body's key-side MMA operands (OSCAR_CHANNEL_DECODE_KEYS or
@@ -168,7 +175,7 @@ def _kernel_choice(arg_name, value, env, choices, default) -> str:
 
 
 def channel_code_reads(code_reads=None) -> str:
-    """How decode reads codes: code_reads if given, else OSCAR_CHANNEL_DECODE_READS ('bytes')."""
+    """How decode reads codes: code_reads if given, else OSCAR_CHANNEL_DECODE_READS ('words')."""
     return _kernel_choice("code_reads", code_reads, CHANNEL_READS_ENV, CHANNEL_CODE_READS, CHANNEL_READS_DEFAULT)
 
 
@@ -1067,7 +1074,7 @@ def decode_attention_channel(
     SM, 168 would fit 12; merge_*: the split merge's splits a step and warps).
     k3_variant: 'packed' / 'planes' (3-bit keys; None: OSCAR_CHANNEL_DECODE_3BIT, default
     'planes'; planes needs head_dim >= 128 and runs packed below). code_reads: 'bytes' / 'words'
-    (None: OSCAR_CHANNEL_DECODE_READS, default 'bytes'; words reads value codes and 2-bit key codes
+    (None: OSCAR_CHANNEL_DECODE_READS, default 'words'; words reads value codes and 2-bit key codes
     as 16-bit words where the dim is >= 128). key_operands: 'fp16' / 'bf16' / 'fp16-shifted'
     (None: OSCAR_CHANNEL_DECODE_KEYS, default 'fp16'; the body's q * s and key code operands,
     CHANNEL_KEY_OPERANDS' note)."""
