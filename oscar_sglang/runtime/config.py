@@ -97,7 +97,7 @@ ENV_VARS: dict[str, tuple[str | None, str]] = {
         None,
         "how the per-channel decode reads codes: 'words' (default: value codes and 2-bit key "
         "codes as 16-bit words, as the per-token fast kernel; head_dim 128, bytes below) or 'bytes' "
-        "(byte reads, 6-9% slower on the H100 and bf16 value operands). Read by the kernels "
+        "(byte reads, 6-10% slower on the H100 and bf16 value operands). Read by the kernels "
         "(oscar_kernels/triton/attend_channel.py)",
     ),
     "OSCAR_CHANNEL_DECODE_KEYS": (
