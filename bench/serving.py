@@ -6,7 +6,9 @@ starts `python -m sglang.launch_server` with dummy weights and measures, over HT
 
   capacity     max_total_num_tokens and how many 32K-token requests fit at once;
   latency      batch-1 TTFT and TPOT at 8K / 32K / 128K context (as far as the model allows);
-  attribution  a torch.profiler trace of decode steps (GPU kernel time per category vs GPU idle);
+  attribution  a torch.profiler trace of decode steps (GPU kernel time per category vs GPU idle;
+               --profile-batch requests decoding together);
+  attribution_prefill  the same for the prefill steps of --profile-batch prompts sent at once;
   throughput   N requests at once (e.g. 64 x 32K prompt + 256 output): output tok/s, TTFT, TPOT;
   one_batch    `sglang.bench_one_batch` in-process batch-1 decode step (no scheduler, no HTTP).
 
@@ -180,8 +182,8 @@ def _wait_for_trace(folder: Path, timeout_s: float) -> list:
 
 
 def part_attribution(server, rec: dict, contexts: List[int], vocab: int, out_dir: Path,
-                     tag: str, keep_traces: bool) -> None:
-    """Profile ~30 batch-1 decode steps in the live server and split the step time."""
+                     tag: str, keep_traces: bool, batch: int = 1) -> None:
+    """Profile ~30 decode steps of `batch` requests in the live server and split the step time."""
     import threading
 
     from _serving_client import random_prompts, run_requests
@@ -189,16 +191,25 @@ def part_attribution(server, rec: dict, contexts: List[int], vocab: int, out_dir
     from _serving_trace import analyze, find_traces, format_attribution
 
     rec.setdefault("attribution", {})
+    if batch > 1:
+        rec["attribution_batch"] = batch
     for ctx in contexts:
         prof_dir = out_dir / "traces" / f"{tag}_{ctx}"
         prof_dir.mkdir(parents=True, exist_ok=True)
-        prompt = random_prompts(1, ctx - 308, vocab, seed=ctx + 1)[0]
-        decoding = threading.Event()
-        th = threading.Thread(target=run_requests, args=(server.url, [prompt], 300,
-                              f"profile {ctx // 1024}K"), kwargs={"on_first_token": decoding.set})
+        prompts = random_prompts(batch, ctx - 308, vocab, seed=ctx + 1)
+        # A batch's prefills run one after another while the earlier requests decode: each asks
+        # for enough tokens that none finishes before the last has started (~30 ms a prefill
+        # chunk and a step each, at most)
+        out_len = 300 if batch == 1 else 300 + 2 * batch * max(1, ctx // 8192) * 8
+        started = threading.Semaphore(0)
+        th = threading.Thread(target=run_requests, args=(server.url, prompts, out_len,
+                              f"profile {batch} x {ctx // 1024}K"), kwargs={"on_first_token": started.release})
         th.start()
-        # Profile decode steps only: start once the first token (end of prefill) has arrived.
-        decoding.wait(timeout=600)
+        # Profile decode steps only: start once every request's first token (end of its prefill)
+        # has arrived
+        t_wait = time.time()
+        for _ in range(batch):
+            started.acquire(timeout=max(1.0, 600 - (time.time() - t_wait)))
         time.sleep(0.5)
         try:
             post_json(server.url + "/start_profile", {
@@ -214,7 +225,41 @@ def part_attribution(server, rec: dict, contexts: List[int], vocab: int, out_dir
             continue
         a = analyze(traces[-1])
         rec["attribution"][str(ctx)] = a
-        print(f"  attribution at {ctx} (server, batch 1):\n{format_attribution(a)}", flush=True)
+        print(f"  attribution at {ctx} (server, batch {batch}):\n{format_attribution(a)}", flush=True)
+        if not keep_traces:
+            for t in traces:
+                t.unlink()
+
+
+def part_attribution_prefill(server, rec: dict, contexts: List[int], vocab: int, out_dir: Path,
+                             tag: str, keep_traces: bool, batch: int = 8) -> None:
+    """Profile the prefill steps of `batch` prompts of each context sent at once (the scheduler
+    runs their prefills before any decode step) and split a prefill step's time."""
+    from _serving_client import random_prompts, run_requests
+    from _serving_server import post_json
+    from _serving_trace import analyze, format_attribution
+
+    rec.setdefault("attribution_prefill", {})
+    rec["attribution_prefill_batch"] = batch
+    for ctx in contexts:
+        prof_dir = out_dir / "traces" / f"{tag}_prefill_{ctx}"
+        prof_dir.mkdir(parents=True, exist_ok=True)
+        try:  # armed before the prompts arrive: its steps are their prefill chunks
+            post_json(server.url + "/start_profile", {
+                "output_dir": str(prof_dir), "num_steps": min(batch, 12), "activities": ["CPU", "GPU"],
+                "with_stack": False, "record_shapes": False, "profile_prefix": f"{tag}_prefill_{ctx}"})
+        except Exception as e:
+            print(f"  start_profile failed: {e}", flush=True)
+        run_requests(server.url, random_prompts(batch, ctx, vocab, seed=ctx + 2), 2,
+                     f"profile prefill {batch} x {ctx // 1024}K")
+        traces = _wait_for_trace(prof_dir, timeout_s=90)
+        if not traces:
+            rec["attribution_prefill"][str(ctx)] = {"error": "no trace written"}
+            print(f"  prefill attribution {ctx}: no trace written", flush=True)
+            continue
+        a = analyze(traces[-1], stage="EXTEND")
+        rec["attribution_prefill"][str(ctx)] = a
+        print(f"  prefill attribution at {ctx} (server, {batch} prompts):\n{format_attribution(a)}", flush=True)
         if not keep_traces:
             for t in traces:
                 t.unlink()
@@ -351,7 +396,8 @@ def cmd_run(args) -> int:
             if name.startswith("int2"):
                 env.update(extra_env)
             extra = list(args.server_arg)
-            if "server" in parts or parts & {"capacity", "fresh", "latency", "attribution", "throughput"}:
+            if "server" in parts or parts & {"capacity", "fresh", "latency", "attribution",
+                                             "attribution_prefill", "throughput"}:
                 cmd = server_command(DEVKIT_MODELS / model, DEVKIT_MODELS / args.tokenizer,
                                      config, port, args.mem_fraction_static, extra)
                 rec["server_cmd"] = " ".join(cmd[1:])
@@ -372,7 +418,7 @@ def cmd_run(args) -> int:
                         res.save()
                         if "fresh" in parts:  # before any warm-up request: the first long prompt
                             part_fresh(server, rec, args.fresh_context, vocab, "fresh")
-                        if parts & {"latency", "attribution", "throughput", "fresh"}:
+                        if parts & {"latency", "attribution", "attribution_prefill", "throughput", "fresh"}:
                             # warm-up, so Triton JIT compiles stay out of the numbers: a short
                             # prompt, and one of two prefill chunks (the cached-prefix path)
                             from _serving_client import random_prompts, run_requests
@@ -388,7 +434,11 @@ def cmd_run(args) -> int:
                             res.save()
                         if "attribution" in parts and prof_ctx:
                             part_attribution(server, rec, prof_ctx, vocab, out_dir, tag,
-                                             args.keep_traces)
+                                             args.keep_traces, args.profile_batch)
+                            res.save()
+                        if "attribution_prefill" in parts and prof_ctx:
+                            part_attribution_prefill(server, rec, prof_ctx, vocab, out_dir, tag,
+                                                     args.keep_traces, max(2, args.profile_batch))
                             res.save()
                         if "throughput" in parts and loads:
                             part_throughput(server, rec, loads, vocab, out_dir, tag)
@@ -427,7 +477,8 @@ def main(argv=None) -> int:
                    help="devkit model folders under .devkit/models (dummy weights)")
     r.add_argument("--tokenizer", default="smollm2-135m")
     r.add_argument("--parts", default="capacity,latency,attribution,throughput",
-                   help="comma list of: capacity, fresh, latency, attribution, throughput, one_batch")
+                   help="comma list of: capacity, fresh, latency, attribution (decode steps), "
+                        "attribution_prefill (prefill steps), throughput, one_batch")
     r.add_argument("--config-parts", action="append", default=[], metavar="[MODEL/]CONFIG=PARTS",
                    help="parts for one configuration instead of --parts, e.g. "
                         "bf16-splits64=latency or qwen3-8b/int2=capacity (empty = skip it)")
@@ -439,6 +490,9 @@ def main(argv=None) -> int:
                    help="part `fresh`: TTFT of the first prompt of this length on a fresh server, "
                         "and of one more after the warm-up requests (default 32768)")
     r.add_argument("--profile-contexts", default="1024,32768")
+    r.add_argument("--profile-batch", type=int, default=1,
+                   help="requests decoding together while the attribution part profiles (each of "
+                        "the context's length; sent at once, profiled once all have started)")
     r.add_argument("--loads", default="64x32768x256,128x8192x256", help="NxPROMPTxOUTPUT list")
     r.add_argument("--throughput-models", default="qwen3-8b")
     r.add_argument("--quick", action="store_true",
