@@ -82,7 +82,7 @@ def _compile(fn, args, kwargs):
     sig, constexprs, attrs = {}, {}, {}
     for i, (name, p) in enumerate(zip(fn.arg_names, fn.params)):
         v = vals[name] if name in vals else p.default  # a parameter the launcher leaves at its default
-        if p.is_constexpr:
+        if p.is_constexpr or v is None:  # the runtime makes a None argument a constexpr
             sig[name], constexprs[name] = "constexpr", v
         elif isinstance(v, torch.Tensor):
             sig[name] = "*" + dt[v.dtype]

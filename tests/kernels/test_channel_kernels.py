@@ -106,12 +106,13 @@ def channel_fmt(D, bits, B, vg):
     return KVFormat(D, bits, "channel", B, 2, vg, sink=S, window=max(32, B))
 
 
-def run_decode(pool, q, max_splits, nsplit=None, **kw):
+def run_decode(pool, q, max_splits, nsplit=None, launcher=False, **kw):
+    """launcher: call attend_channel's launcher (its tuning knobs) instead of the op."""
     B, Hq, D = q.shape
     o = torch.full((B, Hq, D), float("nan"), device=DEV)
     logits = torch.full((B, Hq, max_splits, D), float("nan"), device=DEV)
     lse = torch.full((B, Hq, max_splits), float("nan"), device=DEV)
-    ops.decode_attention_channel(q.to(DEV), o, *pool.args(), **pool.kw(), sm_scale=1 / math.sqrt(D),
+    (_channel.decode_attention_channel if launcher else ops.decode_attention_channel)(q.to(DEV), o, *pool.args(), **pool.kw(), sm_scale=1 / math.sqrt(D),
                                  num_kv_splits=nsplit, max_kv_splits=max_splits, attn_logits=logits,
                                  attn_lse=lse, **kw)
     return o.cpu()
@@ -147,6 +148,28 @@ def test_decode_channel_matches_reference(seed, D, bits, B, vg, gqa, splits, k3,
     nsplit = torch.randint(2, 6, (nb,), dtype=torch.int32).to(DEV) if splits == "given" else None
     o = run_decode(pool, q, 5, nsplit, min_chunk=32, k3_variant=k3, code_reads=reads)
     assert not o.isnan().any()
+    for b in range(nb):
+        K, V = pool.request_kv(b)
+        o_ref, _ = ref.attention(q[b:b + 1].float(), K, V)
+        assert rel_err(o[b], o_ref[0]) <= REL_TOL, (b, rel_err(o[b], o_ref[0]))
+
+
+# launch order (attend_channel BF16_LAST) x the split merge (FMERGE: fused into the last program of
+# each (request, KV head), or decode's merge kernel), with split counts per request given (some
+# above a request's body blocks) and derived
+@pytest.mark.parametrize("bf16_last,fused,splits", [(True, True, "given"), (False, True, "auto"),
+                                                    (True, False, "auto"), (False, False, "given")])
+def test_decode_channel_launch_order_and_fused_merge(seed, bf16_last, fused, splits):
+    D, bits, B, vg, gqa, hkv = 128, 3, 64, 64, 4, 2
+    pool = ChannelPool(channel_fmt(D, bits, B, vg), *map(list, zip(*REQS_64)), hkv=hkv)
+    nb = len(REQS_64)
+    q = (torch.randn(nb, hkv * gqa, D) * 2).bfloat16()
+    nsplit = torch.randint(2, 6, (nb,), dtype=torch.int32).to(DEV) if splits == "given" else None
+    arrived = torch.zeros(nb * hkv + 3, dtype=torch.int32, device=DEV)
+    o = run_decode(pool, q, 5, nsplit, min_chunk=32, bf16_last=bf16_last, fused_merge=fused,
+                   arrived=arrived, launcher=True)
+    assert not o.isnan().any()
+    assert not arrived.any()  # the merging programs left their counters at zero for the next call
     for b in range(nb):
         K, V = pool.request_kv(b)
         o_ref, _ = ref.attention(q[b:b + 1].float(), K, V)

@@ -54,8 +54,8 @@ from .attend import (
     as_param_words, empty_softmax_state, load_q_quarters, num_splits_of, pool_launch_args,
     source_ranges, split_ranges,
 )
-from .attend_fast import (WORDS_MIN_DIM, _quarter_v, _v_scale, _word_code, _word_dims, _word_ofs,
-                          _words_of_quarter)
+from .attend_fast import (FUSED_MERGE_MAX_SPLITS, WORDS_MIN_DIM, _merge_if_last, _quarter_v, _v_scale, _word_code,
+                          _word_dims, _word_ofs, _words_of_quarter, split_arrivals)
 from .decode import BLOCK_B, bf16_splits, merge_splits, plan_decode, sm_count
 from .extend_prefix import extend_outputs
 
@@ -147,6 +147,27 @@ CHANNEL_KEYS_DEFAULT = "fp16"
 # (_0228_*).
 DECODE_SPLIT_PROGRAMS_PER_SM = 8
 DECODE_MAX_SPLITS = 128
+# FMERGE (decode_attention_channel(fused_merge=...)): up to attend_fast.FUSED_MERGE_MAX_SPLITS
+# splits, the last program of each (request, KV head) to finish merges the splits' partials
+# (attend_fast._merge_if_last) instead of a merge kernel launched after the decode. In the server
+# at 64 x 8K the merge kernel took 8.0 us a layer after a 191 us decode (0.26 ms a step; bench/
+# results/serving/2026-11-27_2214_batch64-step-profile_h100.json). Same registers, shared memory
+# and body loop offline (sm_90: 255, 24,600 B, 1,351 instructions a tile).
+# Launch order (BF16_LAST, decode_attention_channel(bf16_last=...)): the grid's z index runs the
+# body splits first and the BF16 splits (sink, ring and edge blocks: short programs) last. In split
+# order the BF16 programs took the first slots of the wave (512 of ~1,056 at 64 x 8K), so a third
+# of the body programs started only when those ended. Bit-identical results.
+# H100, both in one call (bench/results/kernels/2026-11-27_2246_channel-fused-merge_h100.json,
+# k3c64-v2t64-s4-w128, words; fused at 64 x 8K and 512 x 2K, where the plan has 3 and 2 splits):
+# | B x L     | neither | bf16_last | fused_merge | both (the default) |
+# | 8 x 32K   | 102.4   | 98.1      | 102.3 (17 splits: not fused) | 99.0 us (as bf16_last) |
+# | 64 x 8K   | 205.1   | 192.7     | 201.7       | 189.4 |
+# | 512 x 2K  | 458.1   | 434.7     | 466.1       | 426.5 |
+# | 1 x 128K  | 59.8    | 58.4      | 59.7 (128 splits: not fused) | 57.9 (as bf16_last) |
+# In the server (64 x 8K + 512, dummy Llama-3.1-8B, bench/results/serving/) the launch order alone
+# did not show: the decode kernel took 191.4 us a layer before it (_2214_) and 191.0 after
+# (_2237_, another H100). With both, the full-occupancy decode was 0.991x the per-token recipe's
+# in one run (_2253_), 0.974x with the launch order alone (_2236_).
 DECODE_MIN_CHUNK = 64
 
 
@@ -790,7 +811,9 @@ def attend_channel_kernel(
     MIN_CHUNK: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, NB16: tl.constexpr,
     USE_ASM: tl.constexpr = False, STAGES: tl.constexpr = 2, PLANES: tl.constexpr = False,
     EXT_DQ: tl.constexpr = False, VWORDS: tl.constexpr = False, KWORDS: tl.constexpr = False,
-    KEYOP: tl.constexpr = 0,
+    KEYOP: tl.constexpr = 0, BF16_LAST: tl.constexpr = False,
+    MERGE: tl.constexpr = False, MERGE_ROWS: tl.constexpr = 1, SPLITS_P2: tl.constexpr = 1,
+    Final=None, stride_fb=0, stride_fh=0, Arrived=None,
 ):
     """SPLIT (decode): grid (B, Hkv, max splits), one query token per request (token b), rows =
     the GQA group; qo_indptr / num_mb unused. Not SPLIT (extend-prefix): grid (B, Hkv * num_mb,
@@ -813,6 +836,8 @@ def attend_channel_kernel(
     if SPLIT:
         kvh = tl.program_id(1)
         split = tl.program_id(2)
+        if BF16_LAST:  # grid z runs the body splits first, the BF16 splits last (launch order)
+            split = tl.where(split < MAX_SPLITS - NB16, split + NB16, split - (MAX_SPLITS - NB16))
     else:
         pid1 = tl.program_id(1)
         kvh = pid1 // num_mb
@@ -1022,6 +1047,10 @@ def attend_channel_kernel(
     tl.store(ob + 2 * QDV, a2 * inv_l[:, None], mask=rmask[:, None])
     tl.store(ob + 3 * QDV, a3 * inv_l[:, None], mask=rmask[:, None])
     tl.store(Lse + tok * stride_lt + hq * stride_lh + split * stride_ls, lse, mask=rmask)
+    if SPLIT and MERGE:  # the last of the request's programs for this head merges them (FMERGE)
+        _merge_if_last(b, kvh, n_splits, Out, stride_ot, stride_oh, stride_os,
+                       Lse, stride_lt, stride_lh, stride_ls, Final, stride_fb, stride_fh, Arrived,
+                       GQA, MERGE_ROWS, DV, SPLITS_P2)
 
 
 def check_channel_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_bits, k_block, v_group):
@@ -1066,12 +1095,16 @@ def decode_attention_channel(
     sink_start=None, num_kv_splits=None, max_kv_splits=None, attn_logits=None, attn_lse=None,
     logit_cap=0.0, min_chunk=None, bf16_keys_per_split=None, num_warps=None, num_stages=2,
     num_int2_stages=None, k3_variant=None, code_reads=None, key_operands=None, maxnreg=None,
-    merge_chunk=None, merge_warps=None,
+    merge_chunk=None, merge_warps=None, bf16_last=True, fused_merge=None, arrived=None,
 ):
     """See ops.decode_attention_channel; min_chunk / bf16_keys_per_split / num_warps /
-    num_stages / maxnreg / merge_chunk / merge_warps are tuning knobs (decode.py's meaning;
+    num_stages / maxnreg / merge_chunk / merge_warps / bf16_last are tuning knobs (decode.py's meaning;
     maxnreg caps registers per thread: the one-warp body takes 245-255 at sm_90, 8 programs per
-    SM, 168 would fit 12; merge_*: the split merge's splits a step and warps).
+    SM, 168 would fit 12; merge_*: the split merge's splits a step and warps; bf16_last: the
+    launch order, BF16_LAST's note). fused_merge: the last program of each (request, KV head)
+    merges the splits (FMERGE's note; default: up to FUSED_MERGE_MAX_SPLITS splits), or (False)
+    decode's merge kernel does; arrived: its int32 counters, >= batch x KV heads zeros, left zero
+    (default: attend_fast.split_arrivals).
     k3_variant: 'packed' / 'planes' (3-bit keys; None: OSCAR_CHANNEL_DECODE_3BIT, default
     'planes'; planes needs head_dim >= 128 and runs packed below). code_reads: 'bytes' / 'words'
     (None: OSCAR_CHANNEL_DECODE_READS, default 'words'; words reads value codes and 2-bit key codes
@@ -1095,6 +1128,14 @@ def decode_attention_channel(
     min_chunk = min_chunk or DECODE_MIN_CHUNK
     kp = as_param_words(k_params)
     vp = as_param_words(v_params)
+    if fused_merge is None:
+        fused_merge = max_kv_splits <= FUSED_MERGE_MAX_SPLITS
+    if fused_merge and arrived is None:
+        arrived = split_arrivals(q.device, B * Hkv)
+    # one SPLITS_P2 for every fused split count: a batch size's own would compile a variant each
+    merge = dict(MERGE=True, MERGE_ROWS=triton.next_power_of_2(gqa),
+                 SPLITS_P2=triton.next_power_of_2(max(max_kv_splits, FUSED_MERGE_MAX_SPLITS)),
+                 Final=o, stride_fb=o.stride(0), stride_fh=o.stride(1), Arrived=arrived) if fused_merge else {}
     attend_channel_kernel[(B, Hkv, max_kv_splits)](
         q, q.stride(0), q.stride(1),
         attn_logits, attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
@@ -1110,10 +1151,12 @@ def decode_attention_channel(
         BLOCK_B=BLOCK_B, SPLIT=True, HAS_NSPLITS=num_kv_splits is not None, MIN_CHUNK=min_chunk,
         LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE, NB16=nb16,
         USE_ASM=USE_ASM and q.dtype == torch.bfloat16, STAGES=num_int2_stages or INT2_STAGES, PLANES=planes,
-        VWORDS=vwords, KWORDS=kwords, KEYOP=keyop,
+        VWORDS=vwords, KWORDS=kwords, KEYOP=keyop, BF16_LAST=bool(bf16_last), **merge,
         num_warps=num_warps or (PLANES_NUM_WARPS if planes else DECODE_NUM_WARPS[k_bits]), num_stages=num_stages,
         **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
+    if fused_merge:
+        return o
     return merge_splits(o, attn_logits, attn_lse, kv_indptr, req_rows, own_start, sink_start,
                         num_kv_splits, max_kv_splits, nb16, min_chunk, sink_k.shape[1], ring_k.shape[1],
                         chunk=merge_chunk, num_warps=merge_warps)
