@@ -965,7 +965,14 @@ class StoreCase:
     (64, 4, 32, 32, torch.float32, torch.bfloat16),  # bf16 ring: quantises bf16(k)
     (64, 3, 64, 64, torch.bfloat16, torch.bfloat16),
 ])
-def test_store_channel_bit_exact_across_chunks(seed, D, bits, B, vg, k_dtype, ring_dtype):
+@pytest.mark.parametrize("windows", [False, True])
+def test_store_channel_bit_exact_across_chunks(seed, D, bits, B, vg, k_dtype, ring_dtype, windows, monkeypatch):
+    """windows: the block quantiser's programs take windows of B tokens (store_channel.
+    KEY_BLOCK_WINDOWS_MIN_T, prefill chunks) instead of one token each, in every call."""
+    from oscar_kernels.triton import store_channel
+
+    if windows:
+        monkeypatch.setattr(store_channel, "KEY_BLOCK_WINDOWS_MIN_T", 0)
     case = StoreCase(D, bits, B, vg, k_dtype, ring_dtype)
     case.call(0)
     case.check()  # A's block 1 and Bq's block 2 not quantised yet
@@ -1006,9 +1013,10 @@ def test_store_channel_rotates_keys_and_queries_in_kernel(seed, D, bits, B, shar
 
 
 @pytest.mark.parametrize("rotate", [False, True])
-def test_store_channel_one_launch_for_a_decode_step(seed, rotate):
+def test_store_channel_one_launch_for_a_decode_step(seed, rotate, monkeypatch):
     """one_token_per_request (a decode step): the single launch leaves the pool exactly as the two
-    launches do. Requests prefilled to positions just before a block end (the decode token
+    launches do, and so do two launches whose block quantiser takes windows of B tokens (three
+    completing tokens in one window, quantised one after another). Requests prefilled to positions just before a block end (the decode token
     completes block 0 with its sink positions, or a later block, from the ring, W = B) and to
     mid-block positions, each decode token at its own row; with rot_k the keys arrive unrotated."""
     D, bits, B, hkv, gqa = 64, 3, 32, 2, 4
@@ -1035,16 +1043,20 @@ def test_store_channel_one_launch_for_a_decode_step(seed, rotate):
     q = exact_outlier_rows(len(lens), hkv * gqa, D).bfloat16()
     args = (x.to(DEV), v.to(DEV), torch.stack([slots[b][L] for b, L in enumerate(lens)]).to(DEV), pos.to(DEV),
             torch.arange(1, len(lens) + 1, dtype=torch.int32).to(DEV), (pos + 1).int().to(DEV))
+    from oscar_kernels.triton import store_channel
+
     out = []
-    for one in (False, True):
+    for one, windows in ((False, False), (True, False), (False, True)):
+        monkeypatch.setattr(store_channel, "KEY_BLOCK_WINDOWS_MIN_T", 0 if windows else 1 << 30)
         pool = {n: tt.clone() for n, tt in case.pool.items()}
         kw = {} if rot is None else dict(rot_k=rot.to(DEV), q=q.to(DEV), q_out=torch.empty_like(q).to(DEV))
         ops.store_kv_channel(*args, **pool, **fmt, **kw, one_token_per_request=one)
         out.append(({n: tt.cpu() for n, tt in pool.items()}, kw.get("q_out")))
-    for n in case.pool:
-        assert torch.equal(out[0][0][n].view(torch.uint8), out[1][0][n].view(torch.uint8)), n
-    if rotate:
-        assert torch.equal(out[0][1].cpu(), out[1][1].cpu())
+    for other in out[1:]:
+        for n in case.pool:
+            assert torch.equal(out[0][0][n].view(torch.uint8), other[0][n].view(torch.uint8)), n
+        if rotate:
+            assert torch.equal(out[0][1].cpu(), other[1].cpu())
     # and the completed blocks are the reference's (3 of the 5 decode tokens end a block)
     for b, L in enumerate(lens):
         n_blk = (L + 1) // B

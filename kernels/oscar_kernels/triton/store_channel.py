@@ -2,7 +2,8 @@
 
 Two launches, in this order on one stream (no host synchronisation, CUDA-graph safe):
 
-1. _key_blocks_kernel, one program per (new token, KV head): a token at position p with
+1. _key_blocks_kernel, one program per (new token, KV head), or per (window of B new tokens, KV
+   head) in calls of >= KEY_BLOCK_WINDOWS_MIN_T tokens: a token at position p with
    p % B == B - 1 completes block p // B. Its program gathers the block's B keys, quantises each
    channel over them (min-max over the block, sink tokens included; reference.quantize_key_blocks
    operation for operation: fp32, IEEE division, no FMA contraction) and writes the B code rows
@@ -66,21 +67,46 @@ def _rotate(x, R, stride_rk, D: tl.constexpr, DT: tl.constexpr):
     return tl.dot(x.to(DT), r.to(DT))
 
 
-@triton.jit
+# Tokens a call must have for _key_blocks_kernel to give each program a window of BLK tokens
+# (prefill chunks) instead of one token (decode steps). With one token a program, an 8192-token
+# prefill chunk launched 8192 x 8 programs of which 1 in 64 completes a block: 88.6 us a layer
+# (H100 server profile at 64 x 8K prompts, bench/results/serving/
+# 2026-11-27_2255_batch64-step-profiles-fused-merge_h100.json), 2.6 ms of a 217 ms prefill step against
+# the per-token store's 1.0 ms. A window holds at most one completion per request in it, so a
+# decode step of requests in lockstep (all completing a block at the same step) keeps one token a
+# program: windows would quantise up to BLK blocks one after another in one program. H100, one
+# call (bench/results/kernels/2026-11-27_2314_channel-store-windows_h100.json, the whole store of
+# k3c64-v2t64-s4-w128, 8 KV heads): 8,192 tokens 82.6 -> 48.1 us, 16,384 157.0 -> 93.3 us,
+# 64 (one token a program either way) 10.5 us.
+KEY_BLOCK_WINDOWS_MIN_T = 1024
+
+
+@triton.jit(do_not_specialize=["win"])
 def _key_blocks_kernel(
     X, stride_xt, stride_xh,
     Loc, Pos, Rows,
     Ring, stride_rr, stride_rp, stride_rh,
     KC, stride_cn, stride_ch,
     KP, stride_pn, stride_ph, stride_pd,
-    Rot, stride_roth, stride_rotk,
+    Rot, stride_roth, stride_rotk, T, win,
     D: tl.constexpr, BITS: tl.constexpr, BLK: tl.constexpr, W: tl.constexpr,
     HAS_ROT: tl.constexpr, DT: tl.constexpr,
 ):
-    _key_block(tl.program_id(0), tl.program_id(1).to(tl.int64),  # head-major pool: h * stride can pass 2^31
-               X, stride_xt, stride_xh, Loc, Pos, Rows, Ring, stride_rr, stride_rp, stride_rh,
-               KC, stride_cn, stride_ch, KP, stride_pn, stride_ph, stride_pd, Rot, stride_roth, stride_rotk,
-               D, BITS, BLK, W, HAS_ROT, DT)
+    """Program (w, h): tokens [w * win, (w + 1) * win) of the call (win <= BLK), KV head h; each
+    of them that completes a block quantises it (_key_block), in token order. win is not
+    specialised: one compiled kernel for windows of 1 (decode steps) and of BLK (prefill)."""
+    h = tl.program_id(1).to(tl.int64)  # head-major pool: h * stride can pass 2^31
+    i = tl.arange(0, BLK)
+    t = tl.program_id(0) * win + i
+    inw = (i < win) & (t < T)
+    done = inw & (tl.load(Pos + t, mask=inw, other=0) % BLK == BLK - 1)
+    last = tl.program_id(0) * win - 1
+    for _ in range(tl.sum(done.to(tl.int32), 0)):
+        tk = tl.min(tl.where(done & (t > last), t, T), 0)  # the next completing token
+        _key_block(tk, h, X, stride_xt, stride_xh, Loc, Pos, Rows, Ring, stride_rr, stride_rp, stride_rh,
+                   KC, stride_cn, stride_ch, KP, stride_pn, stride_ph, stride_pd, Rot, stride_roth, stride_rotk,
+                   D, BITS, BLK, W, HAS_ROT, DT)
+        last = tk
 
 
 @triton.jit
@@ -293,9 +319,10 @@ def store_kv_channel(
     blocks = dict(KC=k_codes, stride_cn=k_codes.stride(0), stride_ch=k_codes.stride(1), KP=k_params,
                   stride_pn=k_params.stride(0), stride_ph=k_params.stride(1), stride_pd=k_params.stride(2))
     if not one_token_per_request:
-        _key_blocks_kernel[(T, H)](
+        win = B if T >= KEY_BLOCK_WINDOWS_MIN_T else 1
+        _key_blocks_kernel[(triton.cdiv(T, win), H)](
             k, k.stride(0), k.stride(1), loc, positions, token_rows,
-            ring_k, ring_k.stride(0), ring_k.stride(1), ring_k.stride(2), *blocks.values(), *rot,
+            ring_k, ring_k.stride(0), ring_k.stride(1), ring_k.stride(2), *blocks.values(), *rot, T, win,
             D=D, BITS=k_bits, BLK=B, W=W, HAS_ROT=rot_k is not None, DT=dt, num_warps=4, enable_fp_fusion=False,
         )
     # 2. values, side copies, slot map (and the rotated queries, and the blocks with one token a request)
