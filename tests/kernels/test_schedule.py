@@ -56,15 +56,17 @@ def test_fast_decode_fits_its_programs_per_sm(fused):
     assert attend_fast.SPLIT_PROGRAMS_PER_SM <= attend_fast.PROGRAMS_PER_SM
 
 
-@pytest.mark.parametrize("bits", ["3", "2", "4"])
-@pytest.mark.parametrize("reads", ["words", "bytes"])
-def test_channel_decode_fits_its_programs_per_sm(bits, reads):
+@pytest.mark.parametrize("bits,reads,fused", [(b, r, False) for b in ("3", "2", "4") for r in ("words", "bytes")]
+                         + [("3", "words", True)])
+def test_channel_decode_fits_its_programs_per_sm(bits, reads, fused):
     """One-warp per-channel decode programs (B=8, L=32K, D=128; 3-bit keys as planes; code words,
     the default, and byte reads) fit DECODE_SPLIT_PROGRAMS_PER_SM on an H100 SM by registers and by
     shared memory (1 KB reserved per block), with no spill traffic in any loop: the split plan
     sizes its grid for that many, so a kernel that grew past them would run a second, nearly empty
-    wave. The words bodies sit at 254-255 registers (2026-11-27): one more live value spills."""
-    args = ("--bits", bits, "--code-reads", reads)
+    wave. The words bodies sit at 254-255 registers (2026-11-27): one more live value spills.
+    fused: the variant that merges the splits in its last program (batches of 9 requests and more
+    with 8 KV heads on an H100)."""
+    args = ("--bits", bits, "--code-reads", reads) + (("--fused-merge", "1") if fused else ())
     from oscar_kernels.triton import attend_channel as ch
 
     res = sm90.run("channel", "--batch", "8", *args)
