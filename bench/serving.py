@@ -181,14 +181,40 @@ def _wait_for_trace(folder: Path, timeout_s: float) -> list:
     return find_traces(folder)
 
 
+def _start_profile(server, prof_dir: Path, prefix: str, num_steps: int) -> None:
+    """Ask the server to profile its next num_steps forward steps into prof_dir."""
+    from _serving_server import post_json
+
+    try:
+        post_json(server.url + "/start_profile", {
+            "output_dir": str(prof_dir), "num_steps": num_steps, "activities": ["CPU", "GPU"],
+            "with_stack": False, "record_shapes": False, "profile_prefix": prefix})
+    except Exception as e:
+        print(f"  start_profile failed: {e}", flush=True)
+
+
+def _analyze_profile(prof_dir: Path, keep_traces: bool, stage: str) -> dict:
+    """The step attribution of the trace the server wrote into prof_dir (its `stage` spans:
+    DECODE or EXTEND), or {"error": ...}; the traces are deleted unless keep_traces."""
+    from _serving_trace import analyze
+
+    traces = _wait_for_trace(prof_dir, timeout_s=90)
+    if not traces:
+        return {"error": "no trace written"}
+    a = analyze(traces[-1], stage=stage)
+    if not keep_traces:
+        for t in traces:
+            t.unlink()
+    return a
+
+
 def part_attribution(server, rec: dict, contexts: List[int], vocab: int, out_dir: Path,
                      tag: str, keep_traces: bool, batch: int = 1) -> None:
     """Profile ~30 decode steps of `batch` requests in the live server and split the step time."""
     import threading
 
     from _serving_client import random_prompts, run_requests
-    from _serving_server import post_json
-    from _serving_trace import analyze, find_traces, format_attribution
+    from _serving_trace import format_attribution
 
     rec.setdefault("attribution", {})
     if batch > 1:
@@ -211,24 +237,13 @@ def part_attribution(server, rec: dict, contexts: List[int], vocab: int, out_dir
         for _ in range(batch):
             started.acquire(timeout=max(1.0, 600 - (time.time() - t_wait)))
         time.sleep(0.5)
-        try:
-            post_json(server.url + "/start_profile", {
-                "output_dir": str(prof_dir), "num_steps": 30, "activities": ["CPU", "GPU"],
-                "with_stack": False, "record_shapes": False, "profile_prefix": f"{tag}_{ctx}"})
-        except Exception as e:
-            print(f"  start_profile failed: {e}", flush=True)
+        _start_profile(server, prof_dir, f"{tag}_{ctx}", 30)
         th.join()
-        traces = _wait_for_trace(prof_dir, timeout_s=90)
-        if not traces:
-            rec["attribution"][str(ctx)] = {"error": "no trace written"}
-            print(f"  attribution {ctx}: no trace written", flush=True)
-            continue
-        a = analyze(traces[-1])
-        rec["attribution"][str(ctx)] = a
-        print(f"  attribution at {ctx} (server, batch {batch}):\n{format_attribution(a)}", flush=True)
-        if not keep_traces:
-            for t in traces:
-                t.unlink()
+        a = rec["attribution"][str(ctx)] = _analyze_profile(prof_dir, keep_traces, "DECODE")
+        if "error" in a:
+            print(f"  attribution {ctx}: {a['error']}", flush=True)
+        else:
+            print(f"  attribution at {ctx} (server, batch {batch}):\n{format_attribution(a)}", flush=True)
 
 
 def part_attribution_prefill(server, rec: dict, contexts: List[int], vocab: int, out_dir: Path,
@@ -236,33 +251,22 @@ def part_attribution_prefill(server, rec: dict, contexts: List[int], vocab: int,
     """Profile the prefill steps of `batch` prompts of each context sent at once (the scheduler
     runs their prefills before any decode step) and split a prefill step's time."""
     from _serving_client import random_prompts, run_requests
-    from _serving_server import post_json
-    from _serving_trace import analyze, format_attribution
+    from _serving_trace import format_attribution
 
     rec.setdefault("attribution_prefill", {})
     rec["attribution_prefill_batch"] = batch
     for ctx in contexts:
         prof_dir = out_dir / "traces" / f"{tag}_prefill_{ctx}"
         prof_dir.mkdir(parents=True, exist_ok=True)
-        try:  # armed before the prompts arrive: its steps are their prefill chunks
-            post_json(server.url + "/start_profile", {
-                "output_dir": str(prof_dir), "num_steps": min(batch, 12), "activities": ["CPU", "GPU"],
-                "with_stack": False, "record_shapes": False, "profile_prefix": f"{tag}_prefill_{ctx}"})
-        except Exception as e:
-            print(f"  start_profile failed: {e}", flush=True)
+        # armed before the prompts arrive: its steps are their prefill chunks
+        _start_profile(server, prof_dir, f"{tag}_prefill_{ctx}", min(batch, 12))
         run_requests(server.url, random_prompts(batch, ctx, vocab, seed=ctx + 2), 2,
                      f"profile prefill {batch} x {ctx // 1024}K")
-        traces = _wait_for_trace(prof_dir, timeout_s=90)
-        if not traces:
-            rec["attribution_prefill"][str(ctx)] = {"error": "no trace written"}
-            print(f"  prefill attribution {ctx}: no trace written", flush=True)
-            continue
-        a = analyze(traces[-1], stage="EXTEND")
-        rec["attribution_prefill"][str(ctx)] = a
-        print(f"  prefill attribution at {ctx} (server, {batch} prompts):\n{format_attribution(a)}", flush=True)
-        if not keep_traces:
-            for t in traces:
-                t.unlink()
+        a = rec["attribution_prefill"][str(ctx)] = _analyze_profile(prof_dir, keep_traces, "EXTEND")
+        if "error" in a:
+            print(f"  prefill attribution {ctx}: {a['error']}", flush=True)
+        else:
+            print(f"  prefill attribution at {ctx} (server, {batch} prompts):\n{format_attribution(a)}", flush=True)
 
 
 def part_throughput(server, rec: dict, loads: List[tuple], vocab: int, out_dir: Path,
