@@ -193,15 +193,18 @@ def _start_profile(server, prof_dir: Path, prefix: str, num_steps: int) -> None:
         print(f"  start_profile failed: {e}", flush=True)
 
 
-def _analyze_profile(prof_dir: Path, keep_traces: bool, stage: str) -> dict:
+def _analyze_profile(prof_dir: Path, keep_traces: bool, stage: str, label: str) -> dict:
     """The step attribution of the trace the server wrote into prof_dir (its `stage` spans:
-    DECODE or EXTEND), or {"error": ...}; the traces are deleted unless keep_traces."""
-    from _serving_trace import analyze
+    DECODE or EXTEND), or {"error": ...}, printed under `label`; the traces are deleted unless
+    keep_traces."""
+    from _serving_trace import analyze, format_attribution
 
     traces = _wait_for_trace(prof_dir, timeout_s=90)
-    if not traces:
-        return {"error": "no trace written"}
-    a = analyze(traces[-1], stage=stage)
+    a = analyze(traces[-1], stage=stage) if traces else {"error": "no trace written"}
+    if "error" in a:
+        print(f"  {label}: {a['error']}", flush=True)
+    else:
+        print(f"  {label}:\n{format_attribution(a)}", flush=True)
     if not keep_traces:
         for t in traces:
             t.unlink()
@@ -214,7 +217,6 @@ def part_attribution(server, rec: dict, contexts: List[int], vocab: int, out_dir
     import threading
 
     from _serving_client import random_prompts, run_requests
-    from _serving_trace import format_attribution
 
     rec.setdefault("attribution", {})
     if batch > 1:
@@ -239,11 +241,8 @@ def part_attribution(server, rec: dict, contexts: List[int], vocab: int, out_dir
         time.sleep(0.5)
         _start_profile(server, prof_dir, f"{tag}_{ctx}", 30)
         th.join()
-        a = rec["attribution"][str(ctx)] = _analyze_profile(prof_dir, keep_traces, "DECODE")
-        if "error" in a:
-            print(f"  attribution {ctx}: {a['error']}", flush=True)
-        else:
-            print(f"  attribution at {ctx} (server, batch {batch}):\n{format_attribution(a)}", flush=True)
+        rec["attribution"][str(ctx)] = _analyze_profile(prof_dir, keep_traces, "DECODE",
+                                                        f"attribution at {ctx} (server, batch {batch})")
 
 
 def part_attribution_prefill(server, rec: dict, contexts: List[int], vocab: int, out_dir: Path,
@@ -251,7 +250,6 @@ def part_attribution_prefill(server, rec: dict, contexts: List[int], vocab: int,
     """Profile the prefill steps of `batch` prompts of each context sent at once (the scheduler
     runs their prefills before any decode step) and split a prefill step's time."""
     from _serving_client import random_prompts, run_requests
-    from _serving_trace import format_attribution
 
     rec.setdefault("attribution_prefill", {})
     rec["attribution_prefill_batch"] = batch
@@ -262,11 +260,8 @@ def part_attribution_prefill(server, rec: dict, contexts: List[int], vocab: int,
         _start_profile(server, prof_dir, f"{tag}_prefill_{ctx}", min(batch, 12))
         run_requests(server.url, random_prompts(batch, ctx, vocab, seed=ctx + 2), 2,
                      f"profile prefill {batch} x {ctx // 1024}K")
-        a = rec["attribution_prefill"][str(ctx)] = _analyze_profile(prof_dir, keep_traces, "EXTEND")
-        if "error" in a:
-            print(f"  prefill attribution {ctx}: {a['error']}", flush=True)
-        else:
-            print(f"  prefill attribution at {ctx} (server, {batch} prompts):\n{format_attribution(a)}", flush=True)
+        rec["attribution_prefill"][str(ctx)] = _analyze_profile(
+            prof_dir, keep_traces, "EXTEND", f"prefill attribution at {ctx} (server, {batch} prompts)")
 
 
 def part_throughput(server, rec: dict, loads: List[tuple], vocab: int, out_dir: Path,
