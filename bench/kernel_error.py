@@ -244,11 +244,13 @@ def decode_rows(fmt, lens, hkv, gqa, gen, tol):
     variants = {"default splits": {}, "fewest splits": {"num_kv_splits": torch.ones(len(lens), dtype=torch.int32, device=DEV)}}
     if fmt.k_bits == 3 and D >= 128:
         variants["packed 3-bit body"] = {"k3_variant": "packed"}
-    # the key operand variants (the default is fp16 since 2026-11-27; bf16 was the default before):
+    # the key operand variants (the default is fp16-paired since 2026-11-28, fp16 before it from
+    # 2026-11-27, bf16 before that):
     # fp32 in the interpreter, so only a GPU run tells them apart
     variants["bf16 key operands"] = {"key_operands": "bf16"}
     variants["fp16 key operands"] = {"key_operands": "fp16"}
     variants["fp16-shifted key operands"] = {"key_operands": "fp16-shifted"}
+    variants["fp16-paired key operands"] = {"key_operands": "fp16-paired"}
     # the code reads that are not the default (attend_channel.CHANNEL_CODE_READS: bytes, or value
     # codes and 2-bit keys read as 16-bit words); words need head_dim >= 128 (K and V share it here)
     other = "bytes" if kernel_defaults()["code_reads"] == "words" else "words"

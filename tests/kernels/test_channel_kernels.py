@@ -180,9 +180,10 @@ def test_decode_channel_launch_order_and_fused_merge(seed, bf16_last, fused, spl
 # rounding of q * s there; the interpreter runs every variant in fp32 (as PV_DT), bf16 included
 @pytest.mark.parametrize("D,bits,k3,keys", [(128, 3, "planes", "fp16"), (128, 3, "packed", "fp16-shifted"),
                                             (128, 2, None, "fp16"), (128, 4, None, "fp16-shifted"),
-                                            (64, 3, None, "fp16"), (128, 3, "planes", "fp16-shifted")])
+                                            (64, 3, None, "fp16"), (128, 3, "planes", "fp16-shifted"),
+                                            (128, 3, "planes", "fp16-paired"), (128, 2, None, "fp16-paired")])
 def test_decode_channel_fp16_key_operands(seed, D, bits, k3, keys):
-    """key_operands 'fp16' / 'fp16-shifted' read the same pool to fp16's precision of q * s on
+    """key_operands 'fp16' / 'fp16-shifted' / 'fp16-paired' read the same pool to fp16's precision of q * s on
     CUDA (an error of its order against float64), GQA 4. The interpreter runs them as 'bf16' (fp32
     operands, no offsets: the same output); their PTX is checked above."""
     hkv, gqa = 2, 4
@@ -204,10 +205,14 @@ def test_decode_channel_fp16_key_operands(seed, D, bits, k3, keys):
 
 
 def test_decode_channel_key_operands_switch(seed, monkeypatch):
-    """OSCAR_CHANNEL_DECODE_KEYS picks the body's key operands (unset or empty: 'fp16', KEYOP 1),
-    key_operands overrides it ('bf16' 0, 'fp16-shifted' 2); bad values are refused."""
+    """OSCAR_CHANNEL_DECODE_KEYS picks the body's key operands (unset or empty: 'fp16-paired',
+    KEYOP 1 with PAIRED), key_operands overrides it ('bf16' 0, 'fp16' 1, 'fp16-shifted' 2); bad
+    values are refused."""
     monkeypatch.delenv("OSCAR_CHANNEL_DECODE_KEYS", raising=False)
-    assert _launch(monkeypatch, 128, 3)[1]["KEYOP"] == 1
+    default = _launch(monkeypatch, 128, 3)[1]
+    assert default["KEYOP"] == 1 and default["PAIRED"]
+    fp16 = _launch(monkeypatch, 128, 3, key_operands="fp16")[1]
+    assert fp16["KEYOP"] == 1 and not fp16["PAIRED"]
     assert _launch(monkeypatch, 128, 3, key_operands="bf16")[1]["KEYOP"] == 0
     assert _launch(monkeypatch, 128, 3, key_operands="fp16-shifted")[1]["KEYOP"] == 2
     monkeypatch.setenv("OSCAR_CHANNEL_DECODE_KEYS", "")
@@ -216,9 +221,9 @@ def test_decode_channel_key_operands_switch(seed, monkeypatch):
     assert _launch(monkeypatch, 64, 4)[1]["KEYOP"] == 2
     assert _launch(monkeypatch, 128, 3, key_operands="bf16")[1]["KEYOP"] == 0
     monkeypatch.setenv("OSCAR_CHANNEL_DECODE_KEYS", "half")
-    with pytest.raises(ValueError, match="OSCAR_CHANNEL_DECODE_KEYS must be 'bf16' or 'fp16' or 'fp16-shifted', got 'half'"):
+    with pytest.raises(ValueError, match="OSCAR_CHANNEL_DECODE_KEYS must be 'bf16' or 'fp16' or 'fp16-shifted' or 'fp16-paired', got 'half'"):
         _launch(monkeypatch, 128, 3)
-    with pytest.raises(ValueError, match="key_operands must be 'bf16' or 'fp16' or 'fp16-shifted'"):
+    with pytest.raises(ValueError, match="key_operands must be 'bf16' or 'fp16' or 'fp16-shifted' or 'fp16-paired'"):
         _launch(monkeypatch, 128, 3, key_operands="fp32")
 
 
@@ -411,6 +416,48 @@ def test_fp16_key_operand_constants():
         qs = torch.randn(4096).half().float()
         for m in set(ch.HI_QMUL.value):
             assert torch.equal(((ofs * (1.0 + m)) * qs).double(), (ofs * (1.0 + m)) * qs.double())
+
+
+def test_paired_plane_operands_cancel_offsets():
+    """PAIRED's PTX (CUDA only) emulated on every pair of widened bytes: the 2-bit plane's operand
+    of eighth E (lop3 0xEA: (w & LO16_MASK[J]) | PAIR_LO_EXP[J], J = E // 2) is 1024 + 4 * place +
+    code * place, the 1-bit plane's (w shifted left by 2 - E % 2, lop3 0xAE: (~w & mask) | exp) is
+    -(1024 + (1 - bit) * 4 * place), and their sum is the 3-bit code times place (4^J; quarter 3 at
+    64, the "fp16" operands' place) for every code and bit: the offsets cancel in the MMAs."""
+    from oscar_kernels.triton import attend_channel as ch
+
+    lo, hi = torch.meshgrid(torch.arange(256), torch.arange(256), indexing="ij")
+    w = lo | hi << 16
+    both = torch.stack([lo, hi], -1)
+
+    def halves(r):
+        return torch.stack([r & 0xFFFF, r >> 16], -1).to(torch.int16).view(torch.float16).double()
+
+    def lop3(a, b, c, lut):  # bitwise: bit i of the result is bit (a_i << 2 | b_i << 1 | c_i) of lut
+        out = torch.zeros_like(a)
+        for k in range(8):
+            if lut >> k & 1:
+                sel = ((a if k & 4 else ~a) & (b if k & 2 else ~b) & (c if k & 1 else ~c))
+                out |= sel
+        return out & 0xFFFFFFFF
+
+    assert ch.SHL16.value[1].endswith("1;") and ch.SHL16.value[2].endswith("2;")
+    hi_exp = torch.tensor(int(ch.PAIR_HI_EXP.value, 16))
+    for E in range(8):
+        J = E // 2
+        place = 4.0 ** J if J < 3 else ch.KEY_PLACE3.value[1]
+        a = lop3(w, torch.tensor(int(ch.LO16_MASK.value[J], 16)), torch.tensor(int(ch.PAIR_LO_EXP.value[J], 16)), 0xEA)
+        # the 1-bit plane's register holds the byte pair shifted (lo / hi stand for its bytes too)
+        x = (w << (2 - E % 2)) & 0xFFFFFFFF
+        b = lop3(x, torch.tensor(int(ch.PAIR_HI_MASK.value[J], 16)), hi_exp, int(ch.PAIR_HI_LUT.value, 16))
+        code = ((both >> 2 * J) & 3).double()
+        bit = ((both >> E) & 1).double()
+        assert torch.equal(halves(a), 1024 + 4 * place + code * place), E
+        assert torch.equal(halves(b), -(1024 + (1 - bit) * 4 * place)), E
+        # every (code, bit) pair (the planes' bytes are independent): the sum is the 3-bit code's
+        c4, b2 = torch.arange(4.0).double()[:, None], torch.arange(2.0).double()[None, :]
+        ops_sum = (1024 + 4 * place + c4 * place) - (1024 + (1 - b2) * 4 * place)
+        assert torch.equal(ops_sum, (c4 + 4 * b2) * place), E
 
 
 def _prmt(a: int, b: int, sel: int) -> int:

@@ -69,7 +69,7 @@ def test_our_names_and_fork_aliases(tmp_path):
         ({"OSCAR_CHANNEL_DECODE_3BIT": "fast"}, ["OSCAR_CHANNEL_DECODE_3BIT", "'packed' or 'planes'"]),
         ({"OSCAR_CHANNEL_EXTEND": "fast"}, ["OSCAR_CHANNEL_EXTEND", "'codes' or 'dequant'"]),
         ({"OSCAR_CHANNEL_DECODE_READS": "int16"}, ["OSCAR_CHANNEL_DECODE_READS", "'bytes' or 'words'"]),
-        ({"OSCAR_CHANNEL_DECODE_KEYS": "fp32"}, ["OSCAR_CHANNEL_DECODE_KEYS", "'bf16' or 'fp16' or 'fp16-shifted'"]),
+        ({"OSCAR_CHANNEL_DECODE_KEYS": "fp32"}, ["OSCAR_CHANNEL_DECODE_KEYS", "'bf16' or 'fp16' or 'fp16-shifted' or 'fp16-paired'"]),
         ({"OSCAR_NEW_TOKEN_ATTENTION": "fa3"}, ["OSCAR_NEW_TOKEN_ATTENTION", "'flashinfer' or 'triton'"]),
         ({"OSCAR_PREFIX_ATTENTION": "bf16"}, ["OSCAR_PREFIX_ATTENTION", "'int2' or 'flashinfer'"]),
         ({"OSCAR_DECODE_STORE": "kernel"}, ["OSCAR_DECODE_STORE", "'split' or 'fused'"]),

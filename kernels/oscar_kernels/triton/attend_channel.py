@@ -106,7 +106,9 @@ CHANNEL_READS_DEFAULT = "words"
 
 
 # The decode body's key-side MMA operands (OSCAR_CHANNEL_DECODE_KEYS or
-# decode_attention_channel(key_operands=...)): "fp16" (the default) rounds each block's q * s to
+# decode_attention_channel(key_operands=...)): "fp16-paired" (the default since 2026-11-28) is
+# "fp16" whose two 3-bit planes carry opposite offsets (PAIRED below; other layouts run "fp16");
+# "fp16" (the default from 2026-11-27) rounds each block's q * s to
 # fp16 and builds the code operands under fp16 exponents with bf16's lop3s (BODY_OFS_FP16 = 1024 +
 # code * place: an offset 8x bf16's relative to the codes); "bf16" (the default until 2026-11-27)
 # rounds q * s to bf16 and builds them under bf16 exponents (BODY_OFS + code * place);
@@ -121,9 +123,16 @@ CHANNEL_READS_DEFAULT = "words"
 # its block, so |q| * |k| would have to reach ~10^5; such a model should set
 # OSCAR_CHANNEL_DECODE_KEYS=bf16.
 # 2-bit keys read as words (KWORDS) use fp16 either way.
-CHANNEL_KEY_OPERANDS = ("bf16", "fp16", "fp16-shifted")
+# fp16-paired against fp16, H100, one call (bench/results/kernels/
+# 2026-11-28_0034_channel-paired-operands_h100.json, k3c64-v2t64-s4-w128): 8 x 32K 99.3 -> 97.2 us
+# (69% -> 71% of copy), 64 x 8K 190.1 -> 185.6, 64 x 8.5K 194.9 -> 192.8, 1 x 128K 59.4 -> 57.8,
+# but 512 x 2K 429.4 -> 437.0 (1.8% slower); offline sm_90 1,351 -> 1,317 instructions a body tile,
+# 255 -> 238 registers. Error on kernel_error.py's outlier inputs 4.35e-3 max against fp16's
+# 4.47e-3 (_0036_kernel-error_h100.json): the planes' offsets cancel after each pair of MMAs
+# instead of accumulating over the eighths.
+CHANNEL_KEY_OPERANDS = ("bf16", "fp16", "fp16-shifted", "fp16-paired")
 CHANNEL_KEYS_ENV = "OSCAR_CHANNEL_DECODE_KEYS"
-CHANNEL_KEYS_DEFAULT = "fp16"
+CHANNEL_KEYS_DEFAULT = "fp16-paired"
 
 
 # Decode split plan (issue 19). A one-warp program takes 245-255 registers at sm_90, so 8 fit on an
@@ -144,7 +153,13 @@ CHANNEL_KEYS_DEFAULT = "fp16"
 # 128-key least chunk lost 3 us at 128K for 0.8 us at 4K. Batch 2 gets 68. SGLang's split scratch
 # holds 64 in the server, so the backend gives these batches one of its own (_wide_split_scratch).
 # Neither more warps, nor register caps (spills), nor a third pipeline stage helped at any batch
-# (_0228_*).
+# (_0228_*). Nor more parallelism inside a program's step (2026-11-28, one call, H100:
+# bench/results/kernels/2026-11-28_0025_channel-pipelined-body_h100.json; the code was not kept): a
+# body loop whose step scored tile t while taking the softmax and values of tile t - 1 (sm_90
+# interleaved the two: 242 registers, no spills, +27 instructions a tile) was 3-6% slower at every
+# shape, and the 3-bit planes' scores in two accumulators (a dependent MMA chain half as long)
+# 0.6-3.4% slower. That points at the instructions the body issues rather than their latencies
+# (fp16-paired below: 2.5% fewer, 1-2.7% faster at four of five shapes).
 DECODE_SPLIT_PROGRAMS_PER_SM = 8
 DECODE_MAX_SPLITS = 128
 # FMERGE (decode_attention_channel(fused_merge=...)): up to attend_fast.FUSED_MERGE_MAX_SPLITS
@@ -521,6 +536,46 @@ def _hi_plane(h16, E: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr, KEY
         return (bit * HI_QMUL[8 * KEYOP + E]).to(DT)
 
 
+# PAIRED (planes with "fp16" key operands; key_operands "fp16-paired"): the two planes'
+# operands of an eighth carry opposite offsets, so their MMAs cancel them and the row constant has
+# no offset term (no per-dim sum of the rounded q * s: 8 conversions and multiply-adds per eighth
+# and lane). The 2-bit plane's operand takes bit 2J + 2 of the mantissa as a constant,
+# 1024 + 4 * place + code * place (place = _k_place(J, 1) = 4^J, quarter 3's 64 included: the
+# constant sits right above the code field); the 1-bit plane's is -(1024 + (1 - bit) * 4 * place)
+# = -(1024 + 4 * place) + bit * 4 * place: the bit moved up to 2J + 2 (a shift left of 2 - E % 2,
+# each widened register shifted once per parity), inverted and masked by one lop3
+# ((~w & mask) | exp, LUT 0xAE) under the negative exponent of 1024. Summed, the eighth's operands
+# are (code + 4 * bit) * place, the 3-bit code's: both multiply the same q * s / place.
+PAIR_LO_EXP = tl.constexpr(("0x64046404", "0x64106410", "0x64406440", "0x65006500"))
+PAIR_HI_MASK = tl.constexpr(("0x00040004", "0x00100010", "0x00400040", "0x01000100"))
+PAIR_HI_EXP = tl.constexpr("0xE400E400")
+PAIR_HI_LUT = tl.constexpr("0xAE")  # lop3's table of (~a & b) | c
+
+
+@triton.jit
+def _paired_operands(lo, hi1, hi2, E: tl.constexpr):
+    """Eighth E's two fp16 operands (PAIRED): the 2-bit plane's quarter E // 2 of lo, the 1-bit
+    plane's bit E of the widened bytes shifted left by 2 - E % 2 (hi1: by 1, hi2: by 2)."""
+    J: tl.constexpr = E // 2
+    a = tl.inline_asm_elementwise(
+        "{.reg .b32 m; mov.b32 m, " + PAIR_LO_EXP[J] + "; lop3.b32 $0, $1, " + LO16_MASK[J] + ", m, 0xEA;}",
+        "=r,r", [lo], dtype=tl.float16, is_pure=True, pack=2)
+    b = tl.inline_asm_elementwise(
+        "{.reg .b32 m; mov.b32 m, " + PAIR_HI_EXP + "; lop3.b32 $0, $1, " + PAIR_HI_MASK[J] + ", m, " + PAIR_HI_LUT + ";}",
+        "=r,r", [hi2 if E % 2 == 0 else hi1], dtype=tl.float16, is_pure=True, pack=2)
+    return a, b
+
+
+SHL16 = tl.constexpr(("shl.b32 $0, $1, 0;", "shl.b32 $0, $1, 1;", "shl.b32 $0, $1, 2;"))
+
+
+@triton.jit
+def _shl16(x, N: tl.constexpr):
+    """uint16-widened bytes shifted left by N (1 or 2) in place: one shl per two (no carry between
+    halves: bits 8-15 of each are zero)."""
+    return tl.inline_asm_elementwise(SHL16[N], "=r,r", [x], dtype=tl.uint16, is_pure=True, pack=2)
+
+
 @triton.jit
 def _pick8(E: tl.constexpr, a0, a1, a2, a3, a4, a5, a6, a7):
     if E < 4:
@@ -537,7 +592,7 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
                  D: tl.constexpr, DV: tl.constexpr, BITS: tl.constexpr, BLK: tl.constexpr, GV: tl.constexpr,
                  BLOCK_M: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, USE_ASM: tl.constexpr,
                  STAGES: tl.constexpr, PLANES: tl.constexpr, VWORDS: tl.constexpr, KWORDS: tl.constexpr,
-                 KEYOP: tl.constexpr, MASKED: tl.constexpr):
+                 KEYOP: tl.constexpr, MASKED: tl.constexpr, PAIRED: tl.constexpr):
     """Decode's quantised body blocks (see _key_operand's note), continuing the BF16 loops' softmax
     state (row-major a0..a3 [rows, Dv/4]); returns it in the same form. Blocks: jb in [t_lo, t_hi)
     whose every position is a body position, without masks (MASKED False); or, MASKED, the edge
@@ -564,6 +619,7 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
     KDT: tl.constexpr = tl.float16 if KEYOP > 0 and PV_DT != tl.float32 else PV_DT
     KOFS: tl.constexpr = (BODY_OFS_FP16 if KEYOP == 1 else BODY_OFS) if USE_ASM else 0.0
     QSC = 1.0 if LOGIT_CAP else sm_scale_log2
+    PAIR: tl.constexpr = PAIRED and PLANES and USE_ASM and KEYOP == 1 and KDT == tl.float16
     if PLANES:
         # q^T eighths [D/8, rows] in PV_DT, each divided by its key quarter's place value (a power
         # of two: exact), so that q * s needs no scale of its own (ROWC's note)
@@ -636,6 +692,9 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
             lo_a = _widen(tl.load(kcb + d8[None, :]), USE_ASM)
             lo_b = _widen(tl.load(kcb + D8 + d8[None, :]), USE_ASM)
             hi16 = _widen(tl.load(kcb + QD + d8[None, :]), USE_ASM)
+            if PAIR:
+                hi1 = _shl16(hi16, 1)
+                hi2 = _shl16(hi16, 2)
             kpb = KPh + page * stride_kpn + d8
             # per-dim terms of the row constant: (q / place) . m, Horner over the quarters' place
             # values, and the operands' offsets' (1 + HI_QMUL) * qs, times KOFS after the loop
@@ -649,11 +708,16 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
                 qet = _pick8(e, qe0, qe1, qe2, qe3, qe4, qe5, qe6, qe7).to(tl.float32)  # q / place value
                 qs = (qet * sc[:, None]).to(KDT)  # both planes: q * s / place value
                 lo = lo_a if e % 2 == 0 else lo_b
-                part = tl.dot(_lo_operand(lo, e // 2, KDT, USE_ASM, KEYOP), qs, part)
-                part = tl.dot(_hi_plane(hi16, e, KDT, USE_ASM, KEYOP), qs, part)
+                if PAIR:  # offsets cancel between the planes (PAIRED)
+                    op_lo, op_hi = _paired_operands(lo, hi1, hi2, e)
+                    part = tl.dot(op_lo, qs, part)
+                    part = tl.dot(op_hi, qs, part)
+                else:
+                    part = tl.dot(_lo_operand(lo, e // 2, KDT, USE_ASM, KEYOP), qs, part)
+                    part = tl.dot(_hi_plane(hi16, e, KDT, USE_ASM, KEYOP), qs, part)
+                    # from the rounded qs: exact removal ((1 + HI_QMUL) * qs is exact in fp32)
+                    qo += (1.0 + HI_QMUL[8 * KEYOP + e]) * qs.to(tl.float32)
                 qc += qet * mn[:, None]
-                # from the rounded qs: exact removal ((1 + HI_QMUL) * qs is exact in fp32)
-                qo += (1.0 + HI_QMUL[8 * KEYOP + e]) * qs.to(tl.float32)
             st = (part + tl.sum(qc - KOFS * qo, 0)[None, :]) * QSC
         elif KWORDS:
             kw = tl.load(kcb + tl.arange(0, QW)[None, :])  # [keys, D/8 words]
@@ -811,7 +875,7 @@ def attend_channel_kernel(
     MIN_CHUNK: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, NB16: tl.constexpr,
     USE_ASM: tl.constexpr = False, STAGES: tl.constexpr = 2, PLANES: tl.constexpr = False,
     EXT_DQ: tl.constexpr = False, VWORDS: tl.constexpr = False, KWORDS: tl.constexpr = False,
-    KEYOP: tl.constexpr = 0, BF16_LAST: tl.constexpr = False,
+    KEYOP: tl.constexpr = 0, BF16_LAST: tl.constexpr = False, PAIRED: tl.constexpr = False,
     MERGE: tl.constexpr = False, MERGE_ROWS: tl.constexpr = 1, SPLITS_P2: tl.constexpr = 1,
     Final=None, stride_fb=0, stride_fh=0, Arrived=None,
 ):
@@ -951,14 +1015,14 @@ def attend_channel_kernel(
                 sink_lo, sink_hi, idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
                 sm_scale_log2, logit_cap, Q + tok * stride_qt + hq * stride_qh,
                 D, DV, BITS, BLK, GV, BLOCK_M, LOGIT_CAP, PV_DT, USE_ASM, STAGES, PLANES, VWORDS, KWORDS, KEYOP,
-                True)
+                True, PAIRED)
         else:
             m_i, l_i, a0, a1, a2, a3 = _decode_body(
                 q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, 0, 0, n_a, start_b, ring_lo,
                 sink_lo, sink_hi, idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
                 sm_scale_log2, logit_cap, Q + tok * stride_qt + hq * stride_qh,
                 D, DV, BITS, BLK, GV, BLOCK_M, LOGIT_CAP, PV_DT, USE_ASM, STAGES, PLANES, VWORDS, KWORDS, KEYOP,
-                not EDGE_LOOP)  # without the edge loop these blocks include the edges: masked
+                not EDGE_LOOP, PAIRED)  # without the edge loop these blocks include the edges: masked
         j_hi = j_lo  # the extend loop below walks nothing
     if EXT_DQ:  # its q operands, converted once for every page
         q0 = q0.to(DQ_DT)
@@ -1118,6 +1182,8 @@ def decode_attention_channel(
     vwords = words and v_codes.shape[-1] * 4 >= WORDS_MIN_DIM
     kwords = words and k_bits == 2 and q.shape[-1] >= WORDS_MIN_DIM
     keyop = CHANNEL_KEY_OPERANDS.index(channel_key_operands(key_operands))
+    paired = keyop == 3  # "fp16-paired": "fp16" operands, the planes' offsets cancelling (PAIRED)
+    keyop = 1 if paired else keyop
     sink_start = own_start if sink_start is None else sink_start
     B, Hq, D = q.shape
     Hkv = k_codes.shape[1]
@@ -1151,7 +1217,7 @@ def decode_attention_channel(
         BLOCK_B=BLOCK_B, SPLIT=True, HAS_NSPLITS=num_kv_splits is not None, MIN_CHUNK=min_chunk,
         LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE, NB16=nb16,
         USE_ASM=USE_ASM and q.dtype == torch.bfloat16, STAGES=num_int2_stages or INT2_STAGES, PLANES=planes,
-        VWORDS=vwords, KWORDS=kwords, KEYOP=keyop, BF16_LAST=bool(bf16_last), **merge,
+        VWORDS=vwords, KWORDS=kwords, KEYOP=keyop, BF16_LAST=bool(bf16_last), PAIRED=paired, **merge,
         num_warps=num_warps or (PLANES_NUM_WARPS if planes else DECODE_NUM_WARPS[k_bits]), num_stages=num_stages,
         **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
