@@ -7,7 +7,12 @@ two bare machines took 1.8-2.0x a warm one's TTFT with OSCAR_DECODE_STORE=fused,
 log could not say why. The backend calls start() at the first forward after CUDA-graph capture;
 from then on each in-process Triton cache miss (a compile, or a load from Triton's disk cache) is
 logged with the kernel, its time and its signature, and listed in /server_info under
-oscar_int2.compiled_while_serving.
+oscar_int2.compiled_while_serving. The compiles before it (the warm-up's and CUDA-graph capture's)
+are summed per kernel and logged once when serving starts, slowest first, and listed under
+oscar_int2.compiled_at_start: on a bare H100 the default's start spent ~230 s in the prefill
+warm-up and the decode graph capture (2026-11-28: "prefill kernels compiled at start (116.6 s)",
+capture 114.8 s, 86 s of it on its first batch), mostly compiling, against the per-token recipe's
+~100 s for its whole start, and which kernels take it was not known.
 
 Triton's runtime hooks (knobs.runtime.jit_cache_hook / jit_post_compile_hook, Triton >= 3.4) are
 chained, not replaced: a hook someone else set still runs, and what it returns is returned.
@@ -20,8 +25,9 @@ import time
 logger = logging.getLogger("oscar_sglang")
 
 MAX_KEPT = 64  # entries kept for /server_info (the log has every one)
+TOP_AT_START = 6  # kernels named in the start-up summary line
 
-_state: dict = {"installed": False, "serving_since": None, "pending": {}, "compiled": []}
+_state: dict = {"installed": False, "serving_since": None, "pending": {}, "compiled": [], "at_start": {}}
 
 
 def _name(fn) -> str:
@@ -33,7 +39,7 @@ def _name(fn) -> str:
 
 def _on_miss(prev, kwargs):
     skip = prev(**kwargs) if prev is not None else None  # truthy: Triton compiles nothing
-    if not skip and _state["serving_since"] is not None and not kwargs.get("is_manual_warmup"):
+    if not skip and not kwargs.get("is_manual_warmup"):
         _state["pending"][(_name(kwargs.get("fn")), repr(kwargs.get("key")))] = time.perf_counter()
     return skip
 
@@ -41,7 +47,11 @@ def _on_miss(prev, kwargs):
 def _on_compiled(prev, kwargs):
     name = _name(kwargs.get("fn"))
     t0 = _state["pending"].pop((name, repr(kwargs.get("key"))), None)
-    if t0 is not None:
+    if t0 is not None and _state["serving_since"] is None:  # start-up: summed per kernel
+        n_ms = _state.setdefault("at_start", {}).setdefault(name, [0, 0.0])
+        n_ms[0] += 1
+        n_ms[1] += (time.perf_counter() - t0) * 1e3
+    elif t0 is not None:
         now = time.perf_counter()
         entry = {"kernel": name, "ms": round((now - t0) * 1e3, 1),
                  "after_start_s": round(now - _state["serving_since"], 1)}
@@ -75,9 +85,26 @@ def install() -> bool:
 
 
 def start() -> None:
-    """The first forward after capture: compiles from here on are a request's wait."""
+    """The first forward after capture: compiles from here on are a request's wait. Logs what
+    the start-up compiled (compiled_at_start) once."""
     if _state["serving_since"] is None:
         _state["serving_since"] = time.perf_counter()
+        done = compiled_at_start()
+        if done["variants"]:
+            top = ", ".join(f"{k['kernel']} ({k['variants']} x, {k['s']:.1f} s)"
+                            for k in done["kernels"][:TOP_AT_START])
+            logger.info("OSCAR INT2: Triton compiled (or loaded from its disk cache) %d kernel variants "
+                        "during start-up, %.1f s in all; slowest: %s", done["variants"], done["s"], top)
+
+
+def compiled_at_start() -> dict:
+    """{variants, s, kernels: [{kernel, variants, s}] slowest first} of the compiles before
+    start(): the warm-up's and CUDA-graph capture's."""
+    per = _state.get("at_start", {})
+    kernels = sorted(({"kernel": k, "variants": n, "s": round(ms / 1e3, 2)} for k, (n, ms) in per.items()),
+                     key=lambda e: -e["s"])
+    return {"variants": sum(n for n, _ in per.values()), "s": round(sum(ms for _, ms in per.values()) / 1e3, 2),
+            "kernels": kernels}
 
 
 def compiled_while_serving() -> list:

@@ -7,7 +7,7 @@ their side-buffer bytes), and the Triton kernels compiled while serving (compile
 """
 from __future__ import annotations
 
-from .compile_watch import compiled_while_serving
+from .compile_watch import compiled_at_start, compiled_while_serving
 from .state import hooks_ok
 
 _STATIC_KEYS = (
@@ -26,6 +26,7 @@ def describe(info: dict, scheduler=None) -> dict:
     out["hooks_ok"] = hooks_ok()
     # Triton kernels this scheduler compiled after its first forward (each one a request's wait)
     out["compiled_while_serving"] = compiled_while_serving()
+    out["compiled_at_start"] = compiled_at_start()  # the warm-up's and capture's, per kernel
     if scheduler is not None:
         try:
             alloc = scheduler.token_to_kv_pool_allocator

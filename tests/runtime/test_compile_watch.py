@@ -1,5 +1,6 @@
 """compile_watch: a Triton compile after the first forward is logged and listed in /server_info;
-compiles before it are not; hooks set by others keep running and keep their say.
+compiles before it are summed per kernel, logged once when serving starts and listed too; hooks
+set by others keep running and keep their say.
 
 Triton's own JIT runs the hooks only on a GPU (the interpreter has none), so these tests call the
 hooks installed in triton.knobs.runtime with the keyword arguments JITFunction._call_hook passes
@@ -18,20 +19,25 @@ knobs = pytest.importorskip("triton").knobs
 def watch(monkeypatch):
     from oscar_sglang.runtime import compile_watch as cw
 
-    monkeypatch.setattr(cw, "_state", {"installed": False, "serving_since": None, "pending": {}, "compiled": []})
+    monkeypatch.setattr(cw, "_state", {"installed": False, "serving_since": None, "pending": {}, "compiled": [],
+                                       "at_start": {}})
     rt = knobs.runtime
     saved = rt.jit_cache_hook, rt.jit_post_compile_hook
     yield cw
     rt.jit_cache_hook, rt.jit_post_compile_hook = saved
 
 
-def _compile(key, manual=False):
-    """One in-process cache miss as Triton reports it: the cache hook, then (compiled) the post hook."""
-    fn = SimpleNamespace(module="oscar_kernels.triton.store_channel", name="_tokens_kernel", jit_function=None)
+def _compile(key, manual=False, name="_tokens_kernel", module="oscar_kernels.triton.store_channel", pause=0.0):
+    """One in-process cache miss as Triton reports it: the cache hook, then (compiled, after
+    `pause` seconds) the post hook."""
+    import time
+
+    fn = SimpleNamespace(module=module, name=name, jit_function=None)
     kw = dict(key=key, repr=f"_tokens_kernel[num_warps=4](XK: *bf16, T: i32) {key}", fn=fn,
               compile={"key": key}, is_manual_warmup=manual, already_compiled=False)
     skip = knobs.runtime.jit_cache_hook(**kw)
     if not skip:
+        time.sleep(pause)
         knobs.runtime.jit_post_compile_hook(**kw)
     return skip
 
@@ -39,7 +45,7 @@ def _compile(key, manual=False):
 def test_only_compiles_after_the_first_forward_are_reported(watch, caplog):
     assert watch.install() and watch.install()  # once per process
     with caplog.at_level(logging.WARNING, logger="oscar_sglang"):
-        _compile(("capture", 1))  # start-up and CUDA-graph capture: expected
+        _compile(("capture", 1))  # start-up and CUDA-graph capture: expected, no warning
         assert watch.compiled_while_serving() == [] and not caplog.records
         watch.start()
         watch.start()  # later forwards do not move the start
@@ -97,3 +103,29 @@ def test_the_backend_starts_the_watch_at_its_first_forward_after_capture(watch, 
     assert watch._state["serving_since"] is None
     b.init_forward_metadata_out_graph(SimpleNamespace())
     assert watch._state["serving_since"] is not None
+
+
+def test_start_up_compiles_are_summed_per_kernel_and_logged_once(watch, caplog):
+    watch.install()
+    dec = dict(name="attend_channel_kernel", module="oscar_kernels.triton.attend_channel")
+    _compile(("bs", 639), pause=0.03, **dec)
+    _compile(("bs", 8), pause=0.03, **dec)
+    _compile(("chunk", 16))
+    _compile(("warmup", 1), manual=True)  # a kernel's own .warmup(): not counted
+    with caplog.at_level(logging.INFO, logger="oscar_sglang"):
+        watch.start()
+        watch.start()  # once
+        _compile(("serving", 8192))  # after the start: a warning of its own, not in the summary
+    got = watch.compiled_at_start()
+    assert got["variants"] == 3
+    names = [k["kernel"] for k in got["kernels"]]
+    assert names == ["oscar_kernels.triton.attend_channel.attend_channel_kernel",
+                     "oscar_kernels.triton.store_channel._tokens_kernel"]  # slowest first
+    assert got["kernels"][0]["variants"] == 2 and got["kernels"][0]["s"] >= 0.05
+    assert got["s"] >= got["kernels"][0]["s"]
+    summary = [r.getMessage() for r in caplog.records if "during start-up" in r.getMessage()]
+    assert len(summary) == 1 and "3 kernel variants" in summary[0]
+    assert summary[0].index("attend_channel_kernel (2 x") < summary[0].index("_tokens_kernel (1 x")
+    from oscar_sglang.runtime.server_info import describe
+
+    assert describe({})["compiled_at_start"] == got
