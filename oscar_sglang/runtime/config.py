@@ -103,8 +103,8 @@ ENV_VARS: dict[str, tuple[str | None, str]] = {
     "OSCAR_CHANNEL_DECODE_KEYS": (
         None,
         "the per-channel decode's key-side MMA operands: 'fp16-paired' (default since 2026-11-28: "
-        "'fp16' whose two 3-bit key planes cancel each other's offsets; 1-2.7% faster on the "
-        "H100 at most batch shapes), 'fp16' (each key block's "
+        "'fp16' whose two 3-bit key planes cancel each other's offsets; on the H100 1-2.7% faster "
+        "at four of five decode shapes, 1.8% slower at 512 x 2K), 'fp16' (each key block's "
         "q * scale rounded to fp16; the codes under fp16 exponents, offset 1024), 'bf16' (the "
         "default until 2026-11-27: q * scale rounded to bf16, 3 bits fewer; 2.4-3.5x fp16's error "
         "on outlier keys, docs/benchmarks.md; set it if |q| * |k| reaches ~1e5, past fp16's range) "
