@@ -344,7 +344,7 @@ def test_kernel_variants_from_the_environment_are_logged(backend_cls, monkeypatc
     b, *_ = _make(backend_cls)
     for name in ("OSCAR_CHANNEL_DECODE_3BIT", "OSCAR_CHANNEL_EXTEND", "OSCAR_CHANNEL_DECODE_READS"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_KEYS", "fp16")
+    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_KEYS", "fp16-paired")  # the default, set explicitly
     with caplog.at_level(logging.INFO, logger="oscar_sglang"):
         b._log_kernel_switches()
     assert "kernel variants" not in caplog.text
