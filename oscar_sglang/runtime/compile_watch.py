@@ -10,9 +10,10 @@ logged with the kernel, its time and its signature, and listed in /server_info u
 oscar_int2.compiled_while_serving. The compiles before it (the warm-up's and CUDA-graph capture's)
 are summed per kernel and logged once when serving starts, slowest first, and listed under
 oscar_int2.compiled_at_start: on a bare H100 the default's start spent ~230 s in the prefill
-warm-up and the decode graph capture (2026-11-28: "prefill kernels compiled at start (116.6 s)",
-capture 114.8 s, 86 s of it on its first batch), mostly compiling, against the per-token recipe's
-~100 s for its whole start, and which kernels take it was not known.
+warm-up (116.6 s) and the decode graph capture (114.8 s, 86 s of it on its first batch), mostly
+compiling (2026-11-28, the server log lines in bench/results/serving/
+2026-11-28_0049_int2-fp16-paired_64x8k_h100.json, startup_s 322), and which kernels take it was
+not known. (The per-token recipe's whole start on the same machine afterwards, caches warm: 102 s.)
 
 Triton's runtime hooks (knobs.runtime.jit_cache_hook / jit_post_compile_hook, Triton >= 3.4) are
 chained, not replaced: a hook someone else set still runs, and what it returns is returned.

@@ -698,6 +698,7 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
             kpb = KPh + page * stride_kpn + d8
             # per-dim terms of the row constant: (q / place) . m, Horner over the quarters' place
             # values, and the operands' offsets' (1 + HI_QMUL) * qs, times KOFS after the loop
+            # (qo stays zero with PAIR: the planes' offsets cancel in the MMAs)
             qc = tl.zeros([D8, BLOCK_M], tl.float32)
             qo = tl.zeros([D8, BLOCK_M], tl.float32)
             part = tl.zeros([BLK, BLOCK_M], tl.float32)
