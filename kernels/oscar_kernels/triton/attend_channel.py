@@ -585,6 +585,26 @@ def _pick8(E: tl.constexpr, a0, a1, a2, a3, a4, a5, a6, a7):
     return r
 
 
+# SCORE_FOLD: a tile's scores are its MMA sums st plus a row constant rcv (the keys' mins term, a
+# per-block constant), times the softmax scale for the 3-bit planes. The max is taken over st and
+# rcv added to the row's max (rounding is monotonic: the same maximum as over st + rcv), and
+# exp2's argument is one multiply-add of st with the per-row (rcv * scale - max), instead of an
+# add and a multiply per score before the max and a subtraction after it. Offline sm_90, 3-bit
+# planes, B=64, L=32K: 1,317 -> 1,281 instructions a body tile (238 -> 254 registers, no spills;
+# 2-bit keys 1,146 -> 1,134). H100, one call against the kernels before it (bench/results/kernels/
+# 2026-11-28_0429_channel-before-score-fold_h100.json / _0430_channel-score-fold_h100.json,
+# k3c64-v2t64-s4-w128): 8 x 32K 96.8 -> 95.8 us (71% -> 72% of copy), 64 x 8K 184.9 -> 182.1
+# (78% -> 79%), 512 x 2K 433.3 -> 427.3 (80% -> 81%), 1 x 128K 57.4 -> 57.1; error on
+# kernel_error.py's outlier inputs unchanged (4.35e-3 max, same seed as before; _0450_).
+@triton.jit
+def _scaled(x, s, SCALED: tl.constexpr):
+    if SCALED:
+        r = x * s
+    else:
+        r = x
+    return r
+
+
 @triton.jit
 def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, jz, n_a, start_b, ring_lo,
                  sink_lo, sink_hi, idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
@@ -619,6 +639,9 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
     KDT: tl.constexpr = tl.float16 if KEYOP > 0 and PV_DT != tl.float32 else PV_DT
     KOFS: tl.constexpr = (BODY_OFS_FP16 if KEYOP == 1 else BODY_OFS) if USE_ASM else 0.0
     QSC = 1.0 if LOGIT_CAP else sm_scale_log2
+    # the scores' scale: the 3-bit planes apply the softmax scale per tile (their q stays q / place
+    # value), the other bodies fold it into q
+    SSC = QSC if PLANES else 1.0
     PAIR: tl.constexpr = PAIRED and PLANES and USE_ASM and KEYOP == 1 and KDT == tl.float16
     if PLANES:
         # q^T eighths [D/8, rows] in PV_DT, each divided by its key quarter's place value (a power
@@ -719,7 +742,8 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
                     # from the rounded qs: exact removal ((1 + HI_QMUL) * qs is exact in fp32)
                     qo += (1.0 + HI_QMUL[8 * KEYOP + e]) * qs.to(tl.float32)
                 qc += qet * mn[:, None]
-            st = (part + tl.sum(qc - KOFS * qo, 0)[None, :]) * QSC
+            st = part
+            rcv = tl.sum(qc - KOFS * qo, 0)
         elif KWORDS:
             kw = tl.load(kcb + tl.arange(0, QW)[None, :])  # [keys, D/8 words]
             kpb = KPh + page * stride_kpn
@@ -734,7 +758,8 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
                 part = tl.dot(_word_code(kw, e, WDT, USE_ASM), qs, part)
                 qc += qpt * mn[:, None]
                 qo += _word_ofs(e, USE_ASM) * qs.to(tl.float32)  # from the rounded qs: exact removal
-            st = part + tl.sum(qc - qo, 0)[None, :]
+            st = part
+            rcv = tl.sum(qc - qo, 0)
         else:
             kc = tl.load(kcb + dq[None, :])
             kc2 = kc
@@ -758,14 +783,21 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
                 part = tl.dot(_key_operand(kc, kc2, hb, j, BITS, QD, KDT, USE_ASM, KEYOP), qs, part)
                 qc += qjt * mn[:, None]
                 qo += qs.to(tl.float32)  # from the rounded qs: exact removal
-            st = part + tl.sum(qc - KOFS * qo, 0)[None, :]
+            st = part
+            rcv = tl.sum(qc - KOFS * qo, 0)
+        # scores: (st + rcv) * SSC, rcv the tile's row constant (SCORE_FOLD)
         if LOGIT_CAP:
-            st = _cap_and_scale(st, sm_scale_log2, logit_cap, LOGIT_CAP)
-        if MASKED:
-            st = tl.where(body[:, None], st, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(st, 0))
+            st = _cap_and_scale(st + rcv[None, :], sm_scale_log2, logit_cap, LOGIT_CAP)
+            if MASKED:
+                st = tl.where(body[:, None], st, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(st, 0))
+            pt = tl.exp2(st - m_new[None, :])
+        else:
+            if MASKED:
+                st = tl.where(body[:, None], st, float("-inf"))
+            m_new = tl.maximum(m_i, _scaled(tl.max(st, 0) + rcv, SSC, PLANES))
+            pt = tl.exp2(_scaled(st, SSC, PLANES) + (_scaled(rcv, SSC, PLANES) - m_new)[None, :])
         alpha = tl.exp2(m_i - m_new)
-        pt = tl.exp2(st - m_new[None, :])
         l_i = l_i * alpha + tl.sum(pt, 0)
         m_i = m_new
         al = alpha[None, :]
