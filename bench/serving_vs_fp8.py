@@ -24,7 +24,8 @@ server on a bare machine adds 2-3 min of JIT compile); 256x2048+256 60-90 s; 256
 min; 512x2048+1024 ~3-5 min; 64x8192+512 ~1 min; the three batch-1 rows ~1 min (128K prefill
 17-34 s); 64 aborted streams ~20 s. One configuration with all loads is ~10-13 min: more than one
 10-minute call. --deadline-s skips (and lists under `skipped`) what its estimate says would not
-finish; --only-missing measures only keys without a good row, so the same command repeated fills
+finish (FlashInfer's JIT is budgeted for the run's first server that compiles it, not again);
+--only-missing measures only keys without a good row, so the same command repeated fills
 the table call by call. --print-commands shows the plan and the servers' commands.
 
 Device runs (from the project root; carry .devkit/sgl_bundle.tar.xz, .devkit/device-env.sh and
@@ -324,6 +325,15 @@ async def _abort_streams(url: str, prompts: List[List[int]], out: int, seed: int
 class Clock:
     def __init__(self, deadline_s: Optional[float]):
         self.t0, self.deadline_s = time.monotonic(), deadline_s
+        # FlashInfer's JIT cache is per machine: once a server of this run has compiled it, later
+        # starts are budgeted without it
+        self.flashinfer_compiled = False
+
+    def startup_s(self, config) -> float:
+        """Seconds budgeted for starting config's server (STARTUP_S, plus FLASHINFER_JIT_S where it
+        compiles FlashInfer kernels and no server of this run has yet)."""
+        jit = uses_flashinfer(config) and not self.flashinfer_compiled
+        return STARTUP_S + (FLASHINFER_JIT_S if jit else 0.0)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
@@ -431,7 +441,7 @@ def run_config(config: str, loads: List[str], args, table: Table, clock: Clock, 
                           {**extra, "server_started_by_bench": False})
     from _serving_server import ServerProcess, log_size, log_slice, parse_decode_log
 
-    startup = STARTUP_S + (FLASHINFER_JIT_S if uses_flashinfer(CONFIGS[config]) else 0)
+    startup = clock.startup_s(CONFIGS[config])
     first = min((estimate_s(ld) for ld in loads), default=0)
     if not clock.fits(startup + first):
         for ld in loads:
@@ -444,6 +454,7 @@ def run_config(config: str, loads: List[str], args, table: Table, clock: Clock, 
     print(f"=== {config}: {shlex.join(cmd)}  (t+{clock.elapsed():.0f} s)", flush=True)
     with ServerProcess(cmd, CONFIGS[config].env, log, port) as srv:
         srv.wait_ready(args.startup_timeout)
+        clock.flashinfer_compiled |= uses_flashinfer(CONFIGS[config])
         extra.update(server_started_by_bench=True, startup_s=round(srv.startup_s, 1),
                      server_command=shlex.join(cmd[1:]), server_env=CONFIGS[config].env)
         off = log_size(log)

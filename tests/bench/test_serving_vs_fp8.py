@@ -480,3 +480,52 @@ def test_fresh_table_names_the_kernels_the_first_request_compiled(seed):
     assert f"| int2 | 2.30 s | 1.20 s | `_tokens_kernel` ({ms:.0f} ms) |" in text
     assert "| int2-mixed-chunk | 1.20 s | 1.20 s | none |" in text
     assert "| fp8-flashinfer | 11.00 s | 1.20 s | – |" in text  # not reported by that server
+
+
+def test_server_start_budget_counts_flashinfer_jit_once_per_run():
+    """--deadline-s budgets FlashInfer's JIT compile for the first server of a run that uses it,
+    not again once a server of the run has compiled it (the cache is per machine): a second
+    server with 250 s left used to be skipped although a warm start takes ~70 s."""
+    clock = vs.Clock(deadline_s=600)
+    int2, fp8_triton = vs.CONFIGS["int2"], vs.CONFIGS["fp8-splits64"]
+    assert vs.uses_flashinfer(int2) and not vs.uses_flashinfer(fp8_triton)
+    assert clock.startup_s(int2) == vs.STARTUP_S + vs.FLASHINFER_JIT_S
+    assert clock.startup_s(fp8_triton) == vs.STARTUP_S
+    clock.flashinfer_compiled = True
+    assert clock.startup_s(int2) == vs.STARTUP_S == clock.startup_s(fp8_triton)
+
+
+def test_second_server_of_a_run_is_not_skipped_for_flashinfer_jit(stubs, tmp_path, monkeypatch):
+    """Two int2 servers the bench starts itself (a stand-in process class pointing at the stub),
+    with a deadline that fits the first start's full budget plus the load: the second start is
+    budgeted without the JIT and runs (with it again it would not fit once the first is done)."""
+    import _serving_server
+
+    a = stubs()
+
+    class Started:
+        def __init__(self, cmd, env, log_path, port):
+            self.url, self.log = a["url"], log_path
+
+        def __enter__(self):
+            self.log.write_text("")
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def wait_ready(self, timeout_s=420.0):
+            time.sleep(1.0)  # a start takes time: the second check comes >= 1 s after the first
+            self.startup_s = 1.0
+
+    monkeypatch.setattr(_serving_server, "ServerProcess", Started)
+    load = "3x64+8"
+    deadline = vs.STARTUP_S + vs.FLASHINFER_JIT_S + vs.estimate_s(load) + vs.STOP_S + 0.5
+    out = tmp_path / "two.json"
+    argv = ["run", "--out", str(out), "--base", str(tmp_path / "none.json"), "--loads", load, "--vocab", str(VOCAB),
+            "--warmup", "1x32+2", "--abort-load", "", "--idle-timeout", "5", "--request-timeout", "30",
+            "--configs", "int2,int2-token-splits64", "--deadline-s", f"{deadline:.3f}", "--logs", str(tmp_path)]
+    assert vs.main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert [(r["config"], r["load"]) for r in doc["rows"]] == [("int2", load), ("int2-token-splits64", load)]
+    assert not doc.get("skipped") and all(r["server_started_by_bench"] for r in doc["rows"])
