@@ -515,12 +515,13 @@ def test_second_server_of_a_run_is_not_skipped_for_flashinfer_jit(stubs, tmp_pat
             return False
 
         def wait_ready(self, timeout_s=420.0):
-            time.sleep(1.0)  # a start takes time: the second check comes >= 1 s after the first
-            self.startup_s = 1.0
+            time.sleep(3.0)  # a start takes time: the second check comes >= 3 s after the first
+            self.startup_s = 3.0
 
     monkeypatch.setattr(_serving_server, "ServerProcess", Started)
     load = "3x64+8"
-    deadline = vs.STARTUP_S + vs.FLASHINFER_JIT_S + vs.estimate_s(load) + vs.STOP_S + 0.5
+    # the first check (before any start) has 1.5 s of slack, the second would need 3 s more
+    deadline = vs.STARTUP_S + vs.FLASHINFER_JIT_S + vs.estimate_s(load) + vs.STOP_S + 1.5
     out = tmp_path / "two.json"
     argv = ["run", "--out", str(out), "--base", str(tmp_path / "none.json"), "--loads", load, "--vocab", str(VOCAB),
             "--warmup", "1x32+2", "--abort-load", "", "--idle-timeout", "5", "--request-timeout", "30",
