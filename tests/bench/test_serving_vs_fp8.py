@@ -122,10 +122,12 @@ def stubs():
         st["server"].server_close()
 
 
-def run(out, urls, loads, *extra):
+def run(out, urls, loads, *extra, configs=None):
+    """The bench's `run` against the stubs in urls ({config: stub}); configs (default: urls' keys)
+    not in urls are servers the bench starts itself."""
     argv = ["run", "--out", str(out), "--base", str(out.with_name("none.json")), "--loads", loads, "--vocab", str(VOCAB), "--warmup", "1x32+2",
             "--abort-load", "6x64+400", "--idle-timeout", "5", "--request-timeout", "30",
-            "--configs", ",".join(urls), *extra]
+            "--configs", configs or ",".join(urls), *extra]
     for c, st in urls.items():
         argv += ["--url", f"{c}={st['url']}"]
     assert vs.main(argv) == 0
@@ -522,11 +524,7 @@ def test_second_server_of_a_run_is_not_skipped_for_flashinfer_jit(stubs, tmp_pat
     load = "3x64+8"
     # the first check (before any start) has 1.5 s of slack, the second would need 3 s more
     deadline = vs.STARTUP_S + vs.FLASHINFER_JIT_S + vs.estimate_s(load) + vs.STOP_S + 1.5
-    out = tmp_path / "two.json"
-    argv = ["run", "--out", str(out), "--base", str(tmp_path / "none.json"), "--loads", load, "--vocab", str(VOCAB),
-            "--warmup", "1x32+2", "--abort-load", "", "--idle-timeout", "5", "--request-timeout", "30",
-            "--configs", "int2,int2-token-splits64", "--deadline-s", f"{deadline:.3f}", "--logs", str(tmp_path)]
-    assert vs.main(argv) == 0
-    doc = json.loads(out.read_text())
+    doc = run(tmp_path / "two.json", {}, load, "--abort-load", "", "--deadline-s", f"{deadline:.3f}",
+              "--logs", str(tmp_path), configs="int2,int2-token-splits64")
     assert [(r["config"], r["load"]) for r in doc["rows"]] == [("int2", load), ("int2-token-splits64", load)]
     assert not doc.get("skipped") and all(r["server_started_by_bench"] for r in doc["rows"])
