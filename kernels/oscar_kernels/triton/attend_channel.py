@@ -159,7 +159,11 @@ CHANNEL_KEYS_DEFAULT = "fp16-paired"
 # interleaved the two: 242 registers, no spills, +27 instructions a tile) was 3-6% slower at every
 # shape, and the 3-bit planes' scores in two accumulators (a dependent MMA chain half as long)
 # 0.6-3.4% slower. That points at the instructions the body issues rather than their latencies
-# (fp16-paired below: 2.5% fewer, 1-2.7% faster at four of five shapes).
+# (fp16-paired below: 2.5% fewer, 1-2.7% faster at four of five shapes). The body programs of one
+# SM end up to ~14 us apart at 8 x 32K (the warp schedulers' choice, not slower SMs), but neither
+# 2-4 waves of programs nor splits sharing their head's blocks through an atomic counter (chunks
+# after a static share) finished sooner: 4-12 us slower at 8 x 32K (bench/results/kernels/
+# 2026-11-28_0655_*, _0657_*, _0704_*; docs/benchmarks.md 2026-11-28 06:37).
 DECODE_SPLIT_PROGRAMS_PER_SM = 8
 DECODE_MAX_SPLITS = 128
 # FMERGE (decode_attention_channel(fused_merge=...)): up to attend_fast.FUSED_MERGE_MAX_SPLITS
