@@ -386,3 +386,68 @@ def test_study_cases_are_the_files(smollm2_tokenizer):
     cases = format_study._case_order(cases, n["depths"])
     format_study._check_same_cases(base, cases)
     assert len({c.prompt.split("The special magic number is")[0] for c in cases}) == len(n["depths"])
+
+
+@pytest.mark.parametrize("name", ["k3c32-v2t64-s4-w64", "k2c32-v2t64-tn-s4-w64"])
+def test_int8_key_scores_round_q_times_s_per_row_and_block(seed, name):
+    """key_dot="int8": per query row and key block, q * s rounded to int8 (scale max|q * s| / 127),
+    times the codes, plus q . m: checked against a float64 computation from the reference's codes
+    and params, and within the rounding's bound of the float scores q . dequantised k."""
+    from oscar_sglang.tools.evaluation.emulation import int8_key_scores
+
+    B, Hq, Hk, T, D = 1, 4, 2, 150, 64
+    q, k, _ = heavy_qkv(B, Hq, Hk, T, D)
+    fmt, cfg = format_config(name, 3, Hk, D, key_dot="int8")
+    qr = q.reshape(B, Hk, Hq // Hk, T, D)
+    got = int8_key_scores(qr, k, cfg, 1)
+    codes, params, norms = ref.quantize_key_blocks(k[0].transpose(0, 1), fmt.k_bits, 32, fmt.token_norm)
+    n = params.shape[0] * 32
+    nrm = torch.ones(n, Hk, dtype=torch.float64) if norms is None else norms.double()  # [n, Hk]
+    c = ref.unpack_bits(codes, fmt.k_bits).double()  # [n, Hk, D]
+    sc, mn = params[..., 0].double(), params[..., 1].double()  # [blocks, Hk, D]
+    kq = ref.format_fake_quant(k[0].transpose(0, 1).double(), fmt, "k")[:n]  # [n, Hk, D]
+    for h in range(Hk):
+        for blk in range(n // 32):
+            # the rounding from float32 q * s, as the emulation (and a kernel) rounds it; the
+            # products and sums in float64
+            a = qr[0, h] * sc[blk, h].float()  # [g, T, D]
+            alpha = a.abs().amax(-1, keepdim=True) / 127
+            cb = c[blk * 32:(blk + 1) * 32, h]  # [32, D]
+            nb = nrm[blk * 32:(blk + 1) * 32, h]  # token-norm keys: codes of k / |k|
+            want = ((torch.round(a / alpha).double() * alpha.double()) @ cb.T
+                    + (qr[0, h].double() @ mn[blk, h])[..., None]) * nb
+            torch.testing.assert_close(got[0, h, :, :, blk * 32:(blk + 1) * 32].double(), want,
+                                       rtol=1e-5, atol=2e-3)
+            flt = qr[0, h].double() @ kq[blk * 32:(blk + 1) * 32, h].T
+            bound = (alpha.double() / 2) * cb.abs().sum(-1) * nb  # |rounding| <= alpha / 2 per dim
+            assert ((got[0, h, :, :, blk * 32:(blk + 1) * 32].double() - flt).abs() <= bound + 1e-3).all()
+    flt_all = qr[0].double() @ kq.transpose(0, 1).transpose(-1, -2).unsqueeze(1)
+    diff = (got[0, ..., :n].double() - flt_all).abs()
+    assert diff.max() > 0  # the rounding acts (unrotated outlier channels: up to ~4% of the scores here)
+    assert (got[0, ..., n:] == 0).all()  # no complete block: never a body read
+
+
+def test_int8_key_dot_emulation_is_close_to_float_and_needs_channel_keys(seed):
+    B, Hq, Hk, T, D = 1, 4, 2, 150, 64
+    q, k, v = heavy_qkv(B, Hq, Hk, T, D)
+    _, flt = format_config("k3c32-v2t64-s4-w64", 3, Hk, D, query_chunk=40)
+    i8 = EmulationConfig(flt.recipe, flt.rotations, kv_format=flt.kv_format, query_chunk=40, key_dot="int8")
+    a = emulated_attention(q, k, v, D**-0.5, 1, flt)
+    b = emulated_attention(q, k, v, D**-0.5, 1, i8)
+    rel = ((a - b).norm() / a.norm()).item()
+    assert 0 < rel < 2e-2
+    with pytest.raises(ValueError, match="per-channel key format"):
+        format_config("k2t32-v2t64-s4-w64", 3, Hk, D, key_dot="int8")
+    with pytest.raises(ValueError, match="key_dot must be one of"):
+        format_config("k3c32-v2t64-s4-w64", 3, Hk, D, key_dot="fp8")
+
+
+def test_study_parses_int8_key_names():
+    fmts = format_study._formats(["bf16", "k3c64-v2t64-s4-w128+q8", "k3c64-v2t64-s4-w128"], 64)
+    assert fmts[0] is None
+    assert isinstance(fmts[1], format_study.Int8Keys) and fmts[1].name == "k3c64-v2t64-s4-w128+q8"
+    assert fmts[1].body_bits_per_element(30) == fmts[2].body_bits_per_element(30)
+    assert (fmts[1].sink, fmts[1].window, fmts[1].k_bits) == (fmts[2].sink, fmts[2].window, 3)
+    for bad in ("k2t64-v2t64+q8", "bf16+q8", "fp8_e4m3+q8"):
+        with pytest.raises(SystemExit, match="per-channel key format"):
+            format_study._formats([bad], 64)

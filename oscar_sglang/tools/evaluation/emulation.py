@@ -17,6 +17,11 @@ format's body (oscar_kernels.reference.format_fake_quant: per-channel key blocks
 position 0, K / V bits per layer, token-norm) and sink / recent are the format's; the recipe
 then only supplies the rotations.
 
+With ``EmulationConfig.key_dot = "int8"`` (a study of a kernel not built: format names ending in
+``+q8`` in the format study) the per-channel body keys are scored as an int8 tensor-core decode
+would score them: per query row and key block, q * s rounded to int8 with one scale (its largest
+magnitude / 127), times the integer codes, plus q . m in float (``int8_key_scores``).
+
 With ``EmulationConfig.kv_format`` a ``CastKV`` (e.g. ``FP8_E4M3``) the cache is a plain dtype
 cast at every position (SGLang's ``--kv-cache-dtype fp8_e4m3`` without checkpoint scales): sink
 and ring are 0, so every key a query reads (causal) is the cast copy; the recipe must not rotate.
@@ -31,12 +36,13 @@ from dataclasses import dataclass
 
 import torch
 
-from oscar_kernels.reference import format_fake_quant
+from oscar_kernels.reference import format_fake_quant, quantize_key_blocks, unpack_bits
 
 from .quantizers import channel_groups, token_groups
 from .recipes import Recipe
 
 ATTN_NAME = "oscar_kv_emulation"
+KEY_DOTS = ("float", "int8")
 
 
 @dataclass(frozen=True)
@@ -94,9 +100,17 @@ class EmulationConfig:
     # Decode-loop memo (kv_format only): layer -> quantised prefix of the previous call, reused
     # when the keys extend it (one request at a time; a fresh dict per request).
     memo: dict | None = None
+    # how a query scores the quantised body keys: "float" (q . dequantised keys, what the served
+    # kernels compute up to their rounding) or "int8" (int8_key_scores; per-channel keys only)
+    key_dot: str = "float"
 
     def __post_init__(self):
         f = self.kv_format
+        if self.key_dot not in KEY_DOTS:
+            raise ValueError(f"key_dot must be one of {KEY_DOTS}, got {self.key_dot!r}")
+        if self.key_dot != "float" and getattr(f, "k_layout", None) != "channel":
+            raise ValueError(f"key_dot={self.key_dot!r} needs a per-channel key format, got "
+                             f"{getattr(f, 'name', f)}")
         if f is None:
             self.sink = 64 if self.sink is None else self.sink
             self.recent = 256 if self.recent is None else self.recent
@@ -110,6 +124,39 @@ class EmulationConfig:
                 raise ValueError(f"{f.name} stores K and V unrotated: the recipe's rotation must be "
                                  f"identity, not {self.recipe.rotation!r}")
             self.memo = None  # a cast is cheap and position-wise: nothing to memoise
+
+
+def int8_key_scores(qr: torch.Tensor, kr: torch.Tensor, cfg: EmulationConfig, layer: int) -> torch.Tensor:
+    """Body scores of rotated queries qr [B, Hk, g, Tq, D] against rotated keys kr [B, Hk, Lk, D]
+    as an int8 key-side MMA would compute them: for every query row and complete key block,
+    a = q * s (s: the block's per-channel scales) is rounded to int8 with one scale
+    alpha = max|a| / 127, and the score is alpha * (a / alpha rounded) . code + q . m (the mins
+    term in float). Positions past the last complete block get 0 (they are never body reads).
+    Returns [B, Hk, g, Tq, Lk] (unscaled logits, like q @ k^T)."""
+    f = cfg.kv_format
+    B, Hk, g, Tq, D = qr.shape
+    Lk = kr.shape[2]
+    bits, _ = f.layer_bits(layer, cfg.rotations.k_rotation.shape[0])
+    clip = float(cfg.rotations.k_clip[layer]) if f.k_clip else 1.0
+    out = torch.zeros(B, Hk, g, Tq, Lk, device=qr.device)
+    for b in range(B):  # one request at a time: blocks start at its position 0
+        codes, params, norms = quantize_key_blocks(kr[b].transpose(0, 1), bits, f.k_group, f.token_norm, clip)
+        n = params.shape[0]
+        if n == 0:
+            continue
+        c = unpack_bits(codes, bits).float().reshape(n, f.k_group, Hk, D).permute(2, 0, 1, 3)  # [Hk, n, blk, D]
+        sc = params[..., 0].float().permute(1, 0, 2)  # [Hk, n, D]
+        mn = params[..., 1].float().permute(1, 0, 2)
+        q = qr[b].float()  # [Hk, g, Tq, D]
+        a = q.unsqueeze(-2) * sc[:, None, None]  # [Hk, g, Tq, n, D]
+        alpha = a.abs().amax(-1, keepdim=True) / 127.0
+        a8 = torch.round(a / torch.where(alpha > 0, alpha, 1.0)).clamp(-127, 127) * alpha
+        s = torch.einsum("hgtnd,hnkd->hgtnk", a8, c) + torch.einsum("hgtd,hnd->hgtn", q, mn)[..., None]
+        s = s.reshape(Hk, g, Tq, n * f.k_group)
+        if norms is not None:  # token-norm keys: the block's codes are of k / |k|
+            s = s * norms.float().transpose(0, 1)[:, None, None, :]
+        out[b, ..., : n * f.k_group] = s
+    return out
 
 
 def int2_mask(q_pos: torch.Tensor, kv_len: int, sink: int, recent: int) -> torch.Tensor:
@@ -211,7 +258,9 @@ def emulated_attention(q, k, v, scaling: float, layer: int, cfg: EmulationConfig
         scores = qc @ k_hp.transpose(-1, -2)
         m2 = int2_mask(pos, Lk, cfg.sink, cfg.recent) if quantize else None
         if m2 is not None and m2.any():
-            scores = torch.where(m2, qc @ kq.transpose(-1, -2), scores)
+            body = (qc @ kq.transpose(-1, -2) if cfg.key_dot == "float"
+                    else int8_key_scores(qc, kr, cfg, layer))
+            scores = torch.where(m2, body, scores)
         p = torch.softmax((scores * scaling).masked_fill(~causal, float("-inf")), dim=-1)
         if m2 is not None and m2.any():
             o = torch.where(m2, 0.0, p) @ v_hp + torch.where(m2, p, 0.0) @ vq

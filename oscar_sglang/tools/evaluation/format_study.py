@@ -32,6 +32,7 @@ import datetime as dt
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 BF16 = "bf16"
@@ -55,7 +56,9 @@ def parse_args(argv=None):
     p.add_argument("--formats", nargs="+", default=list(DEFAULT_FORMATS), metavar="NAME",
                    help="KVFormat names, space-separated ('bf16': no quantisation; 'fp8_e4m3': "
                         "SGLang's FP8 KV cache, scale 1.0, every position; names may hold "
-                        "commas: k2c64-v2t64@0,-1=k4)")
+                        "commas: k2c64-v2t64@0,-1=k4; a per-channel name ending in '+q8': its "
+                        "body keys scored as an int8 key-side MMA would, a study of a kernel "
+                        "not built)")
     p.add_argument("--merge", action="store_true",
                    help="add the formats' rows to the existing --out JSON (same cases and "
                         "windows; e.g. sink/window variants of the best format of a first run)")
@@ -80,6 +83,26 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+INT8_KEYS = "+q8"  # name suffix: the format's body keys scored as an int8 key-side MMA would
+
+
+@dataclass(frozen=True)
+class Int8Keys:
+    """A per-channel KVFormat studied with emulation's key_dot="int8" (no kernel does this yet:
+    it asks what an int8 tensor-core decode of the keys would cost in retrieval and KLD). Named
+    like the format plus INT8_KEYS; every other attribute is the format's."""
+    fmt: object
+
+    @property
+    def name(self) -> str:
+        return self.fmt.name + INT8_KEYS
+
+    def __getattr__(self, attr):
+        if attr == "fmt":  # not set yet (copy / unpickle): no recursion
+            raise AttributeError(attr)
+        return getattr(self.fmt, attr)
+
+
 def _formats(names, head_dim):
     from oscar_kernels.format import KVFormat
 
@@ -88,15 +111,21 @@ def _formats(names, head_dim):
     out = []
     for n in names:
         n = n.strip()
-        if n:
-            out.append(None if n == BF16 else CAST_FORMATS[n] if n in CAST_FORMATS
-                       else KVFormat.parse(n, head_dim))
+        base = n[: -len(INT8_KEYS)] if n.endswith(INT8_KEYS) else n
+        if not n:
+            continue
+        f = None if base == BF16 else CAST_FORMATS[base] if base in CAST_FORMATS else KVFormat.parse(base, head_dim)
+        if base != n:
+            if getattr(f, "k_layout", None) != "channel":
+                raise SystemExit(f"{n}: '{INT8_KEYS}' (int8 key scores) needs a per-channel key format")
+            f = Int8Keys(f)
+        out.append(f)
     return out
 
 
 def _check_rotation(names, rotation):
     """A '-cal' format needs --rotation (checked before the model loads); the file must exist."""
-    cal = [n for n in names if "cal" in n.strip().split("@")[0].split("-")[2:]]
+    cal = [n for n in names if "cal" in n.strip().removesuffix(INT8_KEYS).split("@")[0].split("-")[2:]]
     if cal and not rotation:
         raise SystemExit(f"{', '.join(cal)}: a calibrated rotation needs --rotation FILE "
                          "(e.g. rotation_zoo/SmolLM2-135M-Instruct.oscar.g64.safetensors)")
@@ -128,9 +157,11 @@ class Study:
         if fmt is None:
             rs = self._rotations(self.bf16_recipe)
             return EmulationConfig(self.bf16_recipe, rs, prefill_bf16=prefill_bf16)
+        key_dot = "int8" if isinstance(fmt, Int8Keys) else "float"
+        fmt = fmt.fmt if isinstance(fmt, Int8Keys) else fmt
         recipe = format_recipe(fmt, self.args.rotation if fmt.rotation == "calibrated" else None)
         return EmulationConfig(recipe, self._rotations(recipe), prefill_bf16=prefill_bf16,
-                               kv_format=fmt, memo=memo)
+                               kv_format=fmt, memo=memo, key_dot=key_dot)
 
     def _rotations(self, recipe):
         if recipe.rotation not in self._rot_cache:
@@ -366,7 +397,8 @@ def run(args, write) -> dict:
                     row.update(rotation_file=args.rotation)
                 row.update(k_layout=f.k_layout, k_bits=f.k_bits, v_bits=f.v_bits,
                            k_block_or_group=f.k_group, v_group=f.v_group, token_norm=f.token_norm,
-                           bytes_per_token_per_layer=f.bytes_per_token(st.Hk, 0, st.L))
+                           bytes_per_token_per_layer=f.bytes_per_token(st.Hk, 0, st.L),
+                           key_dot="int8" if isinstance(f, Int8Keys) else "float")
             rows.append(row)
         command = "python -m oscar_sglang.tools.evaluation.format_study " + " ".join(sys.argv[1:])
         res = {
