@@ -103,6 +103,11 @@ class Int8Keys:
         return getattr(self.fmt, attr)
 
 
+def _key_dot(fmt) -> str:
+    """emulation's key_dot for a study format: "int8" for an Int8Keys name, else "float"."""
+    return "int8" if isinstance(fmt, Int8Keys) else "float"
+
+
 def _formats(names, head_dim):
     from oscar_kernels.format import KVFormat
 
@@ -111,9 +116,9 @@ def _formats(names, head_dim):
     out = []
     for n in names:
         n = n.strip()
-        base = n[: -len(INT8_KEYS)] if n.endswith(INT8_KEYS) else n
         if not n:
             continue
+        base = n.removesuffix(INT8_KEYS)
         f = None if base == BF16 else CAST_FORMATS[base] if base in CAST_FORMATS else KVFormat.parse(base, head_dim)
         if base != n:
             if getattr(f, "k_layout", None) != "channel":
@@ -157,7 +162,7 @@ class Study:
         if fmt is None:
             rs = self._rotations(self.bf16_recipe)
             return EmulationConfig(self.bf16_recipe, rs, prefill_bf16=prefill_bf16)
-        key_dot = "int8" if isinstance(fmt, Int8Keys) else "float"
+        key_dot = _key_dot(fmt)
         fmt = fmt.fmt if isinstance(fmt, Int8Keys) else fmt
         recipe = format_recipe(fmt, self.args.rotation if fmt.rotation == "calibrated" else None)
         return EmulationConfig(recipe, self._rotations(recipe), prefill_bf16=prefill_bf16,
@@ -398,7 +403,7 @@ def run(args, write) -> dict:
                 row.update(k_layout=f.k_layout, k_bits=f.k_bits, v_bits=f.v_bits,
                            k_block_or_group=f.k_group, v_group=f.v_group, token_norm=f.token_norm,
                            bytes_per_token_per_layer=f.bytes_per_token(st.Hk, 0, st.L),
-                           key_dot="int8" if isinstance(f, Int8Keys) else "float")
+                           key_dot=_key_dot(f))
             rows.append(row)
         command = "python -m oscar_sglang.tools.evaluation.format_study " + " ".join(sys.argv[1:])
         res = {
