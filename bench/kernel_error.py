@@ -251,6 +251,8 @@ def decode_rows(fmt, lens, hkv, gqa, gen, tol):
     variants["fp16 key operands"] = {"key_operands": "fp16"}
     variants["fp16-shifted key operands"] = {"key_operands": "fp16-shifted"}
     variants["fp16-paired key operands"] = {"key_operands": "fp16-paired"}
+    if fmt.k_bits == 3 and D >= 128:  # q * s rounded to int8 per row and block (the planes decode's)
+        variants["int8 key operands"] = {"key_operands": "int8"}
     # the code reads that are not the default (attend_channel.CHANNEL_CODE_READS: bytes, or value
     # codes and 2-bit keys read as 16-bit words); words need head_dim >= 128 (K and V share it here)
     other = "bytes" if kernel_defaults()["code_reads"] == "words" else "words"

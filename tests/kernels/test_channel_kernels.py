@@ -221,10 +221,35 @@ def test_decode_channel_key_operands_switch(seed, monkeypatch):
     assert _launch(monkeypatch, 64, 4)[1]["KEYOP"] == 2
     assert _launch(monkeypatch, 128, 3, key_operands="bf16")[1]["KEYOP"] == 0
     monkeypatch.setenv("OSCAR_CHANNEL_DECODE_KEYS", "half")
-    with pytest.raises(ValueError, match="OSCAR_CHANNEL_DECODE_KEYS must be 'bf16' or 'fp16' or 'fp16-shifted' or 'fp16-paired', got 'half'"):
+    with pytest.raises(ValueError, match="OSCAR_CHANNEL_DECODE_KEYS must be 'bf16' or 'fp16' or 'fp16-shifted' or 'fp16-paired' or 'int8', got 'half'"):
         _launch(monkeypatch, 128, 3)
     with pytest.raises(ValueError, match="key_operands must be 'bf16' or 'fp16' or 'fp16-shifted' or 'fp16-paired'"):
         _launch(monkeypatch, 128, 3, key_operands="fp32")
+
+
+def test_decode_channel_int8_key_operands(seed, monkeypatch):
+    """key_operands 'int8' (3-bit planes only): each block's q * s rounded to int8 on one grid per
+    query row (127 / max |q * s|), the codes' int8 MMAs. The interpreter rounds as the CUDA body
+    does; on Hadamard-rotated keys the output stays within 5e-2 of float64 (fp16-paired: 1e-4 in
+    fp32) and differs from fp16-paired's (the rounding is in effect). Pools without planes are
+    refused."""
+    hkv, gqa, D, B = 2, 4, 128, 32
+    H = hadamard(D).float()
+    monkeypatch.setitem(globals(), "rotated_kv", lambda n, h, d, _kv=rotated_kv: _kv(n, h, d) @ H)
+    pool = ChannelPool(channel_fmt(D, 3, B, 64), *map(list, zip(*REQS_32)), hkv=hkv)
+    nb = len(REQS_32)
+    q = (torch.randn(nb, hkv * gqa, D) * 2).bfloat16()
+    o8 = run_decode(pool, q, 5, min_chunk=32, k3_variant="planes", key_operands="int8")
+    o16 = run_decode(pool, q, 5, min_chunk=32, k3_variant="planes", key_operands="fp16-paired")
+    assert not o8.isnan().any()
+    for b in range(nb):
+        K, V = pool.request_kv(b)
+        o_ref, _ = ref.attention(q[b:b + 1].float(), K, V)
+        assert rel_err(o8[b], o_ref[0]) <= 5e-2, (b, rel_err(o8[b], o_ref[0]))
+    assert max(rel_err(o8[b], o16[b]) for b in range(nb)) > 1e-4
+    with pytest.raises(ValueError, match="key_operands 'int8' is the 3-bit planes decode's"):
+        run_decode(ChannelPool(channel_fmt(D, 2, B, 64), *map(list, zip(*REQS_32)), hkv=hkv), q, 5,
+                   key_operands="int8")
 
 
 @pytest.mark.parametrize("D,k3", [(64, None), (128, "planes")])

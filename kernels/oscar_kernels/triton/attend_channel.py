@@ -130,7 +130,15 @@ CHANNEL_READS_DEFAULT = "words"
 # 255 -> 238 registers. Error on kernel_error.py's outlier inputs 4.35e-3 max against fp16's
 # 4.47e-3 (_0036_kernel-error_h100.json): the planes' offsets cancel after each pair of MMAs
 # instead of accumulating over the eighths.
-CHANNEL_KEY_OPERANDS = ("bf16", "fp16", "fp16-shifted", "fp16-paired")
+# "int8" (opt-in, 3-bit planes only; INT8's note): each block's q * s rounded to int8 on one grid
+# per query row, the 3-bit codes as int8 operands (one m16n8k32 MMA per key quarter, two lop3s per
+# four codes, no byte widening). Offline sm_90: 1,197 instructions a body tile against 1,281. H200,
+# one call (bench/results/kernels/2026-11-28_1818_channel-int8-key-operands_h200.json): 8 x 32K
+# 94.6 -> 86.0 us, 64 x 8K 173.9 -> 161.5, 512 x 2K 395.7 -> 374.3, 1 x 128K 56.5 -> 52.7. But
+# one grid per row leaves the small channels few bits where a few channels' scales are 16x the
+# rest: max error against float64 on kernel_error.py's outlier inputs 0.22 against fp16-paired's
+# 4.35e-3 (2026-11-28_1814_kernel-error-int8_h200.json). Not for serving until that is fixed.
+CHANNEL_KEY_OPERANDS = ("bf16", "fp16", "fp16-shifted", "fp16-paired", "int8")
 CHANNEL_KEYS_ENV = "OSCAR_CHANNEL_DECODE_KEYS"
 CHANNEL_KEYS_DEFAULT = "fp16-paired"
 
@@ -580,6 +588,57 @@ def _shl16(x, N: tl.constexpr):
     return tl.inline_asm_elementwise(SHL16[N], "=r,r", [x], dtype=tl.uint16, is_pure=True, pack=2)
 
 
+# INT8 (3-bit planes, key_operands "int8"): quarter J's 32 dims as one int8 MMA operand (m16n8k32),
+# the 3-bit code (code + 4 * bit) times place value 1, 4, 16, 16 (quarter 3's field shifted down
+# to bits 4-5: 7 * 64 would not fit an int8) in each byte, two instructions per four codes; the
+# block's q * s rounded to int8 per query row (_decode_body). The 1-bit plane's bytes are read
+# twice a quarter, so the two loops' int8 buffers took 28,696 B of shared memory a program
+# (7 programs an SM): the edge loop runs fp16-paired, and the program takes 18,432 B.
+I8_LO_MASK = tl.constexpr(("0x03030303", "0x0C0C0C0C", "0x30303030", "0x30303030"))
+I8_HI_MASK = tl.constexpr(("0x04040404", "0x10101010", "0x40404040", "0x40404040"))
+I8_MAGIC16 = tl.constexpr(1536.0)  # fp16 x + 1536 (|x| <= 127.5) holds round(x) in its low byte
+
+
+@triton.jit
+def _i8_hi_shifts(hi):
+    """The 1-bit plane's bytes [keys, D/4] (each byte twice: dims k and 16 + k of a quarter) with
+    quarter J's bit moved right above its 2-bit field: (hi << 2 for dims k < 16, hi << 1 from 16)
+    and, for quarter 3 (field at bits 4-5 after its shift), (hi, hi >> 1). One instance takes 16
+    bytes of a lane, the MMA operand's registers a0-a3 (a0, a1: k < 16; a2, a3: k >= 16)."""
+    return tl.inline_asm_elementwise(
+        "shl.b32 $0, $8, 2; shl.b32 $1, $9, 2; shl.b32 $2, $10, 1; shl.b32 $3, $11, 1;"
+        " mov.b32 $4, $8; mov.b32 $5, $9; shr.b32 $6, $10, 1; shr.b32 $7, $11, 1;",
+        "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [hi], dtype=(tl.uint8, tl.uint8), is_pure=True, pack=16)
+
+
+@triton.jit
+def _i8_operand(lo, hs, J: tl.constexpr):
+    """Quarter J's int8 operand from the 2-bit plane's bytes lo and the 1-bit plane's bytes hs with
+    quarter J's bit right above its 2-bit field (quarter 3: lo shifted right by 2 first)."""
+    return tl.inline_asm_elementwise(
+        "{.reg .b32 t; and.b32 t, $2, " + I8_HI_MASK[J] + "; lop3.b32 $0, $1, " + I8_LO_MASK[J] + ", t, 0xEA;}",
+        "=r,r,r", [lo, hs], dtype=tl.int8, is_pure=True, pack=4)
+
+
+@triton.jit
+def _rcp(x, USE_ASM: tl.constexpr):
+    """1 / x; on CUDA the approximate reciprocal (no range fix-ups: the int8 scales are far from
+    fp32's limits, and 1 / 0 = inf is what the callers clamp)."""
+    if USE_ASM:
+        r = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+                                      pack=1)
+    else:
+        r = 1.0 / x
+    return r
+
+
+@triton.jit
+def _i8_round(y):
+    """fp16 y + I8_MAGIC16 (|y| <= 127) -> int8 round(y): the low bytes of four halves in one word."""
+    return tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x6420;", "=r,r,r", [y], dtype=tl.int8, is_pure=True,
+                                     pack=4)
+
+
 @triton.jit
 def _pick8(E: tl.constexpr, a0, a1, a2, a3, a4, a5, a6, a7):
     if E < 4:
@@ -647,7 +706,16 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
     # value), the other bodies fold it into q
     SSC = QSC if PLANES else 1.0
     PAIR: tl.constexpr = PAIRED and PLANES and USE_ASM and KEYOP == 1 and KDT == tl.float16
-    if PLANES:
+    INT8: tl.constexpr = PLANES and KEYOP == 4
+    if INT8:
+        # q^T quarters [D/4, rows] in fp16
+        d32 = tl.arange(0, QD)
+        qi = qrow[None, :] + d32[:, None]
+        qi0 = tl.load(qi).to(tl.float16)
+        qi1 = tl.load(qi + QD).to(tl.float16)
+        qi2 = tl.load(qi + 2 * QD).to(tl.float16)
+        qi3 = tl.load(qi + 3 * QD).to(tl.float16)
+    elif PLANES:
         # q^T eighths [D/8, rows] in PV_DT, each divided by its key quarter's place value (a power
         # of two: exact), so that q * s needs no scale of its own (ROWC's note)
         d8 = tl.arange(0, D8)
@@ -713,7 +781,56 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
         kcb = KCh + slot[:, None] * stride_kcn
         # value codes transposed: [Dv/4 bytes, keys], or [Dv/8 words, keys] with VWORDS
         vct = tl.load(VCh + slot[None, :] * stride_vcn + tl.arange(0, VCOLS)[:, None])
-        if PLANES:
+        if INT8:
+            lo = tl.load(kcb + d32[None, :])  # [keys, D/4]: the 2-bit plane, four quarters a byte
+            hi = tl.load(kcb + QD + (d32 % D8)[None, :])  # [keys, D/4]: the 1-bit plane, twice
+            kpb = KPh + page * stride_kpn + d32
+            sc0, mn0 = _unpack_params(tl.load(kpb))
+            sc1, mn1 = _unpack_params(tl.load(kpb + QD))
+            sc2, mn2 = _unpack_params(tl.load(kpb + 2 * QD))
+            sc3, mn3 = _unpack_params(tl.load(kpb + 3 * QD))
+            # q * s in fp16 (one rounding: a product of two fp16 values is exact in fp32)
+            kx0 = (qi0.to(tl.float32) * sc0[:, None]).to(tl.float16)
+            kx1 = (qi1.to(tl.float32) * sc1[:, None]).to(tl.float16)
+            kx2 = (qi2.to(tl.float32) * sc2[:, None]).to(tl.float16)
+            kx3 = (qi3.to(tl.float32) * sc3[:, None]).to(tl.float16)
+            qc = (qi0.to(tl.float32) * mn0[:, None] + qi1.to(tl.float32) * mn1[:, None]
+                  + qi2.to(tl.float32) * mn2[:, None] + qi3.to(tl.float32) * mn3[:, None])
+            # one int8 scale a row, 127 / max |q * s|, kept in fp16 (the scale used)
+            amax = tl.max(tl.maximum(tl.maximum(tl.abs(kx0), tl.abs(kx1)), tl.maximum(tl.abs(kx2), tl.abs(kx3))), 0)
+            rq = tl.minimum(127.0 * _rcp(amax.to(tl.float32), USE_ASM), 32768.0).to(tl.float16)
+            # quarter J's operand is its code times its place (1, 4, 16, 16): the int32 sums go
+            # from the lowest place up, times 4 between places (exact: they are integers), so the
+            # tile's sums are 16 * sum(code * round(q * s * rq)), every quarter on the row's grid
+            if USE_ASM:
+                hs, hs3 = _i8_hi_shifts(hi)
+                lo3 = tl.inline_asm_elementwise("shr.b32 $0, $1, 2;", "=r,r", [lo], dtype=tl.uint8, is_pure=True,
+                                                pack=4)
+                acc = tl.zeros([BLK, BLOCK_M], tl.int32)
+                acc = tl.dot(_i8_operand(lo, hs, 0), _i8_round(kx0 * rq[None, :] + I8_MAGIC16), acc,
+                             out_dtype=tl.int32) * 4
+                acc = tl.dot(_i8_operand(lo, hs, 1), _i8_round(kx1 * rq[None, :] + I8_MAGIC16), acc,
+                             out_dtype=tl.int32) * 4
+                acc = tl.dot(_i8_operand(lo, hs, 2), _i8_round(kx2 * rq[None, :] + I8_MAGIC16), acc, out_dtype=tl.int32)
+                acc = tl.dot(_i8_operand(lo3, hs3, 3), _i8_round(kx3 * rq[None, :] + I8_MAGIC16), acc, out_dtype=tl.int32)
+                st = acc.to(tl.float32)
+            else:
+                # the same integers in fp32 (exact: |sum| < 2^24), codes at place 1
+                l32 = lo.to(tl.int32)
+                h32 = hi.to(tl.int32)
+                up = (d32 >= D8).to(tl.int32)[None, :]
+                st = tl.zeros([BLK, BLOCK_M], tl.float32)
+                for j in tl.static_range(4):
+                    a = ((l32 >> (2 * j)) & 3) + 4 * ((h32 >> (2 * j + up)) & 1)
+                    yj = (_pick4(j, kx0, kx1, kx2, kx3) * rq[None, :]).to(tl.float32)
+                    bq = tl.where(yj >= 0, tl.floor(yj + 0.5), -tl.floor(0.5 - yj))
+                    st += tl.dot(a.to(tl.float32), bq)
+                st = st * 16.0
+            # scores (st + rcv) * SSC with st = 16 * rq * (q * s) . code: the row scale goes with SSC
+            rq16 = 16.0 * rq.to(tl.float32)
+            ssc_r = _rcp(rq16, USE_ASM)
+            rcv = tl.sum(qc, 0) * rq16
+        elif PLANES:
             # the two halves of the 2-bit plane and the 1-bit plane, D/8 bytes each per key
             d8 = tl.arange(0, D8)
             lo_a = _widen(tl.load(kcb + d8[None, :]), USE_ASM)
@@ -799,8 +916,13 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
         else:
             if MASKED:
                 st = tl.where(body[:, None], st, float("-inf"))
-            m_new = tl.maximum(m_i, _scaled(tl.max(st, 0) + rcv, SSC, PLANES))
-            pt = tl.exp2(_scaled(st, SSC, PLANES) + (_scaled(rcv, SSC, PLANES) - m_new)[None, :])
+            if INT8:  # the row's int8 scale times the softmax scale
+                srow = ssc_r * SSC
+                m_new = tl.maximum(m_i, (tl.max(st, 0) + rcv) * srow)
+                pt = tl.exp2(st * srow[None, :] + (rcv * srow - m_new)[None, :])
+            else:
+                m_new = tl.maximum(m_i, _scaled(tl.max(st, 0) + rcv, SSC, PLANES))
+                pt = tl.exp2(_scaled(st, SSC, PLANES) + (_scaled(rcv, SSC, PLANES) - m_new)[None, :])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(pt, 0)
         m_i = m_new
@@ -1051,8 +1173,10 @@ def attend_channel_kernel(
                 q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, 0, n_edge, fa, fz, n_a, start_b, ring_lo,
                 sink_lo, sink_hi, idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
                 sm_scale_log2, logit_cap, Q + tok * stride_qt + hq * stride_qh,
-                D, DV, BITS, BLK, GV, BLOCK_M, LOGIT_CAP, PV_DT, USE_ASM, STAGES, PLANES, VWORDS, KWORDS, KEYOP,
-                True, PAIRED)
+                D, DV, BITS, BLK, GV, BLOCK_M, LOGIT_CAP, PV_DT, USE_ASM, STAGES, PLANES, VWORDS, KWORDS,
+                # int8 key operands: the edge blocks (few) take fp16-paired's (INT8's note: the two
+                # loops' int8 buffers would leave 7 programs an SM)
+                1 if KEYOP == 4 else KEYOP, True, PAIRED or KEYOP == 4)
         else:
             m_i, l_i, a0, a1, a2, a3 = _decode_body(
                 q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, 0, 0, n_a, start_b, ring_lo,
@@ -1219,6 +1343,9 @@ def decode_attention_channel(
     vwords = words and v_codes.shape[-1] * 4 >= WORDS_MIN_DIM
     kwords = words and k_bits == 2 and q.shape[-1] >= WORDS_MIN_DIM
     keyop = CHANNEL_KEY_OPERANDS.index(channel_key_operands(key_operands))
+    if keyop == 4 and not planes:
+        raise ValueError("key_operands 'int8' is the 3-bit planes decode's (k_bits 3, head_dim >= 128, "
+                         "k3_variant 'planes'); use 'fp16-paired' for this pool")
     paired = keyop == 3  # "fp16-paired": "fp16" operands, the planes' offsets cancelling (PAIRED)
     keyop = 1 if paired else keyop
     sink_start = own_start if sink_start is None else sink_start
