@@ -149,6 +149,16 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         from .config import kernel_switches_set
 
         set_ = kernel_switches_set()
+        if set_.get("OSCAR_CHANNEL_DECODE_KEYS") == "int8":
+            # the int8 key operands exist for the 3-bit planes decode only: refuse other pools at
+            # start, not at the first decode
+            fmt = self.pool.kv_format
+            bits = set(fmt.k_bits[self.pool.start_layer:self.pool.start_layer + self.pool.layer_num])
+            planes = set_.get("OSCAR_CHANNEL_DECODE_3BIT", "planes") == "planes"
+            if not (self.pool.channel and bits == {3} and self.pool.head_dim >= 128 and planes):
+                raise ValueError("OSCAR_CHANNEL_DECODE_KEYS=int8 needs per-channel 3-bit keys in every "
+                                 "layer, head_dim >= 128 and the 'planes' 3-bit decode; unset it (the "
+                                 "default 'fp16-paired' runs every format)")
         if set_ and self.pool.channel:
             logger.info("OSCAR INT2: kernel variants from the environment: %s",
                         ", ".join(f"{k}={v}" for k, v in set_.items()))

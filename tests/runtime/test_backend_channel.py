@@ -356,6 +356,19 @@ def test_kernel_variants_from_the_environment_are_logged(backend_cls, monkeypatc
             "OSCAR_CHANNEL_DECODE_KEYS=fp16-shifted") in caplog.text
 
 
+def test_int8_key_operands_are_refused_at_start_where_no_planes_decode_runs(backend_cls, monkeypatch):
+    """OSCAR_CHANNEL_DECODE_KEYS=int8 exists for the 3-bit planes decode only: with the packed
+    3-bit decode (or any pool without 3-bit per-channel keys at head_dim >= 128) the start stops
+    with what to do, instead of the first decode failing."""
+    b, *_ = _make(backend_cls)
+    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_KEYS", "int8")
+    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_3BIT", "packed")
+    with pytest.raises(ValueError, match="OSCAR_CHANNEL_DECODE_KEYS=int8 needs per-channel 3-bit keys"):
+        b._log_kernel_switches()
+    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_KEYS", "fp16-paired")
+    b._log_kernel_switches()  # the default runs every pool
+
+
 def test_a_one_request_decode_rotates_q_and_k_with_one_gemm(backend_cls, seed, monkeypatch, caplog):
     """Batch 1, one R_k for both KV heads (the data-free recipe's case), q and k adjacent in one
     qkv buffer as SGLang's fused qkv_proj leaves them: q @ R_k and k @ R_k come from one GEMM (no
