@@ -27,7 +27,7 @@ def test_rows_for_every_kernel_within_fp32_error(tmp_path):
                                       "extend_variant": "dequant"}
     got = {(r["kernel"], r["variant"]) for r in doc["rows"]}
     opt_in = {("decode", "packed 3-bit body"), ("decode", "bf16 key operands"), ("decode", "fp16-shifted key operands"),
-              ("decode", "fp16 key operands"),
+              ("decode", "fp16 key operands"), ("decode", "int8 key operands"),
               ("decode", "bytes reads"), ("decode", "bytes reads, fewest splits"),
               ("decode", "flat q, fewest splits, bytes reads"), ("extend", "codes"), ("extend", "codes, short tail")}
     assert got == opt_in | {("decode", "default splits"), ("decode", "fewest splits"), ("decode", "fp16-paired key operands"),
@@ -39,6 +39,11 @@ def test_rows_for_every_kernel_within_fp32_error(tmp_path):
         assert r["format"] == "k3c32-v2t32-s4-w32"
         if r["kernel"] in ("decode", "extend"):
             assert r["default_config"] == ((r["kernel"], r["variant"]) not in opt_in), r
+        if r["variant"] == "int8 key operands":
+            # q * s rounded to int8 per row and block, emulated in the interpreter too: int8's error,
+            # over the tests' tolerance (the row says so; opt-in, so the exit status stays 0)
+            assert 1e-4 < r["rel_err_max"] < 1e-1 and not r["within_test_tolerance"], r
+            continue
         if r["kernel"] == "decode" and not r["variant"].startswith("flat q"):
             assert 1e-4 < r["rel_diff_vs_arith_emulation"] < 1e-1, r  # fp32 kernel vs bf16-rounded model
         if r["kernel"] in ("bf16_baseline", "arith_emulation"):
