@@ -686,7 +686,8 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
     VWORDS (Dv >= 128) / KWORDS (2-bit keys, D >= 128): VCh / KCh are int16 views of the value /
     key codes (strides in words), read as attend_fast's code words (CHANNEL_CODE_READS' note); with
     KWORDS q^T is read in the 8 extractions' dims from qrow. KEYOP: the key side's q * s and code
-    operands, index of CHANNEL_KEY_OPERANDS (0: PV_DT; 1, 2: the fp16 variants)."""
+    operands, index of CHANNEL_KEY_OPERANDS (0: PV_DT; 1, 2: the fp16 variants; 4: int8, PLANES
+    only, the INT8 branch)."""
     QD: tl.constexpr = D // 4
     QDV: tl.constexpr = DV // 4
     QW: tl.constexpr = D // 8
@@ -1333,9 +1334,10 @@ def decode_attention_channel(
     k3_variant: 'packed' / 'planes' (3-bit keys; None: OSCAR_CHANNEL_DECODE_3BIT, default
     'planes'; planes needs head_dim >= 128 and runs packed below). code_reads: 'bytes' / 'words'
     (None: OSCAR_CHANNEL_DECODE_READS, default 'words'; words reads value codes and 2-bit key codes
-    as 16-bit words where the dim is >= 128). key_operands: 'fp16' / 'bf16' / 'fp16-shifted'
-    (None: OSCAR_CHANNEL_DECODE_KEYS, default 'fp16'; the body's q * s and key code operands,
-    CHANNEL_KEY_OPERANDS' note)."""
+    as 16-bit words where the dim is >= 128). key_operands: 'fp16-paired' / 'fp16' / 'bf16' /
+    'fp16-shifted' / 'int8' (None: OSCAR_CHANNEL_DECODE_KEYS, default 'fp16-paired'; the body's
+    q * s and key code operands, CHANNEL_KEY_OPERANDS' note; 'int8' needs the planes decode and is
+    refused without it)."""
     check_channel_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_bits, k_block, v_group)
     planes = (channel_3bit_variant(k3_variant) == "planes" and k_bits == 3
               and q.shape[-1] >= PLANES_MIN_DIM)
