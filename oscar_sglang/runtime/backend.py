@@ -145,17 +145,19 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         return choice == "fused"
 
     def _log_kernel_switches(self) -> None:
-        """Kernel variants chosen by environment (the kernels read them at each launch): said once at start."""
+        """Kernel variants chosen by environment (the kernels read them at each launch): said once
+        at start, after refusing one this pool cannot run (the kernel would fail at the first decode)."""
+        from oscar_kernels.triton.attend_channel import PLANES_MIN_DIM
+
         from .config import kernel_switches_set
 
         set_ = kernel_switches_set()
         if set_.get("OSCAR_CHANNEL_DECODE_KEYS") == "int8":
-            # the int8 key operands exist for the 3-bit planes decode only: refuse other pools at
-            # start, not at the first decode
+            # the int8 key operands exist for the 3-bit planes decode only (the launcher's condition)
             fmt = self.pool.kv_format
             bits = set(fmt.k_bits[self.pool.start_layer:self.pool.start_layer + self.pool.layer_num])
             planes = set_.get("OSCAR_CHANNEL_DECODE_3BIT", "planes") == "planes"
-            if not (self.pool.channel and bits == {3} and self.pool.head_dim >= 128 and planes):
+            if not (self.pool.channel and bits == {3} and self.pool.head_dim >= PLANES_MIN_DIM and planes):
                 raise ValueError("OSCAR_CHANNEL_DECODE_KEYS=int8 needs per-channel 3-bit keys in every "
                                  "layer, head_dim >= 128 and the 'planes' 3-bit decode; unset it (the "
                                  "default 'fp16-paired' runs every format)")
