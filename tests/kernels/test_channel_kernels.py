@@ -120,7 +120,7 @@ def run_decode(pool, q, max_splits, nsplit=None, launcher=False, **kw):
 
 # k3: the 3-bit decode variant (attend_channel.CHANNEL_3BIT_VARIANTS) at head_dim 128, where both
 # exist; None = the default (other widths, and head_dim 64 where 'planes' runs 'packed'). reads:
-# how codes are read (attend_channel.CHANNEL_CODE_READS; None = the default 'bytes'): 'words' reads
+# how codes are read (attend_channel.CHANNEL_CODE_READS; None = the default, 'words'): 'words' reads
 # values (and 2-bit keys) as code words at head_dim 128, value groups of 32, 64 and 128
 @pytest.mark.parametrize("D,bits,B,vg,gqa,splits,k3,reads", [
     (128, 3, 32, 128, 4, "auto", "packed", None),
@@ -131,6 +131,7 @@ def run_decode(pool, q, max_splits, nsplit=None, launcher=False, **kw):
     (128, 2, 32, 64, 4, "auto", None, "words"),
     (128, 2, 64, 128, 2, "given", None, "words"),
     (128, 4, 32, 32, 2, "given", None, "words"),
+    (128, 4, 64, 64, 4, "auto", None, None),
     (64, 2, 32, 64, 3, "given", None, None),
     (64, 2, 32, 16 * 2, 1, "auto", None, None),
     (64, 4, 32, 64, 2, "given", None, None),
@@ -253,12 +254,13 @@ def test_decode_channel_int8_key_operands(seed, monkeypatch):
                    key_operands="int8")
 
 
-@pytest.mark.parametrize("D,k3", [(64, None), (128, "planes")])
-def test_decode_channel_logit_cap_and_default_plan(seed, D, k3):
+@pytest.mark.parametrize("D,bits,k3", [(64, 3, None), (128, 3, "planes"), (128, 4, None)])
+def test_decode_channel_logit_cap_and_default_plan(seed, D, bits, k3):
     """Logit cap; split count and scratch from the defaults (no max_kv_splits, no scratch). At
-    head_dim 128 with the 3-bit 'planes' decode, which applies the softmax scale per tile."""
+    head_dim 128 with the 3-bit 'planes' decode, which applies the softmax scale per tile, and with
+    4-bit keys' subnormal operands (NIBBLES: the cap sees the sums scaled back)."""
     gqa, cap = 2, 5.0
-    fmt = channel_fmt(D, 3, 32, 64)
+    fmt = channel_fmt(D, bits, 32, 64)
     pool = ChannelPool(fmt, [1, 110], [0, 0], [0, 0], hkv=1)
     q = (torch.randn(2, gqa, D) * 4).bfloat16()
     o = torch.full((2, gqa, D), float("nan"), device=DEV)
@@ -484,6 +486,41 @@ def test_paired_plane_operands_cancel_offsets():
         c4, b2 = torch.arange(4.0).double()[:, None], torch.arange(2.0).double()[None, :]
         ops_sum = (1024 + 4 * place + c4 * place) - (1024 + (1 - b2) * 4 * place)
         assert torch.equal(ops_sum, (c4 + 4 * b2) * place), E
+
+
+def test_decode_channel_4bit_nibbles_launch(seed, monkeypatch):
+    """4-bit keys decode with subnormal nibble operands (NIBBLES) when their key operands are fp16
+    ('fp16-paired', the default, or 'fp16'), at every head_dim and either code read, the edge
+    blocks in their own loop; 'bf16' / 'fp16-shifted' operands keep the offset operands; other
+    widths never take it."""
+    monkeypatch.delenv("OSCAR_CHANNEL_DECODE_KEYS", raising=False)
+    for D in (64, 128):
+        assert _launch(monkeypatch, D, 4)[1]["NIBBLES"], D
+        assert _launch(monkeypatch, D, 4, key_operands="fp16")[1]["NIBBLES"], D
+        assert _launch(monkeypatch, D, 4, code_reads="bytes")[1]["NIBBLES"], D
+        for keys in ("bf16", "fp16-shifted"):
+            assert not _launch(monkeypatch, D, 4, key_operands=keys)[1]["NIBBLES"], (D, keys)
+        assert not _launch(monkeypatch, D, 3)[1]["NIBBLES"], D
+        assert not _launch(monkeypatch, D, 2)[1]["NIBBLES"], D
+
+
+def test_nibble_operands_are_exact_subnormals():
+    """NIBBLES' PTX (CUDA only) emulated on every pair of widened bytes: `and` with NIB_MASK[H]
+    leaves two fp16 halves that are the subnormals code * 16^H * 2^-24 (code: nibble H of each
+    byte) exactly, for every byte pair; NIB_SCALE undoes the 2^-24. The high nibble's place 16
+    keeps every code below 2^10 (no exponent bits)."""
+    from oscar_kernels.triton import attend_channel as ch
+
+    lo, hi = torch.meshgrid(torch.arange(256), torch.arange(256), indexing="ij")
+    w = lo | hi << 16
+    both = torch.stack([lo, hi], -1)
+    for H in (0, 1):
+        r = w & int(ch.NIB_MASK.value[H], 16)
+        halves = torch.stack([r & 0xFFFF, r >> 16], -1).to(torch.int16).view(torch.float16).double()
+        code = ((both >> 4 * H) & 15).double()
+        assert torch.equal(halves * ch.NIB_SCALE.value, code * 16.0 ** H), H
+        assert torch.equal(halves, code * 16.0 ** H * 2.0 ** -24), H
+        assert int((r & 0x7C007C00).max()) == 0, H  # no exponent bit set: subnormal or zero
 
 
 def _prmt(a: int, b: int, sel: int) -> int:

@@ -95,6 +95,22 @@ def test_channel_3bit_planes_fewer_instructions_no_spills():
     assert per_tile["planes"] < per_tile["packed"], (per_tile, packed, planes)
 
 
+def test_channel_4bit_nibbles_fewer_instructions_no_spills():
+    """4-bit keys at the served shape (D=128, B=8, L=32K): the body with subnormal nibble operands
+    (NIBBLES: the default with fp16 key operands, the edge blocks in their own loop) issues fewer
+    SASS instructions per body tile than the offset operands' one masked loop ('fp16-shifted'
+    keeps it), at the same warps, with no spills. Both are compiled here; no fixed count is
+    assumed."""
+    nibbles = sm90.run("channel", "--bits", "4", "--batch", "8")
+    offsets = sm90.run("channel", "--bits", "4", "--batch", "8", "--key-operands", "fp16-shifted")
+    assert nibbles["num_warps"] == offsets["num_warps"] == 1, (nibbles, offsets)
+    for r in (nibbles, offsets):
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, r
+        assert r["loops"][0]["hmma"] >= 32 and 200 < r["loops"][0]["instructions"] < 20000, r
+    # NIBBLES' two largest loops are its edge loop (masked) and its body loop: both are smaller
+    assert nibbles["loops"][0]["instructions"] < offsets["loops"][0]["instructions"], (nibbles, offsets)
+
+
 def test_channel_decode_word_reads_fewer_instructions_no_spills():
     """The per-channel decode reading codes as 16-bit words (2-bit keys and values, D=128, B=8,
     L=32K): no register spills, MMAs in the body loop, and fewer SASS instructions per body tile

@@ -122,7 +122,8 @@ CHANNEL_READS_DEFAULT = "words"
 # query (times the softmax scale off the 3-bit planes), s a key channel's range / (2^bits - 1) in
 # its block, so |q| * |k| would have to reach ~10^5; such a model should set
 # OSCAR_CHANNEL_DECODE_KEYS=bf16.
-# 2-bit keys read as words (KWORDS) use fp16 either way.
+# 2-bit keys read as words (KWORDS) use fp16 either way; 4-bit keys with "fp16" / "fp16-paired"
+# operands take NIBBLES' subnormal ones (no offsets).
 # fp16-paired against fp16, H100, one call (bench/results/kernels/
 # 2026-11-28_0034_channel-paired-operands_h100.json, k3c64-v2t64-s4-w128): 8 x 32K 99.3 -> 97.2 us
 # (69% -> 71% of copy), 64 x 8K 190.1 -> 185.6, 64 x 8.5K 194.9 -> 192.8, 1 x 128K 59.4 -> 57.8,
@@ -412,9 +413,11 @@ def _lo_operand(c16, J: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr, K
 
 
 @triton.jit
-def _k_scale_ch(J: tl.constexpr, BITS: tl.constexpr, KEYOP: tl.constexpr):
+def _k_scale_ch(J: tl.constexpr, BITS: tl.constexpr, KEYOP: tl.constexpr, NIBBLES: tl.constexpr = False):
     """Scale of key quarter J's operand (its code field's place value)."""
-    if BITS == 2:
+    if NIBBLES:
+        r = 16.0 if J >= 2 else 1.0
+    elif BITS == 2:
         r = _k_place(J, KEYOP)
     else:
         r = 1.0
@@ -588,6 +591,41 @@ def _shl16(x, N: tl.constexpr):
     return tl.inline_asm_elementwise(SHL16[N], "=r,r", [x], dtype=tl.uint16, is_pure=True, pack=2)
 
 
+# NIBBLES (4-bit keys with fp16 key operands, the default): the quarter body
+# (_key_quarter's half split: quarter J is nibble J // 2 of bytes (J % 2) * D/4 .. +D/4-1) with
+# each nibble masked in place and no exponent: the fp16 subnormal code * place * 2^-24 (place 1
+# low, 16 high), exact, one `and` per two codes. So there is no operand offset to take off (no
+# per-dim sum of the rounded q * s) and no shift of the high nibble; q is divided by the place
+# (exact) and the tile's sums, in units of 2^-24, are scaled by NIB_SCALE with the rest of the
+# scores. The edge blocks get their own masked loop, as 3-bit keys do, pipelined NIB_EDGE_STAGES
+# deep, where its copy buffers share the body loop's shared memory (18,432 B a program at sm_90;
+# at the body's INT2_STAGES they took 28,696 B, 7 programs an SM). Offline sm_90 (B=8, L=32K,
+# D=128): 1,196 instructions a body tile against the offset operands' masked 1,416, 231 registers,
+# no spills. The tensor cores take the subnormals exactly (a one-off probe on the H200: tl.dot of
+# such operands within 5e-7 of float64; the GPU decode tests pass). H200, one call (bench/results/
+# kernels/2026-11-29_0313_channel-4bit-nibbles_h200.json against _0314_, b93d2bf's kernels):
+# k4c64-v2t64-s4-w128 at B=8 x 32K 92.3 -> 83.7 us (the other shapes were cut by the run's
+# timeout); error on kernel_error.py's outlier inputs 2.09e-3 max against 2.12e-3 (same seed,
+# _0316_ / _0255_kernel-error-*). Tried and not kept: walking 4-bit keys in eighths as the 3-bit
+# planes do (1,099 instructions a tile, the fewest), 101-104 us at 8 x 32K whether the operands
+# were subnormal or under 1024's exponent (_0259_, _0307_, _0308_); why is not established.
+NIB_MASK = tl.constexpr(("0x000F000F", "0x00F000F0"))
+NIB_SCALE = tl.constexpr(16777216.0)  # 2^24: an fp16 subnormal's unit is 2^-24
+NIB_EDGE_STAGES = tl.constexpr(4)
+
+
+@triton.jit
+def _nibble_operand(w16, H: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr):
+    """Nibble H (0 low, 1 high) of uint16-widened bytes as an MMA operand in DT: with USE_ASM the
+    fp16 subnormal code * 16^H * 2^-24 (one and per two codes); without, code * 16^H exactly."""
+    if USE_ASM:
+        r = tl.inline_asm_elementwise("and.b32 $0, $1, " + NIB_MASK[H] + ";", "=r,r", [w16], dtype=tl.float16,
+                                      is_pure=True, pack=2)
+    else:
+        r = (w16.to(tl.int32) & (15 << (4 * H))).to(DT)
+    return r
+
+
 # INT8 (3-bit planes, key_operands "int8"): quarter J's 32 dims as one int8 MMA operand (m16n8k32),
 # the 3-bit code (code + 4 * bit) times place value 1, 4, 16, 16 (quarter 3's field shifted down
 # to bits 4-5: 7 * 64 would not fit an int8) in each byte, two instructions per four codes; the
@@ -675,7 +713,7 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
                  D: tl.constexpr, DV: tl.constexpr, BITS: tl.constexpr, BLK: tl.constexpr, GV: tl.constexpr,
                  BLOCK_M: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, USE_ASM: tl.constexpr,
                  STAGES: tl.constexpr, PLANES: tl.constexpr, VWORDS: tl.constexpr, KWORDS: tl.constexpr,
-                 KEYOP: tl.constexpr, MASKED: tl.constexpr, PAIRED: tl.constexpr):
+                 KEYOP: tl.constexpr, MASKED: tl.constexpr, PAIRED: tl.constexpr, NIBBLES: tl.constexpr):
     """Decode's quantised body blocks (see _key_operand's note), continuing the BF16 loops' softmax
     state (row-major a0..a3 [rows, Dv/4]); returns it in the same form. Blocks: jb in [t_lo, t_hi)
     whose every position is a body position, without masks (MASKED False); or, MASKED, the edge
@@ -687,7 +725,8 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
     key codes (strides in words), read as attend_fast's code words (CHANNEL_CODE_READS' note); with
     KWORDS q^T is read in the 8 extractions' dims from qrow. KEYOP: the key side's q * s and code
     operands, index of CHANNEL_KEY_OPERANDS (0: PV_DT; 1, 2: the fp16 variants; 4: int8, PLANES
-    only, the INT8 branch)."""
+    only, the INT8 branch). NIBBLES (4-bit keys, fp16 KDT): the quarter body with subnormal nibble
+    operands (NIBBLES' note)."""
     QD: tl.constexpr = D // 4
     QDV: tl.constexpr = DV // 4
     QW: tl.constexpr = D // 8
@@ -704,8 +743,12 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
     KOFS: tl.constexpr = (BODY_OFS_FP16 if KEYOP == 1 else BODY_OFS) if USE_ASM else 0.0
     QSC = 1.0 if LOGIT_CAP else sm_scale_log2
     # the scores' scale: the 3-bit planes apply the softmax scale per tile (their q stays q / place
-    # value), the other bodies fold it into q
-    SSC = QSC if PLANES else 1.0
+    # value), the other bodies fold it into q; NIBBLES' sums are in units of 2^-24 on CUDA
+    NSC: tl.constexpr = NIB_SCALE if NIBBLES and USE_ASM else 1.0
+    # the quarter body's q carries its operands' places on CUDA (NIBBLES: in the interpreter too,
+    # whose nibble operands carry the same places)
+    PLC: tl.constexpr = USE_ASM or NIBBLES
+    SSC = NSC if NIBBLES else (QSC if PLANES else 1.0)
     PAIR: tl.constexpr = PAIRED and PLANES and USE_ASM and KEYOP == 1 and KDT == tl.float16
     INT8: tl.constexpr = PLANES and KEYOP == 4
     if INT8:
@@ -742,10 +785,10 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
     else:
         # q^T quarters [D/4, rows] in fp32, the softmax scale folded in (unless capped) and each
         # divided by its key operands' scale (a power of two: exact; ROWC's note)
-        q0t = tl.trans(q0.to(tl.float32) * (QSC / _k_scale_ch(0, BITS, KEYOP) if USE_ASM else QSC))
-        q1t = tl.trans(q1.to(tl.float32) * (QSC / _k_scale_ch(1, BITS, KEYOP) if USE_ASM else QSC))
-        q2t = tl.trans(q2.to(tl.float32) * (QSC / _k_scale_ch(2, BITS, KEYOP) if USE_ASM else QSC))
-        q3t = tl.trans(q3.to(tl.float32) * (QSC / _k_scale_ch(3, BITS, KEYOP) if USE_ASM else QSC))
+        q0t = tl.trans(q0.to(tl.float32) * (QSC / _k_scale_ch(0, BITS, KEYOP, NIBBLES) if PLC else QSC))
+        q1t = tl.trans(q1.to(tl.float32) * (QSC / _k_scale_ch(1, BITS, KEYOP, NIBBLES) if PLC else QSC))
+        q2t = tl.trans(q2.to(tl.float32) * (QSC / _k_scale_ch(2, BITS, KEYOP, NIBBLES) if PLC else QSC))
+        q3t = tl.trans(q3.to(tl.float32) * (QSC / _k_scale_ch(3, BITS, KEYOP, NIBBLES) if PLC else QSC))
     # value accumulators transposed, in operand units (attend_fast): bytes [Dv/4, rows] per quarter
     # (a'_j = vs_j a_j), or code words [Dv/8, rows] per extraction (x_j: quarter j's even dims,
     # x_{4+j}: its odd dims, scale 1); per quarter the per-row sums sum(p * mn), sum(p * sc) of its
@@ -896,20 +939,27 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
             qo = tl.zeros([QD, BLOCK_M], tl.float32)  # the offsets' qs
             part = tl.zeros([BLK, BLOCK_M], tl.float32)
             for j in tl.static_range(3, -1, -1):
-                if j < 3 and USE_ASM:
-                    if _k_scale_ch(j + 1, BITS, KEYOP) != _k_scale_ch(j, BITS, KEYOP):
-                        qc = qc * (_k_scale_ch(j + 1, BITS, KEYOP) / _k_scale_ch(j, BITS, KEYOP))
+                if j < 3 and PLC:
+                    if _k_scale_ch(j + 1, BITS, KEYOP, NIBBLES) != _k_scale_ch(j, BITS, KEYOP, NIBBLES):
+                        qc = qc * (_k_scale_ch(j + 1, BITS, KEYOP, NIBBLES) / _k_scale_ch(j, BITS, KEYOP, NIBBLES))
                 sc, mn = _unpack_params(tl.load(kpb + j * QD))
                 qjt = _pick4(j, q0t, q1t, q2t, q3t)  # q / ks
                 qs = (qjt * sc[:, None]).to(KDT)
-                part = tl.dot(_key_operand(kc, kc2, hb, j, BITS, QD, KDT, USE_ASM, KEYOP), qs, part)
+                if NIBBLES:  # no offsets (NIBBLES' note)
+                    op = _nibble_operand(_widen(kc if j % 2 == 0 else kc2, USE_ASM), j // 2, KDT, USE_ASM)
+                    part = tl.dot(op, qs, part)
+                else:
+                    part = tl.dot(_key_operand(kc, kc2, hb, j, BITS, QD, KDT, USE_ASM, KEYOP), qs, part)
+                    qo += qs.to(tl.float32)  # from the rounded qs: exact removal
                 qc += qjt * mn[:, None]
-                qo += qs.to(tl.float32)  # from the rounded qs: exact removal
             st = part
-            rcv = tl.sum(qc - KOFS * qo, 0)
+            if NIBBLES:
+                rcv = tl.sum(qc, 0) * (1.0 / NSC)  # in the sums' units
+            else:
+                rcv = tl.sum(qc - KOFS * qo, 0)
         # scores: (st + rcv) * SSC, rcv the tile's row constant (SCORE_FOLD)
         if LOGIT_CAP:
-            st = _cap_and_scale(st + rcv[None, :], sm_scale_log2, logit_cap, LOGIT_CAP)
+            st = _cap_and_scale(_scaled(st + rcv[None, :], NSC, NIBBLES), sm_scale_log2, logit_cap, LOGIT_CAP)
             if MASKED:
                 st = tl.where(body[:, None], st, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(st, 0))
@@ -922,8 +972,9 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
                 m_new = tl.maximum(m_i, (tl.max(st, 0) + rcv) * srow)
                 pt = tl.exp2(st * srow[None, :] + (rcv * srow - m_new)[None, :])
             else:
-                m_new = tl.maximum(m_i, _scaled(tl.max(st, 0) + rcv, SSC, PLANES))
-                pt = tl.exp2(_scaled(st, SSC, PLANES) + (_scaled(rcv, SSC, PLANES) - m_new)[None, :])
+                m_new = tl.maximum(m_i, _scaled(tl.max(st, 0) + rcv, SSC, PLANES or NIBBLES))
+                TILE_SC: tl.constexpr = PLANES or NIBBLES  # the scale applied per tile
+                pt = tl.exp2(_scaled(st, SSC, TILE_SC) + (_scaled(rcv, SSC, TILE_SC) - m_new)[None, :])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(pt, 0)
         m_i = m_new
@@ -1037,7 +1088,7 @@ def attend_channel_kernel(
     EXT_DQ: tl.constexpr = False, VWORDS: tl.constexpr = False, KWORDS: tl.constexpr = False,
     KEYOP: tl.constexpr = 0, BF16_LAST: tl.constexpr = False, PAIRED: tl.constexpr = False,
     MERGE: tl.constexpr = False, MERGE_ROWS: tl.constexpr = 1, SPLITS_P2: tl.constexpr = 1,
-    Final=None, stride_fb=0, stride_fh=0, Arrived=None,
+    NIBBLES: tl.constexpr = False, Final=None, stride_fb=0, stride_fh=0, Arrived=None,
 ):
     """SPLIT (decode): grid (B, Hkv, max splits), one query token per request (token b), rows =
     the GQA group; qo_indptr / num_mb unused. Not SPLIT (extend-prefix): grid (B, Hkv * num_mb,
@@ -1104,11 +1155,12 @@ def attend_channel_kernel(
         # list A) go to BF16 split 0, masked. Offline sm_90 SASS (3-bit planes, B=8, L=32K): the
         # masks were ~140 of a tile's 1,721 instructions, 1,581 without; the two loops in
         # different programs' branches take 236 registers, no spills (both loops in every program:
-        # 255 and spills). 4-bit keys keep one masked loop over every block in the body splits
-        # (EDGE_LOOP): their second loop's copy buffers took the program's shared memory from
-        # 18,432 to 28,696 B, 7 programs an SM instead of 8, and the decode 3-18% slower (H100,
-        # bench/results/kernels/2026-11-27_1808_channel-4bit-*).
-        EDGE_LOOP: tl.constexpr = BITS != 4
+        # 255 and spills). 4-bit keys with offset operands keep one masked loop over every block
+        # in the body splits (EDGE_LOOP): their second loop's copy buffers took the program's shared
+        # memory from 18,432 to 28,696 B, 7 programs an SM instead of 8, and the decode 3-18% slower
+        # (H100, bench/results/kernels/2026-11-27_1808_channel-4bit-*); with NIBBLES the edge loop
+        # is pipelined less deep and fits (NIBBLES' note).
+        EDGE_LOOP: tl.constexpr = BITS != 4 or NIBBLES
         if EDGE_LOOP:
             fa = tl.minimum(tl.maximum(n_a + tl.cdiv(sink_hi, BLK) - start_b, n_a), n_blk)
             fz = tl.minimum(tl.maximum(n_a + ring_lo // BLK - start_b, fa), n_blk)
@@ -1174,17 +1226,18 @@ def attend_channel_kernel(
                 q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, 0, n_edge, fa, fz, n_a, start_b, ring_lo,
                 sink_lo, sink_hi, idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
                 sm_scale_log2, logit_cap, Q + tok * stride_qt + hq * stride_qh,
-                D, DV, BITS, BLK, GV, BLOCK_M, LOGIT_CAP, PV_DT, USE_ASM, STAGES, PLANES, VWORDS, KWORDS,
+                D, DV, BITS, BLK, GV, BLOCK_M, LOGIT_CAP, PV_DT, USE_ASM,
+                NIB_EDGE_STAGES if NIBBLES else STAGES, PLANES, VWORDS, KWORDS,
                 # int8 key operands: the edge blocks (few) take fp16-paired's (INT8's note: the two
                 # loops' int8 buffers would leave 7 programs an SM)
-                1 if KEYOP == 4 else KEYOP, True, PAIRED or KEYOP == 4)
+                1 if KEYOP == 4 else KEYOP, True, PAIRED or KEYOP == 4, NIBBLES)
         else:
             m_i, l_i, a0, a1, a2, a3 = _decode_body(
                 q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, 0, 0, n_a, start_b, ring_lo,
                 sink_lo, sink_hi, idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
                 sm_scale_log2, logit_cap, Q + tok * stride_qt + hq * stride_qh,
                 D, DV, BITS, BLK, GV, BLOCK_M, LOGIT_CAP, PV_DT, USE_ASM, STAGES, PLANES, VWORDS, KWORDS, KEYOP,
-                not EDGE_LOOP, PAIRED)  # without the edge loop these blocks include the edges: masked
+                not EDGE_LOOP, PAIRED, NIBBLES)  # without the edge loop these blocks include the edges: masked
         j_hi = j_lo  # the extend loop below walks nothing
     if EXT_DQ:  # its q operands, converted once for every page
         q0 = q0.to(DQ_DT)
@@ -1349,6 +1402,9 @@ def decode_attention_channel(
         raise ValueError("key_operands 'int8' is the 3-bit planes decode's (k_bits 3, head_dim >= 128, "
                          "k3_variant 'planes'); use 'fp16-paired' for this pool")
     paired = keyop == 3  # "fp16-paired": "fp16" operands, the planes' offsets cancelling (PAIRED)
+    # 4-bit keys' subnormal operands (NIBBLES) where their fp16 operands are asked for; bf16 /
+    # fp16-shifted operands keep the offset operands and one masked loop
+    nibbles = k_bits == 4 and keyop in (1, 3)
     keyop = 1 if paired else keyop
     sink_start = own_start if sink_start is None else sink_start
     B, Hq, D = q.shape
@@ -1383,7 +1439,8 @@ def decode_attention_channel(
         BLOCK_B=BLOCK_B, SPLIT=True, HAS_NSPLITS=num_kv_splits is not None, MIN_CHUNK=min_chunk,
         LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE, NB16=nb16,
         USE_ASM=USE_ASM and q.dtype == torch.bfloat16, STAGES=num_int2_stages or INT2_STAGES, PLANES=planes,
-        VWORDS=vwords, KWORDS=kwords, KEYOP=keyop, BF16_LAST=bool(bf16_last), PAIRED=paired, **merge,
+        VWORDS=vwords, KWORDS=kwords, KEYOP=keyop, BF16_LAST=bool(bf16_last), PAIRED=paired, NIBBLES=nibbles,
+        **merge,
         num_warps=num_warps or (PLANES_NUM_WARPS if planes else DECODE_NUM_WARPS[k_bits]), num_stages=num_stages,
         **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
