@@ -41,8 +41,11 @@ def test_rows_for_every_kernel_within_fp32_error(tmp_path):
             assert r["default_config"] == ((r["kernel"], r["variant"]) not in opt_in), r
         if r["variant"] == "int8 key operands":
             # q * s rounded to int8 per row and block, emulated in the interpreter too: int8's error,
-            # over the tests' tolerance (the row says so; opt-in, so the exit status stays 0)
-            assert 1e-4 < r["rel_err_max"] < 1e-1 and not r["within_test_tolerance"], r
+            # over the tests' tolerance (the row says so; opt-in, so the exit status stays 0). On
+            # these outlier inputs it reaches ~0.2 (0.22 on the H200, bench/results/kernels/
+            # 2026-11-28_1814_kernel-error-int8_h200.json; 0.214 in one CPU seed, where a bound of
+            # 0.1 failed 1 run in 18): the upper bound only says the output is not garbage
+            assert 1e-4 < r["rel_err_max"] < 0.5 and not r["within_test_tolerance"], r
             continue
         if r["kernel"] == "decode" and not r["variant"].startswith("flat q"):
             assert 1e-4 < r["rel_diff_vs_arith_emulation"] < 1e-1, r  # fp32 kernel vs bf16-rounded model
