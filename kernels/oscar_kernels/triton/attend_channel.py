@@ -749,6 +749,7 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
     # whose nibble operands carry the same places)
     PLC: tl.constexpr = USE_ASM or NIBBLES
     SSC = NSC if NIBBLES else (QSC if PLANES else 1.0)
+    TILE_SC: tl.constexpr = PLANES or NIBBLES  # SSC is applied per tile (else it is 1)
     PAIR: tl.constexpr = PAIRED and PLANES and USE_ASM and KEYOP == 1 and KDT == tl.float16
     INT8: tl.constexpr = PLANES and KEYOP == 4
     if INT8:
@@ -972,8 +973,7 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
                 m_new = tl.maximum(m_i, (tl.max(st, 0) + rcv) * srow)
                 pt = tl.exp2(st * srow[None, :] + (rcv * srow - m_new)[None, :])
             else:
-                m_new = tl.maximum(m_i, _scaled(tl.max(st, 0) + rcv, SSC, PLANES or NIBBLES))
-                TILE_SC: tl.constexpr = PLANES or NIBBLES  # the scale applied per tile
+                m_new = tl.maximum(m_i, _scaled(tl.max(st, 0) + rcv, SSC, TILE_SC))
                 pt = tl.exp2(_scaled(st, SSC, TILE_SC) + (_scaled(rcv, SSC, TILE_SC) - m_new)[None, :])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(pt, 0)
