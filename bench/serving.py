@@ -19,11 +19,13 @@ request's token timestamps). `report` renders the markdown section and PNG plots
 To keep a run, copy results.json to bench/results/serving/<date>_<time>_<configs>_<model>.json and
 the timelines, gzipped as {"model/config": {...}}, to the same name with .timelines.json.gz.
 
-The working tree plus the devkit carry must stay under 64 MiB: carry the SmolLM2 tokenizer and
-the dummy models' configs as .devkit/smollm2_tok.tar.xz (0.45 MB; `tar -C .devkit/models -cJf
-.devkit/smollm2_tok.tar.xz smollm2-135m llama31-8b qwen3-8b`: .devkit/ is ignored, so nothing in
-it travels uncarried) and unpack it on the device (`mkdir -p .devkit/models && tar -C
-.devkit/models -xJf ...`) instead of carrying .devkit/models/smollm2-135m (3.5 MB).
+The working tree plus the devkit carry must stay under 64 MiB: `bash bench/device_kit.sh` (once
+after building the bundle) recompresses .devkit/sgl_bundle.tar.xz to fit, packs the SmolLM2
+tokenizer and the dummy models' configs as .devkit/smollm2_tok.tar.xz (0.45 MB, instead of
+carrying .devkit/models: 3.5 MB; .devkit/ is ignored, so nothing in it travels uncarried) and
+prints the total. Carry .devkit/sgl_bundle.tar.xz, .devkit/device-env.sh and
+.devkit/smollm2_tok.tar.xz, and unpack the last on the device (`mkdir -p .devkit/models && tar -C
+.devkit/models -xJf .devkit/smollm2_tok.tar.xz`).
 
 Run on the GPU machine from the project root (see ../shared/devkit/README.md):
 
