@@ -162,7 +162,9 @@ CHANNEL_KEYS_DEFAULT = "fp16-paired"
 # 128-key least chunk lost 3 us at 128K for 0.8 us at 4K. Batch 2 gets 68. SGLang's split scratch
 # holds 64 in the server, so the backend gives these batches one of its own (_wide_split_scratch).
 # Neither more warps, nor register caps (spills), nor a third pipeline stage helped at any batch
-# (_0228_*). Nor more parallelism inside a program's step (2026-11-28, one call, H100:
+# (_0228_*); nor, for 4-bit keys, caps that leave the body loop without spills (224 / 200
+# registers: 9 / 10 programs an SM), with or without the splits to fill them (H200,
+# bench/results/kernels/2026-11-29_0548_channel-register-caps-*). Nor more parallelism inside a program's step (2026-11-28, one call, H100:
 # bench/results/kernels/2026-11-28_0025_channel-pipelined-body_h100.json; the code was not kept): a
 # body loop whose step scored tile t while taking the softmax and values of tile t - 1 (sm_90
 # interleaved the two: 242 registers, no spills, +27 instructions a tile) was 3-6% slower at every
