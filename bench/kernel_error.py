@@ -244,13 +244,15 @@ def decode_rows(fmt, lens, hkv, gqa, gen, tol):
     variants = {"default splits": {}, "fewest splits": {"num_kv_splits": torch.ones(len(lens), dtype=torch.int32, device=DEV)}}
     if fmt.k_bits == 3 and D >= 128:
         variants["packed 3-bit body"] = {"k3_variant": "packed"}
-    # the key operand variants (the default is fp16-paired since 2026-11-28, fp16 before it from
-    # 2026-11-27, bf16 before that):
-    # fp32 in the interpreter, so only a GPU run tells them apart
+    # the key operand variants (the default is fp16-subnormal since 2026-11-29, fp16-paired before
+    # it from 2026-11-28, fp16 from 2026-11-27, bf16 before that):
+    # fp32 in the interpreter (the subnormal operands' codes with their places), so only a GPU run
+    # tells them apart
     variants["bf16 key operands"] = {"key_operands": "bf16"}
     variants["fp16 key operands"] = {"key_operands": "fp16"}
     variants["fp16-shifted key operands"] = {"key_operands": "fp16-shifted"}
     variants["fp16-paired key operands"] = {"key_operands": "fp16-paired"}
+    variants["fp16-subnormal key operands"] = {"key_operands": "fp16-subnormal"}
     if fmt.k_bits == 3 and D >= 128:  # q * s rounded to int8 per row and block (the planes decode's)
         variants["int8 key operands"] = {"key_operands": "int8"}
     # the code reads that are not the default (attend_channel.CHANNEL_CODE_READS: bytes, or value

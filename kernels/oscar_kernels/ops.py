@@ -222,10 +222,11 @@ def decode_attention_channel(
     None = OSCAR_CHANNEL_DECODE_3BIT (unset or empty: 'planes'). code_reads: how codes are read,
     'bytes' or 'words' (value codes and 2-bit key codes as 16-bit code words, as the per-token fast
     kernel, where the dim is >= 128); None = OSCAR_CHANNEL_DECODE_READS (unset or empty: 'words').
-    key_operands: the body's q * s and key code MMA operands, 'fp16-paired' ('fp16' with the 3-bit
-    planes' offsets cancelling), 'fp16', 'bf16' (coarser q * s, the default until 2026-11-27) or
-    'fp16-shifted' (see attend_channel.CHANNEL_KEY_OPERANDS); None = OSCAR_CHANNEL_DECODE_KEYS
-    (unset or empty: 'fp16-paired').
+    key_operands: the body's q * s and key code MMA operands, 'fp16-subnormal' (exact fp16
+    subnormal code operands for 3- and 4-bit keys), 'fp16-paired' ('fp16' with the 3-bit planes'
+    offsets cancelling), 'fp16', 'bf16' (coarser q * s, the default until 2026-11-27),
+    'fp16-shifted' or 'int8' (see attend_channel.CHANNEL_KEY_OPERANDS); None =
+    OSCAR_CHANNEL_DECODE_KEYS (unset or empty: 'fp16-subnormal').
     All read the same pool and give the same result up to rounding. Returns o (rotated V space,
     like decode_attention).
     """

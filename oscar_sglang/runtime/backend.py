@@ -160,7 +160,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             if not (self.pool.channel and bits == {3} and self.pool.head_dim >= PLANES_MIN_DIM and planes):
                 raise ValueError("OSCAR_CHANNEL_DECODE_KEYS=int8 needs per-channel 3-bit keys in every "
                                  "layer, head_dim >= 128 and the 'planes' 3-bit decode; unset it (the "
-                                 "default 'fp16-paired' runs every format)")
+                                 "default 'fp16-subnormal' runs every format)")
         if set_ and self.pool.channel:
             logger.info("OSCAR INT2: kernel variants from the environment: %s",
                         ", ".join(f"{k}={v}" for k, v in set_.items()))

@@ -102,9 +102,10 @@ ENV_VARS: dict[str, tuple[str | None, str]] = {
     ),
     "OSCAR_CHANNEL_DECODE_KEYS": (
         None,
-        "the per-channel decode's key-side MMA operands: 'fp16-paired' (default since 2026-11-28: "
-        "'fp16' whose two 3-bit key planes cancel each other's offsets; on the H100 1-2.7% faster "
-        "at four of five decode shapes, 1.8% slower at 512 x 2K), 'fp16' (each key block's "
+        "the per-channel decode's key-side MMA operands: 'fp16-subnormal' (default since "
+        "2026-11-29: exact fp16 subnormal code operands for 3- and 4-bit keys, no offsets; 3-bit "
+        "keys 3-7% faster decode than 'fp16-paired' on an H200), 'fp16-paired' (the default from "
+        "2026-11-28: 'fp16' whose two 3-bit key planes cancel each other's offsets), 'fp16' (each key block's "
         "q * scale rounded to fp16; the codes under fp16 exponents, offset 1024), 'bf16' (the "
         "default until 2026-11-27: q * scale rounded to bf16, 3 bits fewer; 2.4-3.5x fp16's error "
         "on outlier keys, docs/benchmarks.md; set it if |q| * |k| reaches ~1e5, past fp16's range) "
@@ -149,12 +150,12 @@ PREFIX_ATTENTION = ("int2", "flashinfer")
 CHANNEL_3BIT_VARIANTS = ("packed", "planes")
 CHANNEL_EXTEND_VARIANTS = ("codes", "dequant")
 CHANNEL_CODE_READS = ("bytes", "words")
-CHANNEL_KEY_OPERANDS = ("bf16", "fp16", "fp16-shifted", "fp16-paired", "int8")
+CHANNEL_KEY_OPERANDS = ("bf16", "fp16", "fp16-shifted", "fp16-paired", "int8", "fp16-subnormal")
 # (variable, its values, the kernels' default)
 KERNEL_SWITCHES = (("OSCAR_CHANNEL_DECODE_3BIT", CHANNEL_3BIT_VARIANTS, "planes"),
                    ("OSCAR_CHANNEL_EXTEND", CHANNEL_EXTEND_VARIANTS, "dequant"),
                    ("OSCAR_CHANNEL_DECODE_READS", CHANNEL_CODE_READS, "words"),
-                   ("OSCAR_CHANNEL_DECODE_KEYS", CHANNEL_KEY_OPERANDS, "fp16-paired"))
+                   ("OSCAR_CHANNEL_DECODE_KEYS", CHANNEL_KEY_OPERANDS, "fp16-subnormal"))
 
 DEFAULT_SINK = 64
 DEFAULT_RECENT = 256

@@ -23,14 +23,14 @@ def test_rows_for_every_kernel_within_fp32_error(tmp_path):
     assert ke.main(["--formats", "k3c32-v2t32-s4-w32", *SMALL, "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert {"date", "device", "model", "command", "rows", "seed", "kernel_defaults"} <= set(doc)
-    assert doc["kernel_defaults"] == {"code_reads": "words", "key_operands": "fp16-paired", "k3_variant": "planes",
+    assert doc["kernel_defaults"] == {"code_reads": "words", "key_operands": "fp16-subnormal", "k3_variant": "planes",
                                       "extend_variant": "dequant"}
     got = {(r["kernel"], r["variant"]) for r in doc["rows"]}
     opt_in = {("decode", "packed 3-bit body"), ("decode", "bf16 key operands"), ("decode", "fp16-shifted key operands"),
-              ("decode", "fp16 key operands"), ("decode", "int8 key operands"),
+              ("decode", "fp16 key operands"), ("decode", "int8 key operands"), ("decode", "fp16-paired key operands"),
               ("decode", "bytes reads"), ("decode", "bytes reads, fewest splits"),
               ("decode", "flat q, fewest splits, bytes reads"), ("extend", "codes"), ("extend", "codes, short tail")}
-    assert got == opt_in | {("decode", "default splits"), ("decode", "fewest splits"), ("decode", "fp16-paired key operands"),
+    assert got == opt_in | {("decode", "default splits"), ("decode", "fewest splits"), ("decode", "fp16-subnormal key operands"),
                             ("decode", "flat q, fewest splits, words reads"),
                             ("extend", "dequant"), ("extend", "dequant, prefix split"), ("extend", "dequant, short tail"),
                             ("prefix_pieces", "pieces of 4096"), ("bf16_baseline", ke.BASELINE),

@@ -11,7 +11,7 @@ runtime's divisibility specialisation, ints equal to 1 become constants), then c
     python -m tests.kernels.sm90 fit                                       # every (head_dim, group)
     python -m tests.kernels.sm90 channel [--bits 3] [--batch 64] [--num-warps N] [--num-stages N]
                                          [--k3-variant packed|planes] [--code-reads bytes|words]
-                                         [--key-operands fp16|bf16|fp16-shifted|fp16-paired]
+                                         [--key-operands fp16|bf16|fp16-shifted|fp16-paired|fp16-subnormal]
                                          # channel-key decode (D=128, GQA 4, L=32K) + ptxas spills
     python -m tests.kernels.sm90 channel-extend [--bits 3] [--block-m 64] [--num-warps N]
                                                 [--variant codes|dequant]

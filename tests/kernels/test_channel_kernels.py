@@ -12,6 +12,7 @@ Store: codes and params bit-identical to reference.quantize_key_blocks of the re
 key sequence (as the ring holds it), blocks quantised exactly when their last position is stored,
 values bit-identical to reference.quantize_rows, side buffers exact.
 """
+import inspect
 import math
 
 import pytest
@@ -182,11 +183,16 @@ def test_decode_channel_launch_order_and_fused_merge(seed, bf16_last, fused, spl
 @pytest.mark.parametrize("D,bits,k3,keys", [(128, 3, "planes", "fp16"), (128, 3, "packed", "fp16-shifted"),
                                             (128, 2, None, "fp16"), (128, 4, None, "fp16-shifted"),
                                             (64, 3, None, "fp16"), (128, 3, "planes", "fp16-shifted"),
-                                            (128, 3, "planes", "fp16-paired"), (128, 2, None, "fp16-paired")])
+                                            (128, 3, "planes", "fp16-paired"), (128, 2, None, "fp16-paired"),
+                                            (128, 3, "planes", "fp16-subnormal"), (64, 3, None, "fp16-subnormal"),
+                                            (128, 4, None, "fp16-subnormal")])
 def test_decode_channel_fp16_key_operands(seed, D, bits, k3, keys):
-    """key_operands 'fp16' / 'fp16-shifted' / 'fp16-paired' read the same pool to fp16's precision of q * s on
-    CUDA (an error of its order against float64), GQA 4. The interpreter runs them as 'bf16' (fp32
-    operands, no offsets: the same output); their PTX is checked above."""
+    """key_operands 'fp16' / 'fp16-shifted' / 'fp16-paired' / 'fp16-subnormal' read the same pool to
+    fp16's precision of q * s on CUDA (an error of its order against float64), GQA 4. The
+    interpreter runs them as 'bf16' (fp32 operands, no offsets: the same output), except the
+    subnormal operands (the 3-bit planes' SUB3 and 4-bit NIBBLES), whose codes carry their places
+    there too and whose eighths take one MMA: the same sums in another order, to fp32's rounding;
+    their PTX is checked in this file."""
     hkv, gqa = 2, 4
     fmt = channel_fmt(D, bits, 32, 64)
     pool = ChannelPool(fmt, *map(list, zip(*REQS_32)), hkv=hkv)
@@ -202,18 +208,25 @@ def test_decode_channel_fp16_key_operands(seed, D, bits, k3, keys):
         worst = max(worst, rel_err(o16[b], o_ref[0]))
         assert rel_err(o16[b], o_ref[0]) <= 2e-2, (b, rel_err(o16[b], o_ref[0]))
     if DEV == "cpu":  # the interpreter's fp32 operands for every variant
-        assert torch.equal(o16, o32) and worst < 1e-4
+        subnormal = keys == "fp16-subnormal" and (bits == 4 or (bits == 3 and k3 == "planes" and D >= 128))
+        assert (rel_err(o16, o32) < 1e-6 if subnormal else torch.equal(o16, o32)) and worst < 1e-4
 
 
 def test_decode_channel_key_operands_switch(seed, monkeypatch):
-    """OSCAR_CHANNEL_DECODE_KEYS picks the body's key operands (unset or empty: 'fp16-paired',
-    KEYOP 1 with PAIRED), key_operands overrides it ('bf16' 0, 'fp16' 1, 'fp16-shifted' 2); bad
-    values are refused."""
+    """OSCAR_CHANNEL_DECODE_KEYS picks the body's key operands (unset or empty: 'fp16-subnormal',
+    KEYOP 1 with SUB3 for the 3-bit planes), key_operands overrides it ('bf16' 0, 'fp16' 1,
+    'fp16-shifted' 2, 'fp16-paired' 1 with PAIRED); bad values are refused."""
     monkeypatch.delenv("OSCAR_CHANNEL_DECODE_KEYS", raising=False)
     default = _launch(monkeypatch, 128, 3)[1]
-    assert default["KEYOP"] == 1 and default["PAIRED"]
+    assert default["KEYOP"] == 1 and default["SUB3"] and not default["PAIRED"]
+    paired = _launch(monkeypatch, 128, 3, key_operands="fp16-paired")[1]
+    assert paired["KEYOP"] == 1 and paired["PAIRED"] and not paired["SUB3"]
     fp16 = _launch(monkeypatch, 128, 3, key_operands="fp16")[1]
-    assert fp16["KEYOP"] == 1 and not fp16["PAIRED"]
+    assert fp16["KEYOP"] == 1 and not fp16["PAIRED"] and not fp16["SUB3"]
+    # SUB3 is the planes decode's: the packed 3-bit decode, head_dim 64 and other widths take fp16
+    for D, bits, kw in ((128, 3, dict(k3_variant="packed")), (64, 3, {}), (128, 2, {}), (128, 4, {})):
+        other = _launch(monkeypatch, D, bits, **kw)[1]
+        assert other["KEYOP"] == 1 and not other["SUB3"], (D, bits, kw)
     assert _launch(monkeypatch, 128, 3, key_operands="bf16")[1]["KEYOP"] == 0
     assert _launch(monkeypatch, 128, 3, key_operands="fp16-shifted")[1]["KEYOP"] == 2
     monkeypatch.setenv("OSCAR_CHANNEL_DECODE_KEYS", "")
@@ -222,7 +235,7 @@ def test_decode_channel_key_operands_switch(seed, monkeypatch):
     assert _launch(monkeypatch, 64, 4)[1]["KEYOP"] == 2
     assert _launch(monkeypatch, 128, 3, key_operands="bf16")[1]["KEYOP"] == 0
     monkeypatch.setenv("OSCAR_CHANNEL_DECODE_KEYS", "half")
-    with pytest.raises(ValueError, match="OSCAR_CHANNEL_DECODE_KEYS must be 'bf16' or 'fp16' or 'fp16-shifted' or 'fp16-paired' or 'int8', got 'half'"):
+    with pytest.raises(ValueError, match="OSCAR_CHANNEL_DECODE_KEYS must be 'bf16' or 'fp16' or 'fp16-shifted' or 'fp16-paired' or 'int8' or 'fp16-subnormal', got 'half'"):
         _launch(monkeypatch, 128, 3)
     with pytest.raises(ValueError, match="key_operands must be 'bf16' or 'fp16' or 'fp16-shifted' or 'fp16-paired'"):
         _launch(monkeypatch, 128, 3, key_operands="fp32")
@@ -488,15 +501,46 @@ def test_paired_plane_operands_cancel_offsets():
         assert torch.equal(ops_sum, (c4 + 4 * b2) * place), E
 
 
+def test_sub3_operands_are_exact_subnormals():
+    """SUB3's PTX (CUDA only) emulated on every (2-bit plane byte, 1-bit plane byte) pair in each
+    half: `and` of the 1-bit plane's widened bytes, shifted left by 2 - E % 2, with PAIR_HI_MASK[J],
+    then lop3 0xEA with the 2-bit plane's under LO16_MASK[J] (J = E // 2), leaves two fp16 halves
+    that are the subnormals (code + 4 * bit) * 4^J * 2^-24 exactly (code: bits 2J..2J+1 of the
+    2-bit plane's byte, bit: bit E of the 1-bit plane's), no exponent bit set; NIB_SCALE undoes the
+    2^-24."""
+    from oscar_kernels.triton import attend_channel as ch
+
+    a, b = torch.meshgrid(torch.arange(256), torch.arange(256), indexing="ij")
+    lo_reg = a | b << 16  # the 2-bit plane's byte pair (a, b)
+    hi_bytes = torch.stack([b, a], -1)  # the 1-bit plane's pair (b, a): every combination per half
+    hi_reg = b | a << 16
+    lo_bytes = torch.stack([a, b], -1)
+    for E in range(8):
+        J = E // 2
+        h = (hi_reg << (2 - E % 2)) & 0xFFFFFFFF  # _shl16: no carry between the halves
+        t = h & int(ch.PAIR_HI_MASK.value[J], 16)
+        r = (lo_reg & int(ch.LO16_MASK.value[J], 16)) | t  # lop3 0xEA: (a & b) | c
+        halves = torch.stack([r & 0xFFFF, r >> 16], -1).to(torch.int16).view(torch.float16).double()
+        code = ((lo_bytes >> 2 * J) & 3) + 4 * ((hi_bytes >> E) & 1)
+        assert torch.equal(halves, code.double() * 4.0 ** J * 2.0 ** -24), E
+        assert torch.equal(halves * ch.NIB_SCALE.value, code.double() * 4.0 ** J), E
+        assert int((r & 0x7C007C00).max()) == 0, E  # no exponent bit: subnormal or zero
+    # the emulated sequence is the kernel's
+    src = inspect.getsource(ch._sub3_operand.fn)
+    assert ('"{.reg .b32 t; and.b32 t, $2, " + PAIR_HI_MASK[J] + "; lop3.b32 $0, $1, " + LO16_MASK[J]'
+            ' + ", t, 0xEA;}"') in src
+
+
 def test_decode_channel_4bit_nibbles_launch(seed, monkeypatch):
     """4-bit keys decode with subnormal nibble operands (NIBBLES) when their key operands are fp16
-    ('fp16-paired', the default, or 'fp16'), at every head_dim and either code read, the edge
-    blocks in their own loop; 'bf16' / 'fp16-shifted' operands keep the offset operands; other
-    widths never take it."""
+    ('fp16-subnormal', the default, 'fp16-paired' or 'fp16'), at every head_dim and either code
+    read, the edge blocks in their own loop; 'bf16' / 'fp16-shifted' operands keep the offset
+    operands; other widths never take it."""
     monkeypatch.delenv("OSCAR_CHANNEL_DECODE_KEYS", raising=False)
     for D in (64, 128):
         assert _launch(monkeypatch, D, 4)[1]["NIBBLES"], D
         assert _launch(monkeypatch, D, 4, key_operands="fp16")[1]["NIBBLES"], D
+        assert _launch(monkeypatch, D, 4, key_operands="fp16-paired")[1]["NIBBLES"], D
         assert _launch(monkeypatch, D, 4, code_reads="bytes")[1]["NIBBLES"], D
         for keys in ("bf16", "fp16-shifted"):
             assert not _launch(monkeypatch, D, 4, key_operands=keys)[1]["NIBBLES"], (D, keys)

@@ -111,6 +111,23 @@ def test_channel_4bit_nibbles_fewer_instructions_no_spills():
     assert nibbles["loops"][0]["instructions"] < offsets["loops"][0]["instructions"], (nibbles, offsets)
 
 
+def test_channel_3bit_subnormal_operands_fewer_mmas_no_spills():
+    """3-bit keys at the served shape (D=128, B=8, L=32K): the planes body with one subnormal
+    operand an eighth (SUB3, key_operands 'fp16-subnormal', the default) issues fewer SASS
+    instructions and half the key MMAs per body tile of 'fp16-paired' (two operands an eighth),
+    with no spills, at one warp. Both are compiled here; no fixed count is assumed."""
+    sub = sm90.run("channel", "--bits", "3", "--batch", "8")
+    paired = sm90.run("channel", "--bits", "3", "--batch", "8", "--key-operands", "fp16-paired")
+    assert sub["planes"] and paired["planes"] and sub["num_warps"] == paired["num_warps"] == 1, (sub, paired)
+    for r in (sub, paired):
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, r
+        assert r["loops"][0]["hmma"] >= 32 and 200 < r["loops"][0]["instructions"] < 20000, r
+    # the two largest loops, the edge blocks' (masked) and the body's: the key MMAs halve (8
+    # eighths x 4 row tiles fewer), the values' stay
+    for s, p in zip(sub["loops"][:2], paired["loops"][:2]):
+        assert s["instructions"] < p["instructions"] and p["hmma"] - s["hmma"] == 32, (s, p)
+
+
 def test_channel_decode_word_reads_fewer_instructions_no_spills():
     """The per-channel decode reading codes as 16-bit words (2-bit keys and values, D=128, B=8,
     L=32K): no register spills, MMAs in the body loop, and fewer SASS instructions per body tile

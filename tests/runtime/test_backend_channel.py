@@ -344,7 +344,7 @@ def test_kernel_variants_from_the_environment_are_logged(backend_cls, monkeypatc
     b, *_ = _make(backend_cls)
     for name in ("OSCAR_CHANNEL_DECODE_3BIT", "OSCAR_CHANNEL_EXTEND", "OSCAR_CHANNEL_DECODE_READS"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_KEYS", "fp16-paired")  # the default, set explicitly
+    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_KEYS", "fp16-subnormal")  # the default, set explicitly
     with caplog.at_level(logging.INFO, logger="oscar_sglang"):
         b._log_kernel_switches()
     assert "kernel variants" not in caplog.text
@@ -365,7 +365,7 @@ def test_int8_key_operands_are_refused_at_start_where_no_planes_decode_runs(back
     monkeypatch.setenv("OSCAR_CHANNEL_DECODE_3BIT", "packed")
     with pytest.raises(ValueError, match="OSCAR_CHANNEL_DECODE_KEYS=int8 needs per-channel 3-bit keys"):
         b._log_kernel_switches()
-    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_KEYS", "fp16-paired")
+    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_KEYS", "fp16-subnormal")
     b._log_kernel_switches()  # the default runs every pool
 
 

@@ -106,7 +106,10 @@ CHANNEL_READS_DEFAULT = "words"
 
 
 # The decode body's key-side MMA operands (OSCAR_CHANNEL_DECODE_KEYS or
-# decode_attention_channel(key_operands=...)): "fp16-paired" (the default since 2026-11-28) is
+# decode_attention_channel(key_operands=...)): "fp16-subnormal" (the default since 2026-11-29)
+# takes exact fp16 subnormal code operands where a layout has them, with no offsets: the 3-bit
+# planes' one operand an eighth (SUB3 below) and 4-bit keys' nibbles (NIBBLES); 2-bit keys run
+# "fp16". "fp16-paired" (the default from 2026-11-28) is
 # "fp16" whose two 3-bit planes carry opposite offsets (PAIRED below; other layouts run "fp16");
 # "fp16" (the default from 2026-11-27) rounds each block's q * s to
 # fp16 and builds the code operands under fp16 exponents with bf16's lop3s (BODY_OFS_FP16 = 1024 +
@@ -122,8 +125,8 @@ CHANNEL_READS_DEFAULT = "words"
 # query (times the softmax scale off the 3-bit planes), s a key channel's range / (2^bits - 1) in
 # its block, so |q| * |k| would have to reach ~10^5; such a model should set
 # OSCAR_CHANNEL_DECODE_KEYS=bf16.
-# 2-bit keys read as words (KWORDS) use fp16 either way; 4-bit keys with "fp16" / "fp16-paired"
-# operands take NIBBLES' subnormal ones (no offsets).
+# 2-bit keys read as words (KWORDS) use fp16 either way; 4-bit keys with "fp16" / "fp16-paired" /
+# "fp16-subnormal" operands take NIBBLES' subnormal ones (no offsets).
 # fp16-paired against fp16, H100, one call (bench/results/kernels/
 # 2026-11-28_0034_channel-paired-operands_h100.json, k3c64-v2t64-s4-w128): 8 x 32K 99.3 -> 97.2 us
 # (69% -> 71% of copy), 64 x 8K 190.1 -> 185.6, 64 x 8.5K 194.9 -> 192.8, 1 x 128K 59.4 -> 57.8,
@@ -139,9 +142,9 @@ CHANNEL_READS_DEFAULT = "words"
 # one grid per row leaves the small channels few bits where a few channels' scales are 16x the
 # rest: max error against float64 on kernel_error.py's outlier inputs 0.22 against fp16-paired's
 # 4.35e-3 (2026-11-28_1814_kernel-error-int8_h200.json). Not for serving until that is fixed.
-CHANNEL_KEY_OPERANDS = ("bf16", "fp16", "fp16-shifted", "fp16-paired", "int8")
+CHANNEL_KEY_OPERANDS = ("bf16", "fp16", "fp16-shifted", "fp16-paired", "int8", "fp16-subnormal")
 CHANNEL_KEYS_ENV = "OSCAR_CHANNEL_DECODE_KEYS"
-CHANNEL_KEYS_DEFAULT = "fp16-paired"
+CHANNEL_KEYS_DEFAULT = "fp16-subnormal"
 
 
 # Decode split plan (issue 19). A one-warp program takes 245-255 registers at sm_90, so 8 fit on an
@@ -231,7 +234,8 @@ def channel_code_reads(code_reads=None) -> str:
 
 
 def channel_key_operands(key_operands=None) -> str:
-    """The decode body's key operands: key_operands if given, else OSCAR_CHANNEL_DECODE_KEYS ('fp16')."""
+    """The decode body's key operands: key_operands if given, else OSCAR_CHANNEL_DECODE_KEYS
+    ('fp16-subnormal')."""
     return _kernel_choice("key_operands", key_operands, CHANNEL_KEYS_ENV, CHANNEL_KEY_OPERANDS, CHANNEL_KEYS_DEFAULT)
 
 
@@ -583,6 +587,35 @@ def _paired_operands(lo, hi1, hi2, E: tl.constexpr):
     return a, b
 
 
+# SUB3 (3-bit planes, key_operands "fp16-subnormal", the default since 2026-11-29): NIBBLES' idea for
+# the planes. Eighth E's 2-bit field (quarter J = E // 2 of the widened 2-bit plane, bits 2J..2J+1)
+# and its 1-bit plane bit (bit E of the widened bytes, shifted to bit 2J + 2: the hi2 / hi1 that
+# PAIRED makes) are merged by an and and a lop3 per two codes into one fp16 with no exponent bits:
+# the subnormal (code + 4 * bit) * 4^J * 2^-24, exact (bits up to 8 < fp16's 10 mantissa bits). One
+# MMA an eighth instead of PAIRED's two, and no offsets (no per-dim sum of the rounded q * s); q is
+# divided by 4^J as for PAIRED and the tile's sums, in units of 2^-24, are scaled by NIB_SCALE with
+# the softmax scale. Offline sm_90 (B=8, L=32K, D=128): 1,281 -> 1,247 instructions a body tile
+# (32 fewer HMMA), 254 -> 240 registers, no spills. H200, one run against fp16-paired (bench/
+# results/kernels/2026-11-29_0555_channel-3bit-subnormal-operands_h200.json, k3c64-v2t64-s4-w128):
+# 8 x 32K 95.4 -> 88.8 us, 64 x 8K 174.0 -> 165.6, 512 x 2K 395.3 -> 382.2, 1 x 128K 55.7 -> 52.7;
+# outputs within 7.1e-5 of fp16-paired's.
+@triton.jit
+def _sub3_operand(lo, hi2, hi1, E: tl.constexpr, USE_ASM: tl.constexpr):
+    """Eighth E's one operand (SUB3): quarter E // 2's 2-bit field of lo with the 1-bit plane's bit E
+    (of hi2 = bytes << 2 for even E, hi1 = bytes << 1 for odd: at bit 2J + 2) right above it, no
+    exponent bits: the fp16 subnormal (code + 4 * bit) * 4^J * 2^-24 on CUDA (an and and a lop3 per
+    two codes); without USE_ASM the same field as an exact number, (code + 4 * bit) * 4^J."""
+    J: tl.constexpr = E // 2
+    h = hi2 if E % 2 == 0 else hi1
+    if USE_ASM:
+        r = tl.inline_asm_elementwise(
+            "{.reg .b32 t; and.b32 t, $2, " + PAIR_HI_MASK[J] + "; lop3.b32 $0, $1, " + LO16_MASK[J] + ", t, 0xEA;}",
+            "=r,r,r", [lo, h], dtype=tl.float16, is_pure=True, pack=2)
+    else:
+        r = ((lo.to(tl.int32) & (3 << (2 * J))) | (h.to(tl.int32) & (4 << (2 * J)))).to(tl.float32)
+    return r
+
+
 SHL16 = tl.constexpr(("shl.b32 $0, $1, 0;", "shl.b32 $0, $1, 1;", "shl.b32 $0, $1, 2;"))
 
 
@@ -715,7 +748,8 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
                  D: tl.constexpr, DV: tl.constexpr, BITS: tl.constexpr, BLK: tl.constexpr, GV: tl.constexpr,
                  BLOCK_M: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, USE_ASM: tl.constexpr,
                  STAGES: tl.constexpr, PLANES: tl.constexpr, VWORDS: tl.constexpr, KWORDS: tl.constexpr,
-                 KEYOP: tl.constexpr, MASKED: tl.constexpr, PAIRED: tl.constexpr, NIBBLES: tl.constexpr):
+                 KEYOP: tl.constexpr, MASKED: tl.constexpr, PAIRED: tl.constexpr, NIBBLES: tl.constexpr,
+                 SUB3: tl.constexpr = False):
     """Decode's quantised body blocks (see _key_operand's note), continuing the BF16 loops' softmax
     state (row-major a0..a3 [rows, Dv/4]); returns it in the same form. Blocks: jb in [t_lo, t_hi)
     whose every position is a body position, without masks (MASKED False); or, MASKED, the edge
@@ -728,7 +762,8 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
     KWORDS q^T is read in the 8 extractions' dims from qrow. KEYOP: the key side's q * s and code
     operands, index of CHANNEL_KEY_OPERANDS (0: PV_DT; 1, 2: the fp16 variants; 4: int8, PLANES
     only, the INT8 branch). NIBBLES (4-bit keys, fp16 KDT): the quarter body with subnormal nibble
-    operands (NIBBLES' note)."""
+    operands (NIBBLES' note). SUB3 (PLANES with KEYOP 1): one subnormal operand an eighth for both
+    planes (SUB3's note), instead of PAIRED's two."""
     QD: tl.constexpr = D // 4
     QDV: tl.constexpr = DV // 4
     QW: tl.constexpr = D // 8
@@ -745,14 +780,16 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
     KOFS: tl.constexpr = (BODY_OFS_FP16 if KEYOP == 1 else BODY_OFS) if USE_ASM else 0.0
     QSC = 1.0 if LOGIT_CAP else sm_scale_log2
     # the scores' scale: the 3-bit planes apply the softmax scale per tile (their q stays q / place
-    # value), the other bodies fold it into q; NIBBLES' sums are in units of 2^-24 on CUDA
-    NSC: tl.constexpr = NIB_SCALE if NIBBLES and USE_ASM else 1.0
+    # value), the other bodies fold it into q; the subnormal operands' sums (NIBBLES, SUB3) are in
+    # units of 2^-24 on CUDA
+    SUB: tl.constexpr = NIBBLES or (SUB3 and PLANES and KEYOP == 1)  # subnormal key operands
+    NSC: tl.constexpr = NIB_SCALE if SUB and USE_ASM else 1.0
     # the quarter body's q carries its operands' places on CUDA (NIBBLES: in the interpreter too,
     # whose nibble operands carry the same places)
     PLC: tl.constexpr = USE_ASM or NIBBLES
-    SSC = NSC if NIBBLES else (QSC if PLANES else 1.0)
+    SSC = NSC if NIBBLES else (QSC * NSC if PLANES else 1.0)
     TILE_SC: tl.constexpr = PLANES or NIBBLES  # SSC is applied per tile (else it is 1)
-    PAIR: tl.constexpr = PAIRED and PLANES and USE_ASM and KEYOP == 1 and KDT == tl.float16
+    PAIR: tl.constexpr = PAIRED and PLANES and USE_ASM and KEYOP == 1 and KDT == tl.float16 and not SUB
     INT8: tl.constexpr = PLANES and KEYOP == 4
     if INT8:
         # q^T quarters [D/4, rows] in fp16
@@ -883,13 +920,16 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
             lo_a = _widen(tl.load(kcb + d8[None, :]), USE_ASM)
             lo_b = _widen(tl.load(kcb + D8 + d8[None, :]), USE_ASM)
             hi16 = _widen(tl.load(kcb + QD + d8[None, :]), USE_ASM)
-            if PAIR:
+            if PAIR or (SUB and USE_ASM):
                 hi1 = _shl16(hi16, 1)
                 hi2 = _shl16(hi16, 2)
+            elif SUB:
+                hi1 = (hi16.to(tl.int32) << 1)
+                hi2 = (hi16.to(tl.int32) << 2)
             kpb = KPh + page * stride_kpn + d8
             # per-dim terms of the row constant: (q / place) . m, Horner over the quarters' place
             # values, and the operands' offsets' (1 + HI_QMUL) * qs, times KOFS after the loop
-            # (qo stays zero with PAIR: the planes' offsets cancel in the MMAs)
+            # (qo stays zero with PAIR: the planes' offsets cancel in the MMAs; SUB has none)
             qc = tl.zeros([D8, BLOCK_M], tl.float32)
             qo = tl.zeros([D8, BLOCK_M], tl.float32)
             part = tl.zeros([BLK, BLOCK_M], tl.float32)
@@ -900,7 +940,9 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
                 qet = _pick8(e, qe0, qe1, qe2, qe3, qe4, qe5, qe6, qe7).to(tl.float32)  # q / place value
                 qs = (qet * sc[:, None]).to(KDT)  # both planes: q * s / place value
                 lo = lo_a if e % 2 == 0 else lo_b
-                if PAIR:  # offsets cancel between the planes (PAIRED)
+                if SUB:  # one subnormal operand for both planes (SUB3)
+                    part = tl.dot(_sub3_operand(lo, hi2, hi1, e, USE_ASM).to(KDT), qs, part)
+                elif PAIR:  # offsets cancel between the planes (PAIRED)
                     op_lo, op_hi = _paired_operands(lo, hi1, hi2, e)
                     part = tl.dot(op_lo, qs, part)
                     part = tl.dot(op_hi, qs, part)
@@ -911,7 +953,10 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
                     qo += (1.0 + HI_QMUL[8 * KEYOP + e]) * qs.to(tl.float32)
                 qc += qet * mn[:, None]
             st = part
-            rcv = tl.sum(qc - KOFS * qo, 0)
+            if SUB:
+                rcv = tl.sum(qc, 0) * (1.0 / NSC)  # in the sums' units
+            else:
+                rcv = tl.sum(qc - KOFS * qo, 0)
         elif KWORDS:
             kw = tl.load(kcb + tl.arange(0, QW)[None, :])  # [keys, D/8 words]
             kpb = KPh + page * stride_kpn
@@ -962,7 +1007,7 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
                 rcv = tl.sum(qc - KOFS * qo, 0)
         # scores: (st + rcv) * SSC, rcv the tile's row constant (SCORE_FOLD)
         if LOGIT_CAP:
-            st = _cap_and_scale(_scaled(st + rcv[None, :], NSC, NIBBLES), sm_scale_log2, logit_cap, LOGIT_CAP)
+            st = _cap_and_scale(_scaled(st + rcv[None, :], NSC, SUB), sm_scale_log2, logit_cap, LOGIT_CAP)
             if MASKED:
                 st = tl.where(body[:, None], st, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(st, 0))
@@ -1091,6 +1136,7 @@ def attend_channel_kernel(
     KEYOP: tl.constexpr = 0, BF16_LAST: tl.constexpr = False, PAIRED: tl.constexpr = False,
     MERGE: tl.constexpr = False, MERGE_ROWS: tl.constexpr = 1, SPLITS_P2: tl.constexpr = 1,
     NIBBLES: tl.constexpr = False, Final=None, stride_fb=0, stride_fh=0, Arrived=None,
+    SUB3: tl.constexpr = False,
 ):
     """SPLIT (decode): grid (B, Hkv, max splits), one query token per request (token b), rows =
     the GQA group; qo_indptr / num_mb unused. Not SPLIT (extend-prefix): grid (B, Hkv * num_mb,
@@ -1232,14 +1278,14 @@ def attend_channel_kernel(
                 NIB_EDGE_STAGES if NIBBLES else STAGES, PLANES, VWORDS, KWORDS,
                 # int8 key operands: the edge blocks (few) take fp16-paired's (INT8's note: the two
                 # loops' int8 buffers would leave 7 programs an SM)
-                1 if KEYOP == 4 else KEYOP, True, PAIRED or KEYOP == 4, NIBBLES)
+                1 if KEYOP == 4 else KEYOP, True, PAIRED or KEYOP == 4, NIBBLES, SUB3)
         else:
             m_i, l_i, a0, a1, a2, a3 = _decode_body(
                 q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, 0, 0, n_a, start_b, ring_lo,
                 sink_lo, sink_hi, idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
                 sm_scale_log2, logit_cap, Q + tok * stride_qt + hq * stride_qh,
                 D, DV, BITS, BLK, GV, BLOCK_M, LOGIT_CAP, PV_DT, USE_ASM, STAGES, PLANES, VWORDS, KWORDS, KEYOP,
-                not EDGE_LOOP, PAIRED, NIBBLES)  # without the edge loop these blocks include the edges: masked
+                not EDGE_LOOP, PAIRED, NIBBLES, SUB3)  # without the edge loop these blocks include the edges: masked
         j_hi = j_lo  # the extend loop below walks nothing
     if EXT_DQ:  # its q operands, converted once for every page
         q0 = q0.to(DQ_DT)
@@ -1389,10 +1435,10 @@ def decode_attention_channel(
     k3_variant: 'packed' / 'planes' (3-bit keys; None: OSCAR_CHANNEL_DECODE_3BIT, default
     'planes'; planes needs head_dim >= 128 and runs packed below). code_reads: 'bytes' / 'words'
     (None: OSCAR_CHANNEL_DECODE_READS, default 'words'; words reads value codes and 2-bit key codes
-    as 16-bit words where the dim is >= 128). key_operands: 'fp16-paired' / 'fp16' / 'bf16' /
-    'fp16-shifted' / 'int8' (None: OSCAR_CHANNEL_DECODE_KEYS, default 'fp16-paired'; the body's
-    q * s and key code operands, CHANNEL_KEY_OPERANDS' note; 'int8' needs the planes decode and is
-    refused without it)."""
+    as 16-bit words where the dim is >= 128). key_operands: 'fp16-subnormal' / 'fp16-paired' /
+    'fp16' / 'bf16' / 'fp16-shifted' / 'int8' (None: OSCAR_CHANNEL_DECODE_KEYS, default
+    'fp16-subnormal'; the body's q * s and key code operands, CHANNEL_KEY_OPERANDS' note; 'int8'
+    needs the planes decode and is refused without it)."""
     check_channel_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_bits, k_block, v_group)
     planes = (channel_3bit_variant(k3_variant) == "planes" and k_bits == 3
               and q.shape[-1] >= PLANES_MIN_DIM)
@@ -1402,12 +1448,13 @@ def decode_attention_channel(
     keyop = CHANNEL_KEY_OPERANDS.index(channel_key_operands(key_operands))
     if keyop == 4 and not planes:
         raise ValueError("key_operands 'int8' is the 3-bit planes decode's (k_bits 3, head_dim >= 128, "
-                         "k3_variant 'planes'); use 'fp16-paired' for this pool")
+                         "k3_variant 'planes'); use 'fp16-subnormal' (the default) for this pool")
     paired = keyop == 3  # "fp16-paired": "fp16" operands, the planes' offsets cancelling (PAIRED)
+    sub3 = keyop == 5 and planes  # "fp16-subnormal": one subnormal operand an eighth (SUB3)
     # 4-bit keys' subnormal operands (NIBBLES) where their fp16 operands are asked for; bf16 /
     # fp16-shifted operands keep the offset operands and one masked loop
-    nibbles = k_bits == 4 and keyop in (1, 3)
-    keyop = 1 if paired else keyop
+    nibbles = k_bits == 4 and keyop in (1, 3, 5)
+    keyop = 1 if keyop in (3, 5) else keyop
     sink_start = own_start if sink_start is None else sink_start
     B, Hq, D = q.shape
     Hkv = k_codes.shape[1]
@@ -1442,7 +1489,7 @@ def decode_attention_channel(
         LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE, NB16=nb16,
         USE_ASM=USE_ASM and q.dtype == torch.bfloat16, STAGES=num_int2_stages or INT2_STAGES, PLANES=planes,
         VWORDS=vwords, KWORDS=kwords, KEYOP=keyop, BF16_LAST=bool(bf16_last), PAIRED=paired, NIBBLES=nibbles,
-        **merge,
+        SUB3=sub3, **merge,
         num_warps=num_warps or (PLANES_NUM_WARPS if planes else DECODE_NUM_WARPS[k_bits]), num_stages=num_stages,
         **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
