@@ -976,24 +976,22 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
         elif PLANES:
             # the two halves of the 2-bit plane and the 1-bit plane, D/8 bytes each per key
             d8 = tl.arange(0, D8)
-            if B3:  # merged before widening (SUB3B)
+            if B3:  # the bytes as read: merged before widening (SUB3B)
                 lo_a = tl.load(kcb + d8[None, :])
                 lo_b = tl.load(kcb + D8 + d8[None, :])
-                hi16 = tl.load(kcb + QD + d8[None, :])
-                hi1 = _shl8(hi16, 1, USE_ASM)
-                hi2 = _shl8(hi16, 2, USE_ASM)
+                hi8 = tl.load(kcb + QD + d8[None, :])
+                hi1 = _shl8(hi8, 1, USE_ASM)
+                hi2 = _shl8(hi8, 2, USE_ASM)
             else:
                 lo_a = _widen(tl.load(kcb + d8[None, :]), USE_ASM)
                 lo_b = _widen(tl.load(kcb + D8 + d8[None, :]), USE_ASM)
                 hi16 = _widen(tl.load(kcb + QD + d8[None, :]), USE_ASM)
-            if B3:
-                pass
-            elif PAIR or (SUB and USE_ASM):
-                hi1 = _shl16(hi16, 1)
-                hi2 = _shl16(hi16, 2)
-            elif SUB:
-                hi1 = (hi16.to(tl.int32) << 1)
-                hi2 = (hi16.to(tl.int32) << 2)
+                if PAIR or (SUB and USE_ASM):
+                    hi1 = _shl16(hi16, 1)
+                    hi2 = _shl16(hi16, 2)
+                elif SUB:
+                    hi1 = (hi16.to(tl.int32) << 1)
+                    hi2 = (hi16.to(tl.int32) << 2)
             kpb = KPh + page * stride_kpn + d8
             # per-dim terms of the row constant: (q / place) . m, Horner over the quarters' place
             # values, and the operands' offsets' (1 + HI_QMUL) * qs, times KOFS after the loop
@@ -1009,7 +1007,7 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
                 qs = (qet * sc[:, None]).to(KDT)  # both planes: q * s / place value
                 lo = lo_a if e % 2 == 0 else lo_b
                 if B3:  # SUB3 merged on the bytes: eighth 6's bit shifted by 1, eighth 7's in place
-                    hs = (hi2 if e % 2 == 0 else hi1) if e < 6 else (hi1 if e == 6 else hi16)
+                    hs = (hi2 if e % 2 == 0 else hi1) if e < 6 else (hi1 if e == 6 else hi8)
                     part = tl.dot(_sub3b_operand(lo, hs, e // 2, USE_ASM).to(KDT), qs, part)
                 elif SUB:  # one subnormal operand for both planes (SUB3)
                     part = tl.dot(_sub3_operand(lo, hi2, hi1, e, USE_ASM).to(KDT), qs, part)
