@@ -624,21 +624,21 @@ def _sub3_operand(lo, hi2, hi1, E: tl.constexpr, USE_ASM: tl.constexpr):
 # place 32). Offline sm_90 (B=8, L=32K, D=128): 1,247 -> 1,200 instructions a body tile (128 fewer
 # LOP3, 80 more PRMT, the widened copies of the planes gone), 240 -> 235 registers, no spills.
 # Time it with bench/kernels.py --channel-knobs '[{"k3_bytes": true}]' before making it a default.
-B3_LO_MASK = tl.constexpr(("0x03030303", "0x0C0C0C0C", "0x30303030", "0x60606060"))
-B3_HI_MASK = tl.constexpr(("0x04040404", "0x10101010", "0x40404040", "0x80808080"))
+_B3_LO, _B3_HI = (0x03, 0x0C, 0x30, 0x60), (0x04, 0x10, 0x40, 0x80)  # one byte's masks
+B3_LO_BYTE, B3_HI_BYTE = tl.constexpr(_B3_LO), tl.constexpr(_B3_HI)
+# the same in each byte of a register (the PTX's immediates)
+B3_LO_MASK = tl.constexpr(tuple(f"0x{m * 0x01010101:08X}" for m in _B3_LO))
+B3_HI_MASK = tl.constexpr(tuple(f"0x{m * 0x01010101:08X}" for m in _B3_HI))
 B3_LO_SRC = tl.constexpr(("mov.b32 l, $2;", "mov.b32 l, $2;", "mov.b32 l, $2;", "shr.b32 l, $2, 1;"))
 B3_PLACE = tl.constexpr((1.0, 4.0, 16.0, 32.0))
-B3_LO_BYTE = tl.constexpr((0x03, 0x0C, 0x30, 0x60))
-B3_HI_BYTE = tl.constexpr((0x04, 0x10, 0x40, 0x80))
-SHL8 = tl.constexpr(("shl.b32 $0, $1, 0;", "shl.b32 $0, $1, 1;", "shl.b32 $0, $1, 2;"))
 
 
 @triton.jit
 def _shl8(x, N: tl.constexpr, USE_ASM: tl.constexpr):
-    """Bytes shifted left by N, four a shl on CUDA (bits carried into the next byte are masked off
-    by every SUB3B mask); int32 without USE_ASM."""
+    """Bytes shifted left by N, four a shl on CUDA (SHL16's instruction on four bytes: bits carried
+    into the next byte are masked off by every SUB3B mask); int32 without USE_ASM."""
     if USE_ASM:
-        r = tl.inline_asm_elementwise(SHL8[N], "=r,r", [x], dtype=tl.uint8, is_pure=True, pack=4)
+        r = tl.inline_asm_elementwise(SHL16[N], "=r,r", [x], dtype=tl.uint8, is_pure=True, pack=4)
     else:
         r = x.to(tl.int32) << N
     return r
