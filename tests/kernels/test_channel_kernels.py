@@ -531,63 +531,6 @@ def test_sub3_operands_are_exact_subnormals():
             ' + ", t, 0xEA;}"') in src
 
 
-def test_sub3b_operands_are_exact_subnormals():
-    """SUB3B's PTX (CUDA only; decode_attention_channel(k3_bytes=True)) emulated on four-byte
-    registers that give every (2-bit plane byte, 1-bit plane byte) pair at every byte position,
-    carries between bytes included: the 1-bit plane's register shifted left by 2 (even eighths
-    below 6), 1 (odd ones, and eighth 6) or not at all (eighth 7); `and` with B3_HI_MASK[J], the
-    2-bit plane's register (J = 3: shifted right by 1) lop3'd under B3_LO_MASK[J], then prmt 0x4140 /
-    0x4342 (bytes to halves): four fp16 halves that are the subnormals (code + 4 * bit) *
-    B3_PLACE[J] * 2^-24 exactly, no exponent bit set."""
-    from oscar_kernels.triton import attend_channel as ch
-
-    x, y = (t.reshape(-1) for t in torch.meshgrid(torch.arange(256), torch.arange(256), indexing="ij"))
-    lo_bytes, hi_bytes = torch.stack([x, y, y, x], -1), torch.stack([y, x, x, y], -1)
-    lo = (lo_bytes << torch.tensor([0, 8, 16, 24])).sum(-1)
-    hi = (hi_bytes << torch.tensor([0, 8, 16, 24])).sum(-1)
-    # the two prmt selectors put bytes 0, 1 / 2, 3 in the low bytes of two halves (high bytes zero)
-    w = 0x89ABCDEF
-    assert _prmt(w, 0, 0x4140) == 0x00CD00EF and _prmt(w, 0, 0x4342) == 0x008900AB
-    for E in range(8):
-        J = E // 2
-        shift = 2 if E < 6 and E % 2 == 0 else (1 if E < 7 else 0)
-        h = (hi << shift) & 0xFFFFFFFF
-        m = ((lo >> 1 if J == 3 else lo) & int(ch.B3_LO_MASK.value[J], 16)) | (h & int(ch.B3_HI_MASK.value[J], 16))
-        halves = torch.stack([(m >> 8 * i) & 0xFF for i in range(4)], -1)  # the prmt widening
-        val = halves.to(torch.int16).view(torch.float16).double()
-        code = ((lo_bytes >> 2 * J) & 3) + 4 * ((hi_bytes >> E) & 1)
-        assert torch.equal(val, code.double() * ch.B3_PLACE.value[J] * 2.0 ** -24), E
-        assert int((halves & 0x7C00).max()) == 0, E
-    src = inspect.getsource(ch._sub3b_operand.fn)
-    assert ('"{.reg .b32 t, l, m; and.b32 t, $3, " + B3_HI_MASK[J] + "; " + B3_LO_SRC[J]' in src
-            and '" lop3.b32 m, l, " + B3_LO_MASK[J] + ", t, 0xEA; prmt.b32 $0, m, 0, 0x4140;"' in src
-            and '" prmt.b32 $1, m, 0, 0x4342;}"' in src)
-    assert ch.B3_LO_SRC.value[3] == "shr.b32 l, $2, 1;" and all(v == "mov.b32 l, $2;" for v in ch.B3_LO_SRC.value[:3])
-
-
-@pytest.mark.parametrize("B,vg,gqa,splits", [(32, 64, 2, "given"), (64, 128, 4, "auto")])
-def test_decode_channel_sub3b_matches_reference(seed, B, vg, gqa, splits):
-    """The opt-in SUB3B launch (k3_bytes=True: SUB3 merged on the bytes) against float64, 3-bit
-    planes at head_dim 128 (in the interpreter its operands are the exact codes times B3_PLACE,
-    quarter 3 at 32: the q scaling and the row constant's Horner steps follow it)."""
-    hkv = 2
-    reqs = REQS_32 if B == 32 else REQS_64
-    pool = ChannelPool(channel_fmt(128, 3, B, vg), *map(list, zip(*reqs)), hkv=hkv)
-    nb = len(reqs)
-    q = (torch.randn(nb, hkv * gqa, 128) * 2).bfloat16()
-    nsplit = torch.randint(2, 6, (nb,), dtype=torch.int32).to(DEV) if splits == "given" else None
-    o = run_decode(pool, q, 5, nsplit, launcher=True, min_chunk=32, k3_variant="planes", k3_bytes=True)
-    assert not o.isnan().any()
-    for b in range(nb):
-        K, V = pool.request_kv(b)
-        o_ref, _ = ref.attention(q[b:b + 1].float(), K, V)
-        assert rel_err(o[b], o_ref[0]) <= REL_TOL, (b, rel_err(o[b], o_ref[0]))
-    # a launch without the planes' subnormal operands has nothing to merge: refused, not ignored
-    for kw in (dict(key_operands="fp16-paired"), dict(k3_variant="packed")):
-        with pytest.raises(ValueError, match="k3_bytes merges the 3-bit planes' subnormal operands"):
-            run_decode(pool, q, 5, nsplit, launcher=True, min_chunk=32, k3_bytes=True, **kw)
-
-
 def test_decode_channel_4bit_nibbles_launch(seed, monkeypatch):
     """4-bit keys decode with subnormal nibble operands (NIBBLES) when their key operands are fp16
     ('fp16-subnormal', the default, 'fp16-paired' or 'fp16'), at every head_dim and either code

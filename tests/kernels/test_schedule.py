@@ -128,18 +128,6 @@ def test_channel_3bit_subnormal_operands_fewer_mmas_no_spills():
         assert s["instructions"] < p["instructions"] and p["hmma"] - s["hmma"] == 32, (s, p)
 
 
-def test_channel_3bit_subnormal_bytes_fewer_instructions_no_spills():
-    """The opt-in SUB3B body (k3_bytes: SUB3's operands merged on the bytes, four codes an
-    instruction, then widened) issues fewer SASS instructions per body tile than SUB3 (the
-    default), the same MMAs, no spills, at one warp."""
-    sub = sm90.run("channel", "--bits", "3", "--batch", "8")
-    b3 = sm90.run("channel", "--bits", "3", "--batch", "8", "--k3-bytes", "1")
-    assert b3["num_warps"] == sub["num_warps"] == 1 and b3["planes"], (sub, b3)
-    assert b3["spill_stores"] == 0 and b3["spill_loads"] == 0 and b3["stack"] == 0, b3
-    for s_, b_ in zip(sub["loops"][:2], b3["loops"][:2]):
-        assert b_["instructions"] < s_["instructions"] and b_["hmma"] == s_["hmma"] >= 32, (s_, b_)
-
-
 def test_channel_decode_word_reads_fewer_instructions_no_spills():
     """The per-channel decode reading codes as 16-bit words (2-bit keys and values, D=128, B=8,
     L=32K): no register spills, MMAs in the body loop, and fewer SASS instructions per body tile

@@ -616,64 +616,6 @@ def _sub3_operand(lo, hi2, hi1, E: tl.constexpr, USE_ASM: tl.constexpr):
     return r
 
 
-# SUB3B (opt-in launcher knob k3_bytes; built 2026-11-29 without GPU time left, NOT TIMED): SUB3
-# merged on the bytes before widening, four codes an instruction instead of two: per quarter J the
-# 2-bit field's mask, the bit above it (J = 3: the field moved down to bits 5-6 by a shr, the bit at
-# 7: place 32, a byte has no bit 8) and the place value; each eighth's merged bytes are then widened
-# to fp16 halves by _widen's two prmt (no exponent bits: the same subnormals as SUB3's, quarter 3 at
-# place 32). Offline sm_90 (B=8, L=32K, D=128): 1,247 -> 1,200 instructions a body tile (128 fewer
-# LOP3, 80 more PRMT, the widened copies of the planes gone), 240 -> 235 registers, no spills.
-# Time it with bench/kernels.py --channel-knobs '[{"k3_bytes": true}]' before making it a default.
-_B3_LO, _B3_HI = (0x03, 0x0C, 0x30, 0x60), (0x04, 0x10, 0x40, 0x80)  # one byte's masks
-B3_LO_BYTE, B3_HI_BYTE = tl.constexpr(_B3_LO), tl.constexpr(_B3_HI)
-# the same in each byte of a register (the PTX's immediates)
-B3_LO_MASK = tl.constexpr(tuple(f"0x{m * 0x01010101:08X}" for m in _B3_LO))
-B3_HI_MASK = tl.constexpr(tuple(f"0x{m * 0x01010101:08X}" for m in _B3_HI))
-B3_LO_SRC = tl.constexpr(("mov.b32 l, $2;", "mov.b32 l, $2;", "mov.b32 l, $2;", "shr.b32 l, $2, 1;"))
-B3_PLACE = tl.constexpr((1.0, 4.0, 16.0, 32.0))
-
-
-@triton.jit
-def _shl8(x, N: tl.constexpr, USE_ASM: tl.constexpr):
-    """Bytes shifted left by N, four a shl on CUDA (SHL16's instruction on four bytes: bits carried
-    into the next byte are masked off by every SUB3B mask); int32 without USE_ASM."""
-    if USE_ASM:
-        r = tl.inline_asm_elementwise(SHL16[N], "=r,r", [x], dtype=tl.uint8, is_pure=True, pack=4)
-    else:
-        r = x.to(tl.int32) << N
-    return r
-
-
-@triton.jit
-def _plane_place(J: tl.constexpr, KEYOP: tl.constexpr, B3: tl.constexpr):
-    """Place value of the 3-bit planes' quarter J operand: B3_PLACE with SUB3B, else _k_place."""
-    if B3:
-        r = B3_PLACE[J]
-    else:
-        r = _k_place(J, KEYOP)
-    return r
-
-
-@triton.jit
-def _sub3b_operand(lo8, hs8, J: tl.constexpr, USE_ASM: tl.constexpr):
-    """SUB3B: eighth's operand from the 2-bit plane's bytes lo8 and the 1-bit plane's bytes hs8
-    shifted so the eighth's bit sits at B3_HI_MASK[J]: merged per byte (and + lop3 per four codes,
-    J = 3 a shr more), then widened to fp16 halves with no exponent bits (two prmt per four codes):
-    the subnormal (code + 4 * bit) * B3_PLACE[J] * 2^-24; without USE_ASM that number times 2^24."""
-    if USE_ASM:
-        r = tl.inline_asm_elementwise(
-            "{.reg .b32 t, l, m; and.b32 t, $3, " + B3_HI_MASK[J] + "; " + B3_LO_SRC[J]
-            + " lop3.b32 m, l, " + B3_LO_MASK[J] + ", t, 0xEA; prmt.b32 $0, m, 0, 0x4140;"
-            + " prmt.b32 $1, m, 0, 0x4342;}",
-            "=r,=r,r,r", [lo8, hs8], dtype=tl.float16, is_pure=True, pack=4)
-    else:
-        lo = lo8.to(tl.int32)
-        if J == 3:
-            lo = lo >> 1
-        r = ((lo & B3_LO_BYTE[J]) | (hs8.to(tl.int32) & B3_HI_BYTE[J])).to(tl.float32)
-    return r
-
-
 SHL16 = tl.constexpr(("shl.b32 $0, $1, 0;", "shl.b32 $0, $1, 1;", "shl.b32 $0, $1, 2;"))
 
 
@@ -807,7 +749,7 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
                  BLOCK_M: tl.constexpr, LOGIT_CAP: tl.constexpr, PV_DT: tl.constexpr, USE_ASM: tl.constexpr,
                  STAGES: tl.constexpr, PLANES: tl.constexpr, VWORDS: tl.constexpr, KWORDS: tl.constexpr,
                  KEYOP: tl.constexpr, MASKED: tl.constexpr, PAIRED: tl.constexpr, NIBBLES: tl.constexpr,
-                 SUB3: tl.constexpr = False, SUB3B: tl.constexpr = False):
+                 SUB3: tl.constexpr = False):
     """Decode's quantised body blocks (see _key_operand's note), continuing the BF16 loops' softmax
     state (row-major a0..a3 [rows, Dv/4]); returns it in the same form. Blocks: jb in [t_lo, t_hi)
     whose every position is a body position, without masks (MASKED False); or, MASKED, the edge
@@ -841,7 +783,6 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
     # value), the other bodies fold it into q; the subnormal operands' sums (NIBBLES, SUB3) are in
     # units of 2^-24 on CUDA
     SUB: tl.constexpr = NIBBLES or (SUB3 and PLANES and KEYOP == 1)  # subnormal key operands
-    B3: tl.constexpr = SUB3B and SUB and PLANES  # merged on the bytes (SUB3B)
     NSC: tl.constexpr = NIB_SCALE if SUB and USE_ASM else 1.0
     # the quarter body's q carries its operands' places on CUDA (NIBBLES: in the interpreter too,
     # whose nibble operands carry the same places)
@@ -863,14 +804,14 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
         # of two: exact), so that q * s needs no scale of its own (ROWC's note)
         d8 = tl.arange(0, D8)
         qe = qrow[None, :] + d8[:, None]
-        qe0 = (tl.load(qe).to(tl.float32) * (1.0 / _plane_place(0, KEYOP, B3))).to(PV_DT)
-        qe1 = (tl.load(qe + D8).to(tl.float32) * (1.0 / _plane_place(0, KEYOP, B3))).to(PV_DT)
-        qe2 = (tl.load(qe + 2 * D8).to(tl.float32) * (1.0 / _plane_place(1, KEYOP, B3))).to(PV_DT)
-        qe3 = (tl.load(qe + 3 * D8).to(tl.float32) * (1.0 / _plane_place(1, KEYOP, B3))).to(PV_DT)
-        qe4 = (tl.load(qe + 4 * D8).to(tl.float32) * (1.0 / _plane_place(2, KEYOP, B3))).to(PV_DT)
-        qe5 = (tl.load(qe + 5 * D8).to(tl.float32) * (1.0 / _plane_place(2, KEYOP, B3))).to(PV_DT)
-        qe6 = (tl.load(qe + 6 * D8).to(tl.float32) * (1.0 / _plane_place(3, KEYOP, B3))).to(PV_DT)
-        qe7 = (tl.load(qe + 7 * D8).to(tl.float32) * (1.0 / _plane_place(3, KEYOP, B3))).to(PV_DT)
+        qe0 = (tl.load(qe).to(tl.float32) * (1.0 / _k_place(0, KEYOP))).to(PV_DT)
+        qe1 = (tl.load(qe + D8).to(tl.float32) * (1.0 / _k_place(0, KEYOP))).to(PV_DT)
+        qe2 = (tl.load(qe + 2 * D8).to(tl.float32) * (1.0 / _k_place(1, KEYOP))).to(PV_DT)
+        qe3 = (tl.load(qe + 3 * D8).to(tl.float32) * (1.0 / _k_place(1, KEYOP))).to(PV_DT)
+        qe4 = (tl.load(qe + 4 * D8).to(tl.float32) * (1.0 / _k_place(2, KEYOP))).to(PV_DT)
+        qe5 = (tl.load(qe + 5 * D8).to(tl.float32) * (1.0 / _k_place(2, KEYOP))).to(PV_DT)
+        qe6 = (tl.load(qe + 6 * D8).to(tl.float32) * (1.0 / _k_place(3, KEYOP))).to(PV_DT)
+        qe7 = (tl.load(qe + 7 * D8).to(tl.float32) * (1.0 / _k_place(3, KEYOP))).to(PV_DT)
     elif KWORDS:
         # q^T at the 8 extractions' dims [D/8, rows] in fp32, the softmax scale folded in
         qw0 = tl.load(qrow[None, :] + _word_dims(0, QW)[:, None]).to(tl.float32) * QSC
@@ -976,22 +917,15 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
         elif PLANES:
             # the two halves of the 2-bit plane and the 1-bit plane, D/8 bytes each per key
             d8 = tl.arange(0, D8)
-            if B3:  # the bytes as read: merged before widening (SUB3B)
-                lo_a = tl.load(kcb + d8[None, :])
-                lo_b = tl.load(kcb + D8 + d8[None, :])
-                hi8 = tl.load(kcb + QD + d8[None, :])
-                hi1 = _shl8(hi8, 1, USE_ASM)
-                hi2 = _shl8(hi8, 2, USE_ASM)
-            else:
-                lo_a = _widen(tl.load(kcb + d8[None, :]), USE_ASM)
-                lo_b = _widen(tl.load(kcb + D8 + d8[None, :]), USE_ASM)
-                hi16 = _widen(tl.load(kcb + QD + d8[None, :]), USE_ASM)
-                if PAIR or (SUB and USE_ASM):
-                    hi1 = _shl16(hi16, 1)
-                    hi2 = _shl16(hi16, 2)
-                elif SUB:
-                    hi1 = (hi16.to(tl.int32) << 1)
-                    hi2 = (hi16.to(tl.int32) << 2)
+            lo_a = _widen(tl.load(kcb + d8[None, :]), USE_ASM)
+            lo_b = _widen(tl.load(kcb + D8 + d8[None, :]), USE_ASM)
+            hi16 = _widen(tl.load(kcb + QD + d8[None, :]), USE_ASM)
+            if PAIR or (SUB and USE_ASM):
+                hi1 = _shl16(hi16, 1)
+                hi2 = _shl16(hi16, 2)
+            elif SUB:
+                hi1 = (hi16.to(tl.int32) << 1)
+                hi2 = (hi16.to(tl.int32) << 2)
             kpb = KPh + page * stride_kpn + d8
             # per-dim terms of the row constant: (q / place) . m, Horner over the quarters' place
             # values, and the operands' offsets' (1 + HI_QMUL) * qs, times KOFS after the loop
@@ -1001,15 +935,12 @@ def _decode_body(q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, t_lo, t_hi, n_head, j
             part = tl.zeros([BLK, BLOCK_M], tl.float32)
             for e in tl.static_range(7, -1, -1):  # quarters 3 to 0
                 if e % 2 == 1 and e < 7:
-                    qc = qc * (_plane_place(e // 2 + 1, KEYOP, B3) / _plane_place(e // 2, KEYOP, B3))
+                    qc = qc * (_k_place(e // 2 + 1, KEYOP) / _k_place(e // 2, KEYOP))
                 sc, mn = _unpack_params(tl.load(kpb + e * D8))
                 qet = _pick8(e, qe0, qe1, qe2, qe3, qe4, qe5, qe6, qe7).to(tl.float32)  # q / place value
                 qs = (qet * sc[:, None]).to(KDT)  # both planes: q * s / place value
                 lo = lo_a if e % 2 == 0 else lo_b
-                if B3:  # SUB3 merged on the bytes: eighth 6's bit shifted by 1, eighth 7's in place
-                    hs = (hi2 if e % 2 == 0 else hi1) if e < 6 else (hi1 if e == 6 else hi8)
-                    part = tl.dot(_sub3b_operand(lo, hs, e // 2, USE_ASM).to(KDT), qs, part)
-                elif SUB:  # one subnormal operand for both planes (SUB3)
+                if SUB:  # one subnormal operand for both planes (SUB3)
                     part = tl.dot(_sub3_operand(lo, hi2, hi1, e, USE_ASM).to(KDT), qs, part)
                 elif PAIR:  # offsets cancel between the planes (PAIRED)
                     op_lo, op_hi = _paired_operands(lo, hi1, hi2, e)
@@ -1205,7 +1136,7 @@ def attend_channel_kernel(
     KEYOP: tl.constexpr = 0, BF16_LAST: tl.constexpr = False, PAIRED: tl.constexpr = False,
     MERGE: tl.constexpr = False, MERGE_ROWS: tl.constexpr = 1, SPLITS_P2: tl.constexpr = 1,
     NIBBLES: tl.constexpr = False, Final=None, stride_fb=0, stride_fh=0, Arrived=None,
-    SUB3: tl.constexpr = False, SUB3B: tl.constexpr = False,
+    SUB3: tl.constexpr = False,
 ):
     """SPLIT (decode): grid (B, Hkv, max splits), one query token per request (token b), rows =
     the GQA group; qo_indptr / num_mb unused. Not SPLIT (extend-prefix): grid (B, Hkv * num_mb,
@@ -1347,14 +1278,14 @@ def attend_channel_kernel(
                 NIB_EDGE_STAGES if NIBBLES else STAGES, PLANES, VWORDS, KWORDS,
                 # int8 key operands: the edge blocks (few) take fp16-paired's (INT8's note: the two
                 # loops' int8 buffers would leave 7 programs an SM)
-                1 if KEYOP == 4 else KEYOP, True, PAIRED or KEYOP == 4, NIBBLES, SUB3, SUB3B)
+                1 if KEYOP == 4 else KEYOP, True, PAIRED or KEYOP == 4, NIBBLES, SUB3)
         else:
             m_i, l_i, a0, a1, a2, a3 = _decode_body(
                 q0, q1, q2, q3, m_i, l_i, a0, a1, a2, a3, j_lo, j_hi, 0, 0, n_a, start_b, ring_lo,
                 sink_lo, sink_hi, idx_base, KCh, stride_kcn, KPh, stride_kpn, VCh, stride_vcn, VPh, stride_vpn,
                 sm_scale_log2, logit_cap, Q + tok * stride_qt + hq * stride_qh,
                 D, DV, BITS, BLK, GV, BLOCK_M, LOGIT_CAP, PV_DT, USE_ASM, STAGES, PLANES, VWORDS, KWORDS, KEYOP,
-                not EDGE_LOOP, PAIRED, NIBBLES, SUB3, SUB3B)  # without the edge loop these blocks include the edges: masked
+                not EDGE_LOOP, PAIRED, NIBBLES, SUB3)  # without the edge loop these blocks include the edges: masked
         j_hi = j_lo  # the extend loop below walks nothing
     if EXT_DQ:  # its q operands, converted once for every page
         q0 = q0.to(DQ_DT)
@@ -1491,14 +1422,13 @@ def decode_attention_channel(
     sink_start=None, num_kv_splits=None, max_kv_splits=None, attn_logits=None, attn_lse=None,
     logit_cap=0.0, min_chunk=None, bf16_keys_per_split=None, num_warps=None, num_stages=2,
     num_int2_stages=None, k3_variant=None, code_reads=None, key_operands=None, maxnreg=None,
-    merge_chunk=None, merge_warps=None, bf16_last=True, fused_merge=None, arrived=None, k3_bytes=False,
+    merge_chunk=None, merge_warps=None, bf16_last=True, fused_merge=None, arrived=None,
 ):
     """See ops.decode_attention_channel; min_chunk / bf16_keys_per_split / num_warps /
     num_stages / maxnreg / merge_chunk / merge_warps / bf16_last are tuning knobs (decode.py's meaning;
     maxnreg caps registers per thread: the one-warp body takes 245-255 at sm_90, 8 programs per
     SM, 168 would fit 12; merge_*: the split merge's splits a step and warps; bf16_last: the
-    launch order, BF16_LAST's note; k3_bytes: the 3-bit planes' SUB3 operands merged on the bytes,
-    SUB3B's note, opt-in and untimed). fused_merge: the last program of each (request, KV head)
+    launch order, BF16_LAST's note). fused_merge: the last program of each (request, KV head)
     merges the splits (FMERGE's note; default: up to FUSED_MERGE_MAX_SPLITS splits), or (False)
     decode's merge kernel does; arrived: its int32 counters, >= batch x KV heads zeros, left zero
     (default: attend_fast.split_arrivals).
@@ -1521,9 +1451,6 @@ def decode_attention_channel(
                          "k3_variant 'planes'); use 'fp16-subnormal' (the default) for this pool")
     paired = keyop == 3  # "fp16-paired": "fp16" operands, the planes' offsets cancelling (PAIRED)
     sub3 = keyop == 5 and planes  # "fp16-subnormal": one subnormal operand an eighth (SUB3)
-    if k3_bytes and not sub3:
-        raise ValueError("k3_bytes merges the 3-bit planes' subnormal operands (k_bits 3, head_dim >= 128, "
-                         "k3_variant 'planes', key_operands 'fp16-subnormal'); this launch has none")
     # 4-bit keys' subnormal operands (NIBBLES) where their fp16 operands are asked for; bf16 /
     # fp16-shifted operands keep the offset operands and one masked loop
     nibbles = k_bits == 4 and keyop in (1, 3, 5)
@@ -1562,7 +1489,7 @@ def decode_attention_channel(
         LOGIT_CAP=logit_cap > 0, PV_DT=PV_DTYPE, NB16=nb16,
         USE_ASM=USE_ASM and q.dtype == torch.bfloat16, STAGES=num_int2_stages or INT2_STAGES, PLANES=planes,
         VWORDS=vwords, KWORDS=kwords, KEYOP=keyop, BF16_LAST=bool(bf16_last), PAIRED=paired, NIBBLES=nibbles,
-        SUB3=sub3, SUB3B=bool(k3_bytes), **merge,
+        SUB3=sub3, **merge,
         num_warps=num_warps or (PLANES_NUM_WARPS if planes else DECODE_NUM_WARPS[k_bits]), num_stages=num_stages,
         **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
