@@ -321,7 +321,8 @@ class KVFormat:
 
     @classmethod
     def parse(cls, name: str, head_dim: int) -> "KVFormat":
-        """Inverse of ``name`` (``KVFormat.parse(f.name, f.head_dim) == f``)."""
+        """Inverse of ``name`` (``KVFormat.parse(f.name, f.head_dim) == f``); also reads the value
+        segment ``v<bits>h`` (one group per token and head: ``v_group = head_dim``)."""
         import re
 
         def bad(why: str) -> ValueError:
@@ -333,11 +334,13 @@ class KVFormat:
         if len(parts) < 2:
             raise bad("needs a key and a value segment")
         mk = re.fullmatch(r"k(\d)([ct])(\d+)", parts[0])
-        mv = re.fullmatch(r"v(\d)t(\d+)", parts[1])
+        # v<bits>h: one value group per token and head (the group is head_dim), so that one name
+        # means "a scale per token-head" on 64- and 128-dim heads alike; `name` spells the group
+        mv = re.fullmatch(r"v(\d)(?:t(\d+)|(h))", parts[1])
         if not mk or not mv:
-            raise bad("the first segments must be k<bits><c|t><size> and v<bits>t<group>")
+            raise bad("the first segments must be k<bits><c|t><size> and v<bits>t<group> or v<bits>h")
         kw: dict = dict(k_bits=int(mk[1]), k_layout={"c": "channel", "t": "token"}[mk[2]],
-                        k_group=int(mk[3]), v_bits=int(mv[1]), v_group=int(mv[2]))
+                        k_group=int(mk[3]), v_bits=int(mv[1]), v_group=head_dim if mv[3] else int(mv[2]))
         tags = {"tn": ("token_norm", True), "id": ("rotation", "identity"),
                 "cal": ("rotation", "calibrated"), "kclip": ("k_clip", True), "vclip": ("v_clip", True)}
         for p in parts[2:]:

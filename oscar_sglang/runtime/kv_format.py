@@ -172,7 +172,9 @@ def resolve(name: str, *, head_dim: int, v_head_dim: int, num_layers: int, group
                             + f". {SERVED_EXAMPLES}")
     k_bits = tuple(fmt.layer_bits(i, num_layers)[0] for i in range(num_layers))
     base, *over = core.split("@")
-    served_name = "@".join([base + _side_suffix(s, w), *over])  # parses back to the same format
+    segs = base.split("-")
+    segs[1] = f"v{fmt.v_bits}t{fmt.v_group}"  # the group spelled out (v<bits>h names head_dim's)
+    served_name = "@".join(["-".join(segs) + _side_suffix(s, w), *over])  # parses back to the same format
     if fmt.k_layout == "token":
         return _token_recipe(fmt.k_group, head_dim, v_head_dim, num_layers, s, w, name=served_name,
                              k_clip=fmt.k_clip, v_clip=fmt.v_clip)

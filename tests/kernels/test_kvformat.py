@@ -51,6 +51,19 @@ def test_name_is_stable_and_parses_back(fmt, name):
     assert KVFormat.parse(name, fmt.head_dim) == fmt
 
 
+def test_value_group_per_head_spelling():
+    """v<bits>h: one value group per token and head, whatever head_dim is (one name for 64- and
+    128-dim heads); the canonical name spells the group, and parses back to the same format."""
+    for D in (64, 128):
+        f = KVFormat.parse("k4c64-v2h-s4-w128@0=k3", D)
+        assert f == KVFormat(D, 4, "channel", 64, 2, D, sink=4, window=128, overrides=(LayerBits((0,), 3),))
+        assert f.name == f"k4c64-v2t{D}-s4-w128@0=k3" and KVFormat.parse(f.name, D) == f
+    with pytest.raises(ValueError, match="value group size 256"):  # no 256-value groups
+        KVFormat.parse("k3c64-v2h", 256)
+    with pytest.raises(ValueError, match=r"v<bits>t<group> or v<bits>h"):
+        KVFormat.parse("k3c64-v2g", 128)
+
+
 @pytest.mark.parametrize("name,msg", [
     ("k5c64-v2t128", "5-bit keys"),
     ("k2c64-v3t128", "3-bit values"),

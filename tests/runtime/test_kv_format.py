@@ -43,6 +43,16 @@ def test_sink_window_and_per_layer_bits():
         resolve("k3c64-v2t64-s4", sink=8)
 
 
+def test_value_group_per_head_is_served_under_its_group():
+    """OSCAR_KV_FORMAT with v2h: one value scale per token and head; the served name (logs,
+    /server_info) spells the group the model got, and resolves back to the same format."""
+    for D, v_bytes in ((64, 16 + 4), (128, 32 + 4)):
+        f = resolve("k4c64-v2h-s4-w128", D=D)
+        assert (f.v_group, f.v_row_bytes(), f.name) == (D, v_bytes, f"k4c64-v2t{D}-s4-w128")
+        assert resolve(f.name, D=D) == f
+    assert resolve("k3c64-v2h", D=128, sink=8).name == "k3c64-v2t128-s8"  # w256: the grammar's default
+
+
 def test_default_sizes_give_way_to_the_environment():
     # no OSCAR_KV_FORMAT: OSCAR_SINK_TOKENS / OSCAR_RECENT_TOKENS override the default's 4 / 128
     f = resolve(None, sink=64, recent=256)
