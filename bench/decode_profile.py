@@ -25,18 +25,19 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import linecache
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "kernels"), str(Path(__file__).resolve().parent)]
+sys.path[:0] = [str(ROOT / "kernels"), str(Path(__file__).resolve().parent), str(ROOT)]
 
 import _results  # noqa: E402
+from oscar_sglang.runtime.kv_format import DEFAULT_KV_FORMAT  # noqa: E402 (the served default)
 
 KERNEL = "attend_channel_kernel"
-DEFAULT_FORMAT = "k3c64-v2t64-s4-w128"
 LINE_REASON_MIN_PCT = 3.0
 
 
@@ -102,8 +103,6 @@ def summarise(tree: list, kernel: str = KERNEL, top: int = 25) -> dict:
 
 
 def profile(fmt_name: str, B: int, L: int, calls: int, interval: int, top: int, keep: Path | None) -> dict:
-    import json
-
     import torch
     import triton.profiler as proton
 
@@ -129,7 +128,8 @@ def profile(fmt_name: str, B: int, L: int, calls: int, interval: int, top: int, 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--formats", default=DEFAULT_FORMAT, help="comma list of KV format names")
+    ap.add_argument("--formats", default=DEFAULT_KV_FORMAT,
+                    help="comma list of KV format names (default: the served default)")
     ap.add_argument("--shape", default="8x32768", help="B x L (requests x context)")
     ap.add_argument("--calls", type=int, default=205, help="decode calls sampled per format")
     ap.add_argument("--interval", type=int, default=1000, help="CUPTI sampling interval (proton's knob)")
