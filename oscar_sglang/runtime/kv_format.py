@@ -120,6 +120,19 @@ def _side_sizes(name: str, env_sink: int | None, env_recent: int | None) -> tupl
     return sink, window, "@".join(["-".join(kept), *over])
 
 
+def _channel_head_dim_refusal(head_dim: int) -> str:
+    return (f"per-channel keys at head_dim {head_dim} (served at {SERVED_CHANNEL_HEAD_DIMS}; "
+            f"use OSCAR_KV_FORMAT=token)")
+
+
+def _is_channel_name(core: str) -> bool:
+    """Whether a name asks for per-channel keys (parsed at a served head_dim)."""
+    try:
+        return KVFormat.parse(core, SERVED_CHANNEL_HEAD_DIMS[-1]).k_layout == "channel"
+    except ValueError:
+        return False
+
+
 def resolve(name: str, *, head_dim: int, v_head_dim: int, num_layers: int, group_size: int,
             sink: int | None = None, recent: int | None = None) -> ServedFormat:
     """OSCAR_KV_FORMAT (or its default) for a model. sink / recent: OSCAR_SINK_TOKENS /
@@ -140,6 +153,10 @@ def resolve(name: str, *, head_dim: int, v_head_dim: int, num_layers: int, group
     try:
         fmt = KVFormat.parse(core, head_dim)
     except ValueError as e:
+        if head_dim not in SERVED_CHANNEL_HEAD_DIMS and _is_channel_name(core):
+            # e.g. the default's v2h on 256-dim heads: say what the server cannot do, not the grammar
+            raise KVFormatError(f"OSCAR_KV_FORMAT={name!r} cannot be served: "
+                                f"{_channel_head_dim_refusal(head_dim)}. {SERVED_EXAMPLES}") from None
         raise KVFormatError(f"OSCAR_KV_FORMAT={name!r}: {e}. {SERVED_EXAMPLES}") from None
     bad = []
     if fmt.rotation != "hadamard":
@@ -156,8 +173,7 @@ def resolve(name: str, *, head_dim: int, v_head_dim: int, num_layers: int, group
                        "e.g. k2t64-v2t64-kclip-vclip)")
     else:
         if head_dim not in SERVED_CHANNEL_HEAD_DIMS:
-            bad.append(f"per-channel keys at head_dim {head_dim} (served at {SERVED_CHANNEL_HEAD_DIMS}; "
-                       f"use OSCAR_KV_FORMAT=token)")
+            bad.append(_channel_head_dim_refusal(head_dim))
         if fmt.k_clip:
             bad.append("kclip with per-channel keys (clipping keys hurts retrieval)")
         if fmt.v_group < v_head_dim // 4:

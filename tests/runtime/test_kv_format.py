@@ -74,6 +74,7 @@ def test_default_sizes_give_way_to_the_environment():
     ("k3c64-v2t64-kclip", 128, ["kclip"]),
     ("k3c64-v2t64-w32", 128, ["shorter than a key block"]),
     ("k3c64-v2t64", 256, ["head_dim 256", "OSCAR_KV_FORMAT=token"]),
+    ("k4c64-v2h-s4-w128", 256, ["head_dim 256", "OSCAR_KV_FORMAT=token"]),  # v2h on 256-dim heads
     ("k3t64-v2t64", 128, ["per-token keys"]),
     ("k3c48-v2t64", 128, ["page size"]),
     ("nonsense", 128, ["a key and a value segment", "(default)"]),
