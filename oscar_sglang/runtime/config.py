@@ -22,10 +22,11 @@ BACKEND = "oscar_triton"  # the only attention backend that reads the INT2 pool
 ENV_VARS: dict[str, tuple[str | None, str]] = {
     "OSCAR_KV_FORMAT": (
         None,
-        "what the cache stores (docs/format.md): default k3c64-v2t64-s4-w128 = 3-bit keys per "
-        "channel over blocks of 64 tokens (the page size, set for you) + 2-bit values in groups "
-        "of 64, 4 sink + 128 recent tokens in BF16; "
-        "other served names: k2c64-v2t64, k4c32-v2t128, ...-s<sink>-w<recent>, "
+        "what the cache stores (docs/format.md): default k4c64-v2h-s4-w128 = 4-bit keys per "
+        "channel over blocks of 64 tokens (the page size, set for you) + 2-bit values in one group "
+        "per token and head (v2h), 4 sink + 128 recent tokens in BF16; "
+        "other served names: k3c64-v2t64-s4-w128 (the default until 2026-11-29: 12% more tokens), "
+        "k2c64-v2t64, k4c32-v2t128, ...-s<sink>-w<recent>, "
         "...@0,-1=k4 (more key bits on some layers); 'token' = the OSCAR per-token recipe "
         "(2-bit groups along head_dim, clip ratios of the rotation file)",
     ),

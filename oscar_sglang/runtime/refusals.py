@@ -113,7 +113,8 @@ def server_args_problems(args, env=None) -> list[str]:
         p.append(
             f"--page-size {page} does not match the KV format's key block of {need} tokens (keys are "
             f"quantised per page): drop --page-size, or choose a format whose blocks match it "
-            f"(OSCAR_KV_FORMAT=k3c32-v2t64 for 32, k3c64-v2t64 for 64, 'token' for any page size)."
+            f"(OSCAR_KV_FORMAT=k4c32-v2h-s4-w128 for 32, k4c64-v2h-s4-w128 (the default) for 64, "
+            f"'token' for any page size)."
         )
     if str(env.get("SGLANG_ENABLE_POST_CAPTURE_KV_SIZING", "")).lower() in ("1", "true", "yes"):
         p.append(

@@ -17,7 +17,7 @@ def test_defaults():
     assert cfg.recipe == "hadamard"
     # the per-token recipe's sizes; the default format names its own (4 / 128, test_kv_format)
     assert (cfg.sink_tokens, cfg.recent_tokens, cfg.group_size) == (64, 256, 128)
-    assert cfg.kv_format == KF.DEFAULT_KV_FORMAT == "k3c64-v2t64-s4-w128"
+    assert cfg.kv_format == KF.DEFAULT_KV_FORMAT == "k4c64-v2h-s4-w128"
     assert (cfg.default_max_running_requests, cfg.side_buffer_fraction) == (1024, 0.2)
     assert cfg.k_clip is None and cfg.v_clip is None
     assert cfg.sources == {}
@@ -326,6 +326,21 @@ def test_every_server_arg_refusal(kw, env, words):
     with pytest.raises(F.Int2Unsupported) as e:
         F.raise_if_any(problems)
     assert "--kv-cache-dtype int2 cannot start" in str(e.value)
+
+
+def test_page_size_refusal_suggests_formats_that_match_it():
+    """A --page-size the format's key blocks do not match is refused; every format the message
+    names instead parses and has the page size it is named for."""
+    import re
+
+    assert F.server_args_problems(_args(page_size=64), env={}) == []  # the default's block
+    (msg,) = F.server_args_problems(_args(page_size=32), env={})
+    assert "--page-size 32 does not match" in msg and "'token'" in msg
+    named = {int(p): n for n, p in re.findall(r"(k\d+c\d+[\w-]*)(?: \(the default\))? for (\d+)", msg)}
+    assert named.get(64) == KF.DEFAULT_KV_FORMAT and set(named) == {32, 64}, named
+    for page, name in named.items():
+        assert KF.page_size_for(name) == page
+        assert F.server_args_problems(_args(page_size=page), env={"OSCAR_KV_FORMAT": name}) == []
 
 
 def _model(**kw):

@@ -11,14 +11,18 @@ def resolve(name, D=128, layers=32, G=128, sink=None, recent=None):
     return KF.resolve(name, head_dim=D, v_head_dim=D, num_layers=layers, group_size=G, sink=sink, recent=recent)
 
 
-def test_default_is_3bit_channel_keys_over_pages_of_64():
-    f = resolve(None)
-    assert f.name == KF.DEFAULT_KV_FORMAT == C.load_config({}).kv_format
-    assert (f.layout, f.k_bits[0], f.k_group, f.v_group, f.sink, f.recent) == ("channel", 3, 64, 64, 4, 128)
+def test_default_is_4bit_channel_keys_over_pages_of_64_one_value_group_a_head():
+    assert KF.DEFAULT_KV_FORMAT == C.load_config({}).kv_format == "k4c64-v2h-s4-w128"
+    f = resolve(None)  # a 128-dim head: one value group of 128, spelled out in the served name
+    assert f.name == "k4c64-v2t128-s4-w128" and resolve(f.name) == f
+    assert (f.layout, f.k_bits[0], f.k_group, f.v_group, f.sink, f.recent) == ("channel", 4, 64, 128, 4, 128)
     assert f.page_size == 64 and not f.k_clip and not f.v_clip
-    # K: 48 code bytes + 128 channels x 4 B / 64 tokens; V: 32 + 2 groups x 4 B
-    assert (f.k_row_bytes(0), f.v_row_bytes()) == (56, 40)
-    assert f.body_bits_per_element() == 3.0
+    # K: 64 code bytes + 128 channels x 4 B / 64 tokens; V: 32 + one group's 4 B
+    assert (f.k_row_bytes(0), f.v_row_bytes()) == (72, 36)
+    assert f.body_bits_per_element() == 3.375
+    # a 64-dim head (SmolLM2): exactly the k4c64-v2t64-s4-w128 of the H100 NIAH table
+    g = resolve(None, D=64)
+    assert (g.name, g.v_group, g.body_bits_per_element()) == ("k4c64-v2t64-s4-w128", 64, 3.5)
 
 
 def test_token_recipe_keeps_the_old_behaviour():
@@ -56,12 +60,12 @@ def test_value_group_per_head_is_served_under_its_group():
 def test_default_sizes_give_way_to_the_environment():
     # no OSCAR_KV_FORMAT: OSCAR_SINK_TOKENS / OSCAR_RECENT_TOKENS override the default's 4 / 128
     f = resolve(None, sink=64, recent=256)
-    assert (f.sink, f.recent, f.name) == (64, 256, "k3c64-v2t64")
-    assert resolve(None, recent=192).name == "k3c64-v2t64-s4-w192"
+    assert (f.sink, f.recent, f.name) == (64, 256, "k4c64-v2t128")
+    assert resolve(None, recent=192).name == "k4c64-v2t128-s4-w192"
     # through the config: an explicit name keeps its own segments (and conflicts are errors)
     shape = SimpleNamespace(head_dim=128, v_head_dim=128, num_hidden_layers=32)
-    assert KF.for_model(C.load_config({"OSCAR_SINK_TOKENS": "16"}), shape).name == "k3c64-v2t64-s16-w128"
-    assert KF.for_model(C.load_config({}), shape).name == KF.DEFAULT_KV_FORMAT
+    assert KF.for_model(C.load_config({"OSCAR_SINK_TOKENS": "16"}), shape).name == "k4c64-v2t128-s16-w128"
+    assert KF.for_model(C.load_config({}), shape).name == "k4c64-v2t128-s4-w128"
     assert KF.for_model(C.load_config({"OSCAR_KV_FORMAT": "k3c64-v2t64"}), shape).sink == 64
     with pytest.raises(KF.KVFormatError, match="set it in one place"):
         KF.for_model(C.load_config({"OSCAR_KV_FORMAT": "k3c64-v2t64-s4-w128", "OSCAR_SINK_TOKENS": "16"}), shape)
@@ -75,6 +79,7 @@ def test_default_sizes_give_way_to_the_environment():
     ("k3c64-v2t64-w32", 128, ["shorter than a key block"]),
     ("k3c64-v2t64", 256, ["head_dim 256", "OSCAR_KV_FORMAT=token"]),
     ("k4c64-v2h-s4-w128", 256, ["head_dim 256", "OSCAR_KV_FORMAT=token"]),  # v2h on 256-dim heads
+    (None, 256, ["head_dim 256", "OSCAR_KV_FORMAT=token"]),  # the default (v2h) there
     ("k3t64-v2t64", 128, ["per-token keys"]),
     ("k3c48-v2t64", 128, ["page size"]),
     ("nonsense", 128, ["a key and a value segment", "(default)"]),

@@ -285,20 +285,20 @@ def test_channel_format_pool(kvc, monkeypatch, caplog):
     with caplog.at_level(logging.INFO, logger="oscar_sglang"):
         cfg, pool = _build(kvc, avail, page_size=64)
     fmt = pool.kv_format
-    assert pool.channel and fmt.name == "k3c64-v2t64-s4-w128" and fmt.page_size == 64
+    assert pool.channel and fmt.name == "k4c64-v2t64-s4-w128" and fmt.page_size == 64  # v2h on 64 dims
     shape = sizing.ModelKVShape(3, 2, 64, 64)
     per_tok = sizing.int2_bytes_per_token(shape, fmt)
-    assert per_tok == 3 * 2 * ((24 + 4) + (16 + 4)) + 4
+    assert per_tok == 3 * 2 * ((32 + 4) + (16 + 4)) + 4
     per_req = sizing.side_bytes_per_request(shape, 4, 128)
     assert cfg.max_total_num_tokens == (avail - 4 * per_req) // per_tok // 64 * 64
     n = cfg.max_total_num_tokens + 64
-    assert pool.k_codes[1].shape == (n, 2, 24) and pool.k_params[1].shape == (n // 64, 2, 64, 2)
+    assert pool.k_codes[1].shape == (n, 2, 32) and pool.k_params[1].shape == (n // 64, 2, 64, 2)
     assert pool.v_codes[1].shape == (n, 2, 16) and pool.v_params[1].shape == (n, 2, 1, 2)
     assert pool._int2_bytes() == n * per_tok
     assert pool.k_clip == [1.0] * 3
-    assert RUNTIME_INFO["kv_format"] == "k3c64-v2t64-s4-w128" and RUNTIME_INFO["body_bits_per_element"] == 3.0
+    assert RUNTIME_INFO["kv_format"] == "k4c64-v2t64-s4-w128" and RUNTIME_INFO["body_bits_per_element"] == 3.5
     assert RUNTIME_INFO["key_layout"] == "channel" and RUNTIME_INFO["page_size"] == 64
-    assert "format k3c64-v2t64-s4-w128: 3-bit keys per channel over blocks of 64 tokens" in caplog.text
+    assert "format k4c64-v2t64-s4-w128: 4-bit keys per channel over blocks of 64 tokens" in caplog.text
     # a page size that does not match the blocks never builds a pool
     kvc.pool_page_size = 32
     with pytest.raises(RuntimeError, match="needs|page size is 32"):
