@@ -79,6 +79,12 @@ CONFIGS: Dict[str, ServingConfig] = {
         ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton",
          "--triton-attention-num-kv-splits", "64"], {"OSCAR_KV_FORMAT": "token"},
     ),
+    # the default format until 2026-11-29 (3-bit keys, two value groups a 128-dim head)
+    "int2-k3c64-v2t64": ServingConfig(
+        "int2-k3c64-v2t64", "INT2 KV (k3c64-v2t64-s4-w128, the default until 2026-11-29), oscar_triton",
+        ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton"],
+        {"OSCAR_KV_FORMAT": "k3c64-v2t64-s4-w128"},
+    ),
     # the default format's 3-bit keys decoded as two planes (attend_channel, OSCAR_CHANNEL_DECODE_3BIT)
     "int2-planes-splits64": ServingConfig(
         "int2-planes-splits64", "INT2 KV, oscar_triton, 64 KV splits, 3-bit keys decoded as planes",

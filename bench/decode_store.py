@@ -26,9 +26,10 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "kernels"), str(Path(__file__).resolve().parent)]
+sys.path[:0] = [str(ROOT / "kernels"), str(Path(__file__).resolve().parent), str(ROOT)]
 
 import _results  # noqa: E402
+from oscar_sglang.runtime.kv_format import DEFAULT_KV_FORMAT  # noqa: E402 (the served default)
 from _timing import bench_graph  # noqa: E402
 from oscar_kernels import ops  # noqa: E402
 from oscar_kernels.format import KVFormat, code_bytes  # noqa: E402
@@ -107,7 +108,7 @@ class DecodeStep:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--format", default="k3c64-v2t64-s4-w128", help="per-channel KV format (the default's)")
+    ap.add_argument("--format", default=DEFAULT_KV_FORMAT, help="per-channel KV format (default: the served default)")
     ap.add_argument("--batches", default=BATCHES, help="comma list of decode batch sizes")
     ap.add_argument("--check-only", action="store_true", help="compare the two paths, time nothing (CPU)")
     ap.add_argument("--out", help="JSON path (default bench/results/kernels/<UTC date_time>_decode-store.json)")

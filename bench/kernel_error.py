@@ -29,7 +29,7 @@ rows whose KV heads each have 4 channels scaled by 1-16 (the rotated caches' out
 first tokens; queries N(0, 1) with one in four heads scaled by 4 (peaked attention). Fresh seed per
 run unless --seed.
 
-    python bench/kernel_error.py                               # GPU: the formats below, ~2 minutes (H200)
+    python bench/kernel_error.py                               # GPU: the formats below, ~75 s a format (H200)
     python bench/kernel_error.py --formats k3c64-v2t64-s4-w128 --out /tmp/e.json
 """
 from __future__ import annotations
@@ -44,15 +44,17 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "kernels"), str(Path(__file__).resolve().parent)]
+sys.path[:0] = [str(ROOT / "kernels"), str(Path(__file__).resolve().parent), str(ROOT)]
 
 import _results  # noqa: E402
+from oscar_sglang.runtime.kv_format import DEFAULT_KV_FORMAT  # noqa: E402 (the served default)
 from oscar_kernels import ops  # noqa: E402
 from oscar_kernels import reference as ref  # noqa: E402
 from oscar_kernels.format import KVFormat, code_bytes  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-FORMATS = "k3c64-v2t64-s4-w128,k2c64-v2t64-s4-w128,k4c64-v2t64-s4-w128,k3c64-v2t64-s64-w256"
+# the served default first (v2h: one value group per 128-dim head), the default before 2026-11-29 next
+FORMATS = ",".join([DEFAULT_KV_FORMAT, "k3c64-v2t64-s4-w128", "k2c64-v2t64-s4-w128", "k3c64-v2t64-s64-w256"])
 # prefix lengths: long, medium, a few blocks, one block + a bit (all body keys in the ring), one
 DECODE_LENS = "32768,8192,2000,130,1"
 # extend: prefix:new tokens; the one-token extends at the end take the short-extend launch

@@ -31,20 +31,25 @@ import math
 import platform
 import sys
 import time
+from pathlib import Path
 
 import torch
 import triton
 from triton.testing import do_bench
 
-import _results
-from _timing import bench_graph
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "kernels"), str(ROOT)]
 
-from oscar_kernels import Int2Format, KVFormat, ops
-from oscar_kernels.format import code_bytes
-from oscar_kernels import reference as ref
-from oscar_kernels.triton import attend_channel
-from oscar_kernels.triton import attend_fast as int2_fast
-from oscar_kernels.triton import decode as int2_decode
+import _results  # noqa: E402
+from _timing import bench_graph  # noqa: E402
+
+from oscar_kernels import Int2Format, KVFormat, ops  # noqa: E402
+from oscar_kernels.format import code_bytes  # noqa: E402
+from oscar_kernels import reference as ref  # noqa: E402
+from oscar_kernels.triton import attend_channel  # noqa: E402
+from oscar_kernels.triton import attend_fast as int2_fast  # noqa: E402
+from oscar_kernels.triton import decode as int2_decode  # noqa: E402
+from oscar_sglang.runtime.kv_format import DEFAULT_KV_FORMAT  # noqa: E402 (the served default)
 
 HQ, HKV, D = 32, 8, 128
 SINK, WINDOW = 64, 256
@@ -831,10 +836,10 @@ def main():
     ap.add_argument("--out", help="write the markdown table here")
     ap.add_argument("--json", help="write the result JSON here (default: bench/results/kernels/<UTC date_time>.json)")
     ap.add_argument("--tune", action="store_true", help="also sweep INT2 decode tile/split settings")
-    ap.add_argument("--channel-formats", default="k3c64-v2t64,k2c64-v2t64",
+    ap.add_argument("--channel-formats", default=f"{DEFAULT_KV_FORMAT},k3c64-v2t64-s4-w128",
                     help="served per-channel KV formats also timed at every decode shape, same run "
-                    "(comma list of KVFormat names; '' = none). Default k3c64-v2t64 (the default) "
-                    "and k2c64-v2t64")
+                    "(comma list of KVFormat names; '' = none). Default: the served default "
+                    f"({DEFAULT_KV_FORMAT}) and the default before 2026-11-29 (k3c64-v2t64-s4-w128)")
     ap.add_argument("--quick", action="store_true", help="two shapes only")
     ap.add_argument("--shapes", help="comma list of BxL, e.g. 8x32768,64x32768 (default: all)")
     ap.add_argument("--fast", action=argparse.BooleanOptionalAction, default=True,
