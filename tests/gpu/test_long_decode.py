@@ -31,12 +31,14 @@ LENS = [32768, 16384, 4096]
 BOUND = 5e-2
 
 
-@pytest.mark.parametrize("bits,k3,reads", [
-    (3, "planes", "bytes"), (3, "packed", "bytes"), (2, None, "bytes"), (4, None, "bytes"),
-    (3, "planes", "words"), (2, None, "words"),
+@pytest.mark.parametrize("bits,k3,reads,vg", [
+    (3, "planes", "bytes", 64), (3, "packed", "bytes", 64), (2, None, "bytes", 64), (4, None, "bytes", 64),
+    (3, "planes", "words", 64), (2, None, "words", 64),
+    (4, None, "words", 128),  # the default since 2026-11-29 (k4c64-v2h) at head_dim 128
+    (3, "planes", "words", 128),
 ])
-def test_one_split_over_long_context_matches_float64(seed, bits, k3, reads):
-    pool = ChannelPool(channel_fmt(128, bits, 64, 64), LENS, [0] * len(LENS), [0] * len(LENS), hkv=2)
+def test_one_split_over_long_context_matches_float64(seed, bits, k3, reads, vg):
+    pool = ChannelPool(channel_fmt(128, bits, 64, vg), LENS, [0] * len(LENS), [0] * len(LENS), hkv=2)
     q = (torch.randn(len(LENS), 8, 128) * 0.3).bfloat16()
     one = torch.ones(len(LENS), dtype=torch.int32, device=DEV)
     o = run_decode(pool, q, 8, one, k3_variant=k3, code_reads=reads)
