@@ -200,19 +200,40 @@ def llama8b_kv_tokens(kv: str, fmt_name: str | None) -> int:
     return llama8b_plan(kv, fmt_name)[0]
 
 
+def llama8b_format(row: dict) -> str | None:
+    """The INT2 format a row stands for on the dummy 8B: the one its server stored, except that a
+    name asking for one value group per head (v<bits>h, the default's since 2026-11-29) gets the
+    8B's group (v2t128), not the served model's (v2t64 on SmolLM2's 64-dim heads)."""
+    served, asked = row.get("format"), row.get("format_requested")
+    if row.get("kv") != "int2" or not served:
+        return None
+    if asked and re.search(r"-v\d+h(?=-|@|$)", asked):
+        from oscar_sglang.runtime.kv_format import resolve
+
+        per_head = re.sub(r"-v(\d+)t\d+", r"-v\1h", served, count=1)
+        return resolve(per_head, head_dim=128, v_head_dim=128, num_layers=32, group_size=128).name
+    return served
+
+
 def set_llama8b_columns(row: dict) -> None:
     """The capacity columns of a row: its format on the dummy 8B with the default sizing."""
-    row["kv_tokens"], row["kv_tokens_max_running_requests"] = llama8b_plan(
-        row["kv"], row["format"] if row["kv"] == "int2" else None)
+    fmt = llama8b_format(row)
+    row["kv_tokens"], row["kv_tokens_max_running_requests"] = llama8b_plan(row["kv"], fmt)
     row["kv_tokens_note"] = ("tokens of this KV format on the dummy Llama-3.1-8B at mem 0.85 (side "
                              "buffers for kv_tokens_max_running_requests rows, the default sizing, "
                              f"included): the plugin's sizing of {LLAMA8B_KV_BUDGET_SOURCE}")
+    if fmt is not None and fmt != row["format"]:
+        row["kv_tokens_note"] += f"; sized as {fmt}, what the row's OSCAR_KV_FORMAT is at head_dim 128"
 
 
 def build_row(cfg: Config, res: dict) -> dict:
     """One results row from a runner's result: {'niah': the harness JSON, 'server_cmd',
     'server_env', 'startup_s', 'niah_s', 'log', 'error'}."""
+    from oscar_sglang.runtime.kv_format import DEFAULT_KV_FORMAT
+
     row = {"name": cfg.name, "kv": cfg.kv, "format": cfg.format, "default": cfg.default,
+           # what the row asked for (its server stores it resolved for the served model's heads)
+           "format_requested": (cfg.env.get("OSCAR_KV_FORMAT") or DEFAULT_KV_FORMAT) if cfg.kv == "int2" else None,
            "body_bits_per_element": None, "kv_tokens": None, "niah": None, "niah_contains": None,
            "trials": None, "kld": None, "kld_note": KLD_NOTE, "backend": None,
            "server_args": shlex.join(res.get("server_cmd") or []), "server_env": cfg.env or {},

@@ -374,8 +374,9 @@ def test_bench_writes_the_acceptance_json(stub, tmp_path):
     cfgs = b.parse_configs("bf16,fp8_e4m3,int2,hd:OSCAR_ROTATION=hadamard")
     ns = SimpleNamespace(seed=3, concurrency=4, min_trials=100, max_tokens=16, lengths="400,800",
                          depths=None, trials=None, progress=False)
+    # the default (k4c64-v2h-s4-w128) as a server of 64-dim heads reports it
     oscar = {"bytes_per_token": 3604, "bf16_bytes_per_token": 23040, "group_size": 64,
-             "kv_format": "k3c64-v2t64", "body_bits_per_element": 3.0}
+             "kv_format": "k4c64-v2t64-s4-w128", "body_bits_per_element": 3.5}
 
     def runner(cfg, i):
         if cfg.name == "hd":
@@ -389,7 +390,7 @@ def test_bench_writes_the_acceptance_json(stub, tmp_path):
                 "startup_s": 1.0, "niah_s": 2.0, "log": f"logs/server_{cfg.name}.log"}
 
     extra = tmp_path / "extra.json"
-    extra.write_text(json.dumps({"k3c64-v2t64": {"kld": 0.05}, "bf16": {"kld": 0.0},
+    extra.write_text(json.dumps({"k4c64-v2t64-s4-w128": {"kld": 0.05}, "bf16": {"kld": 0.0},
                                  "nonesuch": {"kld": 9}}))
     out = tmp_path / "niah_server_h100.json"
     meta = {"date": "2026-11-25T06:00:00+00:00", "device": "stub", "model": "fake-model",
@@ -405,7 +406,8 @@ def test_bench_writes_the_acceptance_json(stub, tmp_path):
     by = {r["name"]: r for r in data["rows"]}
     assert [r["kv"] for r in data["rows"]] == ["bf16", "fp8_e4m3", "int2", "int2"]
     # the format is the one the server reported storing
-    assert by["int2"]["default"] and by["int2"]["format"] == "k3c64-v2t64"
+    assert by["int2"]["default"] and by["int2"]["format"] == "k4c64-v2t64-s4-w128"
+    assert by["int2"]["format_requested"] == "k4c64-v2h-s4-w128" and by["bf16"]["format_requested"] is None
     assert by["bf16"]["format"] is None and not by["bf16"]["default"]
     for name in ("bf16", "fp8_e4m3", "int2"):
         r = by[name]
@@ -414,16 +416,20 @@ def test_bench_writes_the_acceptance_json(stub, tmp_path):
         # kv_tokens: the format on the dummy Llama-3.1-8B at mem 0.85 (the served model's own count
         # stays as kv_tokens_server)
         assert r["kv_tokens_server"] == 123456 and r["backend"] == "oscar_triton"
-        assert r["kv_tokens"] == b.llama8b_kv_tokens(r["kv"], r["format"]) and "Llama-3.1-8B" in r["kv_tokens_note"]
+        # (the default's one value group per head is v2t128 on the 8B's 128-dim heads)
+        fmt_8b = "k4c64-v2t128-s4-w128" if r["kv"] == "int2" else None
+        assert r["kv_tokens"] == b.llama8b_kv_tokens(r["kv"], fmt_8b) and "Llama-3.1-8B" in r["kv_tokens_note"]
         assert r["server_args"].startswith("python -m x --port 3100")
         assert r["niah_command"].startswith("oscar-sglang eval niah --url")
     assert len({by[n]["prompts_sha256"] for n in ("bf16", "fp8_e4m3", "int2")}) == 1  # paired
     assert by["bf16"]["body_bits_per_element"] == 16.0
-    assert by["int2"]["body_bits_per_element"] == 3.0
-    # FP8 holds 2x BF16's tokens; the 3-bit format over 2x FP8's after up to 20% of the same
-    # budget went to the default side buffers (hundreds of running requests)
+    assert by["int2"]["body_bits_per_element"] == 3.5
+    assert "sized as k4c64-v2t128-s4-w128" in by["int2"]["kv_tokens_note"]
+    assert b.llama8b_kv_tokens("int2", "k4c64-v2t128-s4-w128") > b.llama8b_kv_tokens("int2", "k4c64-v2t64-s4-w128")
+    # FP8 holds 2x BF16's tokens; the 3.375-bit default over 1.8x FP8's after up to 20% of the
+    # same budget went to the default side buffers (hundreds of running requests)
     kv = {n: by[n]["kv_tokens"] for n in ("bf16", "fp8_e4m3", "int2")}
-    assert kv["fp8_e4m3"] == 2 * kv["bf16"] and kv["int2"] > 2.0 * kv["fp8_e4m3"]
+    assert kv["fp8_e4m3"] == 2 * kv["bf16"] and kv["int2"] > 1.8 * kv["fp8_e4m3"]
     assert by["int2"]["kv_tokens_max_running_requests"] >= 256
     assert by["int2"]["kld"] == 0.05 and "kld_note" not in by["int2"]
     assert by["bf16"]["kld"] == 0.0 and by["fp8_e4m3"]["kld"] is None and by["fp8_e4m3"]["kld_note"]
@@ -448,7 +454,8 @@ def test_bench_writes_the_acceptance_json(stub, tmp_path):
     fb = {r["name"]: r for r in json.loads(final.read_text())["rows"]}
     for name in ("bf16", "fp8_e4m3", "int2"):
         assert (fb[name]["kv_tokens"], fb[name]["kv_tokens_max_running_requests"]) == \
-            b.llama8b_plan(fb[name]["kv"], fb[name]["format"]) and fb[name]["niah"] == by[name]["niah"]
+            b.llama8b_plan(fb[name]["kv"], b.llama8b_format(fb[name])) and fb[name]["niah"] == by[name]["niah"]
+        assert fb[name]["kv_tokens"] == by[name]["kv_tokens"]
     assert fb["bf16"]["kv_tokens_max_running_requests"] is None
     assert fb["int2"]["kv_tokens_max_running_requests"] > 256 and fb["hd"]["kv_tokens"] == 1
 
