@@ -219,6 +219,9 @@ def probe_server(url: str, vlm: bool) -> dict:
     models = _get(url + "/v1/models")
     model = models["data"][0]["id"]
     out = {"kv_tokens": info.get("max_total_num_tokens"), "server_model": model}
+    # what the plugin says it stores (an int2 server's internal state; absent for BF16)
+    oscar = ((info.get("internal_states") or [{}])[0] or {}).get("oscar_int2") or {}
+    out["kv_format"], out["body_bits_per_element"] = oscar.get("kv_format"), oscar.get("body_bits_per_element")
     text = chat(url, model, "What is the capital of France?")
     out["chat"] = text
     if vlm:
@@ -287,7 +290,7 @@ def build_row(row: dict, int2: dict | None, bf16: dict | None, skipped: str | No
     out = {"model": row["name"], "kind": row["kind"], "config": f"launch/models/{row['config']}/config.json",
            "args": row.get("args", []), "expect": row["expect"], "why": row.get("why"),
            "status": None, "chat_ok": None, "image_ok": None, "kv_tokens_int2": None, "kv_tokens_bf16": None,
-           "message": None}
+           "kv_format": None, "body_bits_per_element": None, "message": None}
     if skipped:
         out.update(status="skipped", message=skipped)
     elif int2 is not None:
@@ -297,6 +300,7 @@ def build_row(row: dict, int2: dict | None, bf16: dict | None, skipped: str | No
             # served = it came up, answered the chat turn and is still alive
             served = bool(chat_ok) and not int2.get("error")
             out.update(status="served" if served else "failed", kv_tokens_int2=p.get("kv_tokens"),
+                       kv_format=p.get("kv_format"), body_bits_per_element=p.get("body_bits_per_element"),
                        chat_ok=chat_ok, message=int2.get("error") or (
                            None if served else f"chat: {(p.get('chat') or {}).get('error')}"))
             if row.get("vlm"):

@@ -119,7 +119,10 @@ class H(BaseHTTPRequestHandler):
         self.wfile.write(data)
     def do_GET(self):
         if self.path == "/health": return self._send({})
-        if self.path == "/server_info": return self._send({"max_total_num_tokens": 4000 if int2 else 1000})
+        if self.path == "/server_info":
+            oscar = {"oscar_int2": {"kv_format": "k4c64-v2t64-s4-w128", "body_bits_per_element": 3.5}}
+            return self._send({"max_total_num_tokens": 4000 if int2 else 1000,
+                               "internal_states": [oscar if int2 else {}]})
         if self.path == "/v1/models": return self._send({"data": [{"id": model}]})
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -165,6 +168,7 @@ def test_json_rows_from_stand_in_servers(tmp_path, monkeypatch):
     assert (r["status"], r["chat_ok"], r["image_ok"], r["kv_tokens_int2"], r["kv_tokens_bf16"]) == \
         ("served", True, None, 4000, 1000), r.get("bf16_error")
     assert r["kv_ratio_int2_vs_bf16"] == 4.0 and r["as_expected"] and r["message"] is None
+    assert (r["kv_format"], r["body_bits_per_element"]) == ("k4c64-v2t64-s4-w128", 3.5)  # the plugin's report
     v = rows["qwen2.5-vl-7b"]
     assert v["status"] == "served" and v["chat_ok"] and v["image_ok"] and v["kind"] == "vlm"
     assert v["image_detail"]["prompt_tokens"] == 14 and v["image_detail"]["prompt_tokens_without_image"] == 10
@@ -172,6 +176,7 @@ def test_json_rows_from_stand_in_servers(tmp_path, monkeypatch):
     assert g["status"] == "refused" and g["as_expected"] and g["kv_tokens_int2"] is None
     assert g["message"].startswith("--kv-cache-dtype int2 cannot start:") and "sliding-window" in g["message"]
     assert g["kv_tokens_bf16"] is None  # no BF16 start for a refused row unless asked
+    assert g["kv_format"] is None  # nothing was stored
     f = rows["gemma-7b"]
     assert f["status"] == "failed" and not f["as_expected"] and "stand-in crash" in f["message"]
     t = rows["llama31-8b-tp2"]
