@@ -182,6 +182,9 @@ def test_json_rows_from_stand_in_servers(tmp_path, monkeypatch):
     t = rows["llama31-8b-tp2"]
     assert t["status"] == "skipped" and "needs 2 GPUs, 1 visible" in t["message"]
     assert rc == 1  # gemma-7b failed
+    # rows ran in the order asked (results above are in matrix order)
+    ran = [Path(c[c.index("--model-path") + 1]).name for c in seen if "int2" in c]
+    assert ran == ["llama32-1b", "qwen2.5-vl-7b", "gemma2-2b", "gemma-7b", "qwen3-30b-a3b"]
     # the real commands: int2 flags, the row's flags, the work folder as model and tokenizer
     vlm_int2 = next(c for c in seen if "qwen2.5-vl-7b" in c[c.index("--model-path") + 1] and "int2" in c)
     assert "--mm-attention-backend" in vlm_int2 and "oscar_triton" in vlm_int2 and "dummy" in vlm_int2
@@ -225,3 +228,10 @@ def test_small_vocabulary_models_get_a_tokenizer_that_stays_inside_it(tmp_path):
     chat = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True)
     chat = chat["input_ids"] if isinstance(chat, dict) or hasattr(chat, "keys") else chat
     assert max(chat) < vocab
+
+
+def test_deadline_estimate_leaves_out_the_first_row_once_others_ran():
+    assert cov.next_row_estimate([]) == 0.0
+    assert cov.next_row_estimate([223.0]) == 223.0  # nothing else known yet
+    assert cov.next_row_estimate([223.0, 59.0, 92.0]) == 92.0  # the cold start does not count
+    assert cov.next_row_estimate([50.0, 190.0]) == 190.0
