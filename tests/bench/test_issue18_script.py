@@ -1,0 +1,60 @@
+"""bench/issue18_h100.sh: the acceptance runner's settings are ones the benchmarks accept.
+
+It runs on the H100 only, so what CI can check is what it would hand to the Python benchmarks:
+the NIAH configurations parse and each INT2 format resolves, the serving pair's configurations
+exist, and an unknown stage stops it before any work."""
+import os
+import re
+import subprocess
+import sys
+
+from tests import ROOT
+
+SCRIPT = ROOT / "bench" / "issue18_h100.sh"
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def _script_value(name: str) -> str:
+    """A variable the script sets at its top level, as bash expands it."""
+    text = SCRIPT.read_text()
+    m = re.search(rf"^{name}=\"(.*?)\"$", text, flags=re.S | re.M)
+    assert m, name
+    out = subprocess.run(["bash", "-c", f'{name}="{m.group(1)}"; printf %s "${name}"'],
+                         capture_output=True, text=True, check=True)
+    return out.stdout
+
+
+def test_niah_configurations_parse_and_every_format_resolves():
+    import niah_server
+    from oscar_sglang.runtime.kv_format import DEFAULT_KV_FORMAT, resolve
+
+    configs = niah_server.parse_configs(_script_value("NIAH_CONFIGS"))
+    names = [c.name for c in configs]
+    assert names[:3] == ["bf16", "fp8_e4m3", "int2"] and len(names) == len(set(names)) == 8
+    assert [c.name for c in configs if c.default] == ["int2"]
+    formats = {c.name: c.env.get("OSCAR_KV_FORMAT") for c in configs if c.kv == "int2"}
+    assert formats["int2"] is None  # the served default, whatever it is
+    assert "k3c64-v2t64-s4-w128" in formats.values()  # the previous default beside it
+    served = {name: resolve(fmt or "", head_dim=64, v_head_dim=64, num_layers=30, group_size=64).name
+              for name, fmt in formats.items()}  # on SmolLM2's geometry: 30 layers of 64-dim heads
+    assert served["int2"] == resolve(DEFAULT_KV_FORMAT, head_dim=64, v_head_dim=64, num_layers=30,
+                                     group_size=64).name
+    assert len(set(served.values())) == len(served), served  # eight different caches
+
+
+def test_serving_pair_configurations_exist():
+    from _serving_server import CONFIGS
+
+    text = SCRIPT.read_text()
+    default = re.search(r"\$\{CONFIGS:-([^}]*)\}", text).group(1)
+    assert default.split(",") == ["int2", "int2-token-splits64", "int2-k3c64-v2t64"]
+    assert set(default.split(",")) <= set(CONFIGS)
+
+
+def test_an_unknown_stage_stops_before_any_work(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path / "out")}
+    r = subprocess.run(["bash", str(SCRIPT), "kernels", "warmup"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "unknown stage 'warmup'" in r.stdout
+    assert not (tmp_path / "out").exists()  # not even the results folder: "kernels" did not start
+    r = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and r.stdout.startswith("usage:")
