@@ -340,7 +340,8 @@ def visible_gpus() -> int:
 def next_row_estimate(took: list[float]) -> float:
     """How long the next row may take: the longest row so far, leaving out the first one once
     others have run (it pays the machine's one-time compiles: on a bare H200 on 2026-11-29 the
-    first start took 223 s, 88 s of it FlashInfer's JIT, and most later rows 55-92 s)."""
+    first start took 223 s, 88 s of it the prefill warm-up's compiles, and most later rows
+    55-92 s)."""
     return max(took[1:] or took or [0.0])
 
 
