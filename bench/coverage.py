@@ -65,6 +65,7 @@ DEFAULT_SERVER_ARGS = ("--load-format dummy --sampling-backend pytorch --grammar
 KV_ARGS = {"int2": ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton"],
            "bf16": ["--attention-backend", "triton"]}
 REFUSAL = re.compile(r"--kv-cache-dtype int2 cannot start:\n(?:[ \t]+- .*\n?)+")
+WARMUP = re.compile(r"OSCAR INT2: prefill kernels compiled at start \(([\d.]+) s\)")  # the backend's warm-up line
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 # Qwen2-VL's special tokens and ids (the same in every Qwen2 / Qwen2.5 tokenizer)
 QWEN_VISION_TOKENS = (("<|vision_start|>", 151652), ("<|vision_end|>", 151653), ("<|vision_pad|>", 151654),
@@ -222,6 +223,7 @@ def probe_server(url: str, vlm: bool) -> dict:
     # what the plugin says it stores (an int2 server's internal state; absent for BF16)
     oscar = ((info.get("internal_states") or [{}])[0] or {}).get("oscar_int2") or {}
     out["kv_format"], out["body_bits_per_element"] = oscar.get("kv_format"), oscar.get("body_bits_per_element")
+    out["triton_compiled_at_start_s"] = (oscar.get("compiled_at_start") or {}).get("s")
     text = chat(url, model, "What is the capital of France?")
     out["chat"] = text
     if vlm:
@@ -275,6 +277,9 @@ def run_server(model: Path, kv: str, row: dict, port: int, args, log_dir: Path) 
             res.update(up=False, refusal=refusal_message(text), error=last_error(text))
             return res
         res["up"] = True
+        # where a long start went: the plugin's prefill warm-up (its log line; not in /server_info)
+        m = WARMUP.search(log.read_text(errors="replace")) if log.exists() else None
+        res["prefill_warmup_s"] = float(m.group(1)) if m else None
         try:
             res["probe"] = probe_server(srv.url, bool(row.get("vlm")))
         except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as e:
@@ -313,6 +318,8 @@ def build_row(row: dict, int2: dict | None, bf16: dict | None, skipped: str | No
         else:
             out.update(status="failed", message=int2.get("error"))
         out["int2_startup_s"] = int2.get("startup_s")
+        out["int2_prefill_warmup_s"] = int2.get("prefill_warmup_s")
+        out["int2_triton_compiled_at_start_s"] = (int2.get("probe") or {}).get("triton_compiled_at_start_s")
         out["int2_log"] = int2.get("log")
     if bf16 is not None:
         p = bf16.get("probe") or {}

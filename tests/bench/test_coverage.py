@@ -111,6 +111,8 @@ if int2 and ((cfg.get("sliding_window") and cfg.get("use_sliding_window", True))
 if cfg["model_type"] == "gemma":
     print("RuntimeError: stand-in crash for gemma", flush=True)
     sys.exit(1)
+if int2:
+    print("[2026-11-29 14:30:24] OSCAR INT2: prefill kernels compiled at start (2.9 s)", flush=True)
 class H(BaseHTTPRequestHandler):
     def log_message(self, *x): pass
     def _send(self, body):
@@ -120,7 +122,8 @@ class H(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/health": return self._send({})
         if self.path == "/server_info":
-            oscar = {"oscar_int2": {"kv_format": "k4c64-v2t64-s4-w128", "body_bits_per_element": 3.5}}
+            oscar = {"oscar_int2": {"kv_format": "k4c64-v2t64-s4-w128", "body_bits_per_element": 3.5,
+                                    "compiled_at_start": {"variants": 3, "s": 6.3, "kernels": []}}}
             return self._send({"max_total_num_tokens": 4000 if int2 else 1000,
                                "internal_states": [oscar if int2 else {}]})
         if self.path == "/v1/models": return self._send({"data": [{"id": model}]})
@@ -169,6 +172,7 @@ def test_json_rows_from_stand_in_servers(tmp_path, monkeypatch):
         ("served", True, None, 4000, 1000), r.get("bf16_error")
     assert r["kv_ratio_int2_vs_bf16"] == 4.0 and r["as_expected"] and r["message"] is None
     assert (r["kv_format"], r["body_bits_per_element"]) == ("k4c64-v2t64-s4-w128", 3.5)  # the plugin's report
+    assert (r["int2_prefill_warmup_s"], r["int2_triton_compiled_at_start_s"]) == (2.9, 6.3)  # log line, /server_info
     v = rows["qwen2.5-vl-7b"]
     assert v["status"] == "served" and v["chat_ok"] and v["image_ok"] and v["kind"] == "vlm"
     assert v["image_detail"]["prompt_tokens"] == 14 and v["image_detail"]["prompt_tokens_without_image"] == 10
