@@ -27,6 +27,8 @@ report = vs.report
 
 TOTAL, CTX, MRR, SIDE = 100_000, 40_000, 8, 1 << 20
 VOCAB = 5000
+# what the plugin reports an int2 server stores (other caches report no format)
+STORED = {"int2": {"kv_format": "k4c64-v2t128-s4-w128", "body_bits_per_element": 3.375}}
 
 
 def make_handler(st: dict):
@@ -42,7 +44,7 @@ def make_handler(st: dict):
                     "max_total_num_tokens": TOTAL, "context_length": CTX, "kv_cache_dtype": st["kv"],
                     "attention_backend": "stub", "disable_radix_cache": False,
                     "internal_states": [{"effective_max_running_requests_per_dp": MRR,
-                                         "oscar_int2": {"tokens_free": TOTAL - used,
+                                         "oscar_int2": {"tokens_free": TOTAL - used, **STORED.get(st["kv"], {}),
                                                         "side_bytes_free": SIDE - st["side_leaked"],
                                                         "compiled_while_serving": list(st["compiles"])}}]})
             if self.path == "/v1/loads":
@@ -177,6 +179,7 @@ def test_rows_written_after_each_measurement_and_merged_across_calls(stubs, tmp_
         for f in ("output_tok_s", "ttft_p50_s", "tpot_p50_ms", "max_running_requests", "kv_tokens"):
             assert r[f] is not None, f
         assert r["max_running_requests"] == MRR and r["kv_tokens"] == TOTAL and r["pool_leak_tokens"] == 0
+        assert (r["kv_format"], r["body_bits_per_element"]) == ("k4c64-v2t128-s4-w128", 3.375)
     assert thr["output_tok_s"] == pytest.approx(3 * 8 / thr["duration_s"])
     assert ab["streams"] == 6 and ab["aborted"] == 6 == a["aborts_seen"] and ab["pool_leak_tokens"] == 0
     assert ab["side_free_leak"] == {} and ab["pool_end"]["other_free"] == {"side_bytes_free": SIDE}
@@ -186,6 +189,8 @@ def test_rows_written_after_each_measurement_and_merged_across_calls(stubs, tmp_
     assert {vs.row_key(r) for r in doc2["rows"]} == set(keys) | {
         ("3x64+8", "fp8_e4m3", "triton", "fp8-splits64"), ("6x64+400 aborted", "fp8_e4m3", "triton", "fp8-splits64")}
     assert len(doc2["calls"]) == 2
+    fp8_row = next(r for r in doc2["rows"] if vs.row_key(r) == ("3x64+8", "fp8_e4m3", "triton", "fp8-splits64"))
+    assert fp8_row["kv_format"] is None and fp8_row["body_bits_per_element"] is None
     e = doc2["summary"]["per_load"]["3x64+8"]
     assert e["fp8_best_backend"] == "triton"
     assert e["int2_vs_fp8_best"] == pytest.approx(thr["output_tok_s"] / doc2["rows"][-2]["output_tok_s"])
@@ -359,6 +364,12 @@ def test_report_renders_table_plot_and_doc_block(tmp_path, seed):
     for load in report.TPOT_TARGETS:
         assert f"| {load} | " in text and f"{s['per_load'][load]['int2_tpot_vs_fp8_best']:.2f}x" in text
     assert "![output tok/s vs concurrency](img/serving_vs_fp8_h100.png)" in text
+    assert "stored as" not in text  # these rows record no format (runs before 2026-11-29)
+    # rows that record the stored format name it in the header (the default changes between runs)
+    fmt = rng.choice(["k4c64-v2t128-s4-w128", "k3c64-v2t64-s4-w128"])
+    named = [{**r, "kv_format": fmt, "body_bits_per_element": 3.375} if r["kv"] == "int2" else r for r in rows]
+    head = report.markdown({**doc, "rows": named}, "x.json", None).split("\n")[0]
+    assert f"(default format, stored as `{fmt}` (3.375 bits); configuration `int2`)" in head
     # --resummarize stores the summary the current rules give (the run's own may be older)
     res.write_text(json.dumps({**doc, "summary": {"checks": {}}}))
     assert vs.main(["report", str(res), "--img-dir", str(tmp_path / "img"), "--resummarize"]) == 0
