@@ -13,6 +13,9 @@ Phases (all on dummy-weight Qwen3-8B from the devkit, same --mem-fraction-static
 
     source .devkit/device-env.sh && python bench/server_e2e.py --out $OUT/e2e
 
+--tp 2 (on nvidia-h200-x2) runs every phase with tensor parallelism 2; each rank taps its own KV
+heads (OSCAR_DEBUG_TAP_DIR/rank<r>) and the noradix row checks every rank's attention output.
+
 Writes OUT/results.json (bench/_results.py: date, device, model, command, one row per phase) after
 every phase (a cut-off run keeps what it measured) and the logs; kept runs go to
 bench/results/server_e2e/<date>_<time>.json.
@@ -49,13 +52,16 @@ LAUNCHERS = {
 
 # --skip-tokenizer (set by main): no tokenizer files needed (lets the call carry less), no chat API
 NO_TOKENIZER = False
+# --tp (set by main): tensor parallel size of every server
+TP = 1
 
 
 def server_cmd(model: str, port: int, mem: float, *extra: str, launcher: str = "launch_server") -> list[str]:
     tok = ["--skip-tokenizer-init"] if NO_TOKENIZER else ["--tokenizer-path", str(MODELS / "smollm2-135m")]
     extra = [x for x in extra if not (NO_TOKENIZER and x == "--skip-tokenizer-init")]
+    tp = ["--tp-size", str(TP)] if TP > 1 else []
     return [*LAUNCHERS[launcher], "--model-path", str(MODELS / model), *tok,
-            "--mem-fraction-static", str(mem), "--port", str(port), *FLAGS, *extra]
+            "--mem-fraction-static", str(mem), "--port", str(port), *FLAGS, *tp, *extra]
 
 
 def wait_log(srv: ServerProcess, pattern: str, timeout: float = 300.0) -> re.Match:
@@ -163,11 +169,12 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=31000)
     ap.add_argument("--no-concurrent", action="store_true", help="skip the 64-request runs")
     ap.add_argument("--skip-tokenizer", action="store_true", help="no tokenizer: skip the chat/text API checks")
+    ap.add_argument("--tp", type=int, default=1, help="tensor parallel size of every server (GPUs needed)")
     a = ap.parse_args()
-    global NO_TOKENIZER
-    NO_TOKENIZER = a.skip_tokenizer
+    global NO_TOKENIZER, TP
+    NO_TOKENIZER, TP = a.skip_tokenizer, a.tp
     a.out.mkdir(parents=True, exist_ok=True)
-    res: dict = _results.document(a.model, [], mem_fraction_static=a.mem)
+    res: dict = _results.document(a.model, [], mem_fraction_static=a.mem, tp_size=a.tp)
 
     def save():
         _results.write(a.out / "results.json", res)
@@ -245,13 +252,17 @@ def main() -> int:
                 time.sleep(8)  # let SGLang's own warm-up request finish: the tap wants batch size 1
                 rng = random.Random(7)
                 ids = [rng.randrange(100, 40000) for _ in range(10000)]
-                before = set(tap.glob("extend_*.pt")) if tap.exists() else set()
+                before = set(tap.glob("rank*/extend_*.pt"))
                 g = post_json(srv.url + "/generate", {"input_ids": ids, "sampling_params": {
                     "max_new_tokens": 4, "ignore_eos": True}}, timeout=300)
                 r["tap_request_ok"] = g["meta_info"]["completion_tokens"] == 4
                 time.sleep(1)
-                files = sorted(set(tap.glob("extend_*.pt")) - before)
-                r["accuracy"] = analyse_tap(tap / "meta.pt", files)
+                accs = analyse_ranks(tap, before)
+                r["tap_ranks"] = [acc["rank"] for acc in accs]
+                r["accuracy"] = accs[0] if accs else None  # rank 0 (the only one without --tp)
+                if TP > 1:
+                    r["accuracy_other_ranks"] = accs[1:]
+                r["accuracy_ok"] = len(accs) == TP and all(acc["ok"] for acc in accs)
                 print("accuracy:", json.dumps(r["accuracy"])[:800], flush=True)
                 save()
                 if not a.no_concurrent:
@@ -275,6 +286,16 @@ def main() -> int:
     save()
     print(json.dumps(res, indent=1, default=str)[:6000])
     return 0
+
+
+def analyse_ranks(tap: Path, before: set) -> list[dict]:
+    """analyse_tap for every rank folder the tap wrote (rank order), files new since `before`."""
+    dirs = sorted(tap.glob("rank*"), key=lambda d: int(d.name[len("rank"):]))
+    out = []
+    for d in dirs:
+        acc = analyse_tap(d / "meta.pt", sorted(set(d.glob("extend_*.pt")) - before))
+        out.append({"rank": int(d.name[len("rank"):]), **acc})
+    return out
 
 
 def analyse_tap(meta_path: Path, files: list[Path]) -> dict:

@@ -4,7 +4,8 @@ float64 references they are checked against (used by bench/server_e2e.py).
 Enabled only by OSCAR_DEBUG_TAP_DIR (a directory) and OSCAR_DEBUG_TAP_LAYER (a global layer id).
 It runs in eager forwards only (prefill / extend); CUDA-graph replays never execute Python, and a
 capture is skipped. Each call of the tapped layer with batch size 1 saves q, k, v (model space,
-as the backend received them), the backend's output, and the positions / own_start it used.
+as the backend received them), the backend's output, and the positions / own_start it used,
+under OSCAR_DEBUG_TAP_DIR/rank<r> (r = the attention TP rank: each rank taps its own KV heads).
 """
 from __future__ import annotations
 
@@ -29,12 +30,18 @@ def enabled(layer_id: int) -> bool:
     )
 
 
+def rank_dir(pool) -> str:
+    """This rank's folder: ranks of a TP server are separate processes with the same TAP_DIR."""
+    return os.path.join(TAP_DIR, f"rank{int(pool.info.get('attn_tp', (0, 1))[0])}")
+
+
 def record_extend(backend, layer, fb, q3, k3, v3, o) -> None:
     global _meta_saved
     if fb.batch_size != 1:
         return
-    os.makedirs(TAP_DIR, exist_ok=True)
     pool = backend.pool
+    out_dir = rank_dir(pool)
+    os.makedirs(out_dir, exist_ok=True)
     i = pool.local(layer.layer_id)
     if not _meta_saved:
         torch.save(
@@ -47,7 +54,7 @@ def record_extend(backend, layer, fb, q3, k3, v3, o) -> None:
                 "v_group": pool.kv_format.v_group, "sm_scale": layer.scaling,
                 "info": {k: v for k, v in pool.info.items() if k != "env"},
             },
-            os.path.join(TAP_DIR, "meta.pt"),
+            os.path.join(out_dir, "meta.pt"),
         )
         _meta_saved = True
     torch.save(
@@ -57,7 +64,7 @@ def record_extend(backend, layer, fb, q3, k3, v3, o) -> None:
             "prefix": int(fb.extend_prefix_lens[0]), "seq_len": int(fb.seq_lens[0]),
             "row": int(fb.req_pool_indices[0]), "own_start": int(backend.pool.own_start[fb.req_pool_indices[0]]),
         },
-        os.path.join(TAP_DIR, f"extend_{next(_counter):05d}.pt"),
+        os.path.join(out_dir, f"extend_{next(_counter):05d}.pt"),
     )
 
 
