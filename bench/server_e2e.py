@@ -314,6 +314,9 @@ def analyse_tap(meta_path: Path, files: list[Path]) -> dict:
     out["ok"] = bool(cs) and all(
         c["rel_err_server_vs_int2_emulation"] <= 0.03
         and c["rel_err_server_vs_bf16"] <= 1.5 * c["rel_err_int2_emulation_vs_bf16"] + 0.02
+        # the stored prefix read back (per-channel formats): BF16 rounding of the dequantised body
+        and c.get("rel_err_stored_k_vs_emulation", 0.0) <= 0.02
+        and c.get("rel_err_stored_v_vs_emulation", 0.0) <= 0.02
         for c in cs)
     return out
 

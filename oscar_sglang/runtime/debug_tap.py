@@ -4,8 +4,11 @@ float64 references they are checked against (used by bench/server_e2e.py).
 Enabled only by OSCAR_DEBUG_TAP_DIR (a directory) and OSCAR_DEBUG_TAP_LAYER (a global layer id).
 It runs in eager forwards only (prefill / extend); CUDA-graph replays never execute Python, and a
 capture is skipped. Each call of the tapped layer with batch size 1 saves q, k, v (model space,
-as the backend received them), the backend's output, and the positions / own_start it used,
-under OSCAR_DEBUG_TAP_DIR/rank<r> (r = the attention TP rank: each rank taps its own KV heads).
+as the backend received them), the backend's output, the positions / own_start it used and, for
+per-channel key formats, the cached prefix as its reader sees it (read back from the pool with the
+dequant op of the FlashInfer prefix path, rotated space), under OSCAR_DEBUG_TAP_DIR/rank<r> (r =
+the attention TP rank: each rank taps its own KV heads). The read-back checks the stored keys
+directly: on dummy weights the scores are too small for the keys to move the output.
 """
 from __future__ import annotations
 
@@ -35,6 +38,24 @@ def rank_dir(pool) -> str:
     return os.path.join(TAP_DIR, f"rank{int(pool.info.get('attn_tp', (0, 1))[0])}")
 
 
+def stored_prefix(backend, layer, fb, prefix_len: int):
+    """(K, V) [prefix_len, H, D] of request 0's cached prefix as the reader sees it (sink / ring
+    copies, the body dequantised), in the pool's rotated space; None for the per-token layout."""
+    pool = backend.pool
+    if not pool.channel or prefix_len == 0:
+        return None
+    from oscar_kernels import ops
+
+    kw = {k: v for k, v in backend._cached_kv_args(layer, fb).items() if k != "sm_scale"}
+    k_out = torch.empty((prefix_len, *kw["sink_k"].shape[-2:]), dtype=kw["sink_k"].dtype, device=kw["sink_k"].device)
+    v_out = torch.empty((prefix_len, *kw["sink_v"].shape[-2:]), dtype=kw["sink_v"].dtype, device=kw["sink_v"].device)
+    dev = k_out.device
+    ops.dequant_prefix_channel(piece_lo=torch.zeros(1, dtype=torch.int32, device=dev),
+                               out_indptr=torch.tensor([0, prefix_len], dtype=torch.int32, device=dev),
+                               out_k=k_out, out_v=v_out, max_piece_len=prefix_len, **kw)
+    return k_out, v_out
+
+
 def record_extend(backend, layer, fb, q3, k3, v3, o) -> None:
     global _meta_saved
     if fb.batch_size != 1:
@@ -57,11 +78,14 @@ def record_extend(backend, layer, fb, q3, k3, v3, o) -> None:
             os.path.join(out_dir, "meta.pt"),
         )
         _meta_saved = True
+    prefix = int(fb.extend_prefix_lens[0])
+    seen = stored_prefix(backend, layer, fb, prefix)  # before this chunk is stored (the caller stores after)
     torch.save(
         {
+            "prefix_k": None if seen is None else seen[0].cpu(), "prefix_v": None if seen is None else seen[1].cpu(),
             "q": q3.detach().cpu(), "k": k3.detach().cpu(), "v": v3.detach().cpu(),
             "o": o.detach().reshape(q3.shape[0], q3.shape[1], -1).cpu(),
-            "prefix": int(fb.extend_prefix_lens[0]), "seq_len": int(fb.seq_lens[0]),
+            "prefix": prefix, "seq_len": int(fb.seq_lens[0]),
             "row": int(fb.req_pool_indices[0]), "own_start": int(backend.pool.own_start[fb.req_pool_indices[0]]),
         },
         os.path.join(out_dir, f"extend_{next(_counter):05d}.pt"),
@@ -139,5 +163,8 @@ def check_request(meta: dict, chunks: list[dict]) -> dict:
             "rel_err_int2_emulation_vs_bf16": _rel(o_emul, o_bf16),
             "rel_err_server_vs_int2_emulation": _rel(o, o_emul),
         })
+        if c.get("prefix_k") is not None:  # the stored prefix itself, keys included
+            out[-1]["rel_err_stored_k_vs_emulation"] = _rel(c["prefix_k"], Kp)
+            out[-1]["rel_err_stored_v_vs_emulation"] = _rel(c["prefix_v"], Vp)
     return {"chunks": out, "head_dim": D, "kv_heads": H, "q_heads": chunks[0]["q"].shape[1],
             "sm_scale_check": math.isclose(sm, 1 / math.sqrt(D), rel_tol=1e-3)}

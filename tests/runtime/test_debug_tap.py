@@ -5,7 +5,10 @@ record_extend (its own KV heads, rotations and folder), with an attention output
 independently of check_request: in the rotated space (q R_k against the stored keys, new tokens
 rotated too, then o R_v^T), where check_request reasons in model space for the new tokens. The
 check must find that output equal to its INT2 emulation (up to BF16 rounding), the INT2 error
-against exact attention well above that, and an output that forgot R_v^T wrong.
+against exact attention well above that, and an output that forgot R_v^T wrong; likewise a stored
+prefix read back as the design says, and one whose keys were stored unrotated. Then the real
+backend (TRITON_INTERPRET, one layer, per-channel keys) prefills a request in two chunks with the
+tap on: its read-back prefix must be what the format says the reader sees.
 """
 import importlib.util
 import itertools
@@ -19,6 +22,8 @@ from oscar_kernels import reference as ref
 from oscar_kernels.format import KVFormat
 from oscar_sglang.runtime import debug_tap
 from tests import ROOT
+
+from .test_backend import backend_cls  # noqa: F401  (fixture)
 
 sys.path.insert(0, str(ROOT / "bench"))
 _spec = importlib.util.spec_from_file_location("server_e2e", ROOT / "bench" / "server_e2e.py")
@@ -59,7 +64,7 @@ def _server_output(q, k, v, P, E, rk, rv, fmt, v_clip, unrotate=True):
     return torch.einsum("thd,hed->the", o_rot, rv_q)  # o R_v^T per head
 
 
-def _record_rank(monkeypatch, tmp_path, rank, gen, forget_v_unrotation=False):
+def _record_rank(monkeypatch, tmp_path, rank, gen, forget_v_unrotation=False, unrotated_keys=False):
     fmt = KVFormat.parse(NAME, D)
     rk, rv = _orthogonal(H_LOCAL, D, gen), _orthogonal(H_LOCAL, D, gen)
     v_clip = 0.95
@@ -74,6 +79,14 @@ def _record_rank(monkeypatch, tmp_path, rank, gen, forget_v_unrotation=False):
     monkeypatch.setattr(debug_tap, "_counter", itertools.count())
     q, k, v = _request(gen, CHUNKS[-1][1])
     layer = SimpleNamespace(layer_id=LAYER, scaling=D ** -0.5)
+
+    def stored(backend, layer_, fb, P):  # the pool read back, as the design stores it (or not)
+        kr = torch.einsum("thd,hde->the", k.float(), torch.eye(D).expand(H_LOCAL, D, D) if unrotated_keys else rk).bfloat16().float()
+        vr = torch.einsum("thd,hde->the", v.float(), rv).bfloat16().float()
+        return (ref.format_request_kv(kr, fmt, "k", P, layer=LAYER, clip_ratio=1.0).bfloat16(),
+                ref.format_request_kv(vr, fmt, "v", P, layer=LAYER, clip_ratio=v_clip).bfloat16())
+
+    monkeypatch.setattr(debug_tap, "stored_prefix", stored)
     for P, end in CHUNKS:
         E = end - P
         o = _server_output(q, k, v, P, E, rk, rv, fmt, v_clip, unrotate=not forget_v_unrotation)
@@ -102,6 +115,7 @@ def test_each_rank_taps_into_its_own_folder_and_checks_out(monkeypatch, tmp_path
             # the INT2 body's own error is far above that: the check can tell the two apart
             assert c["rel_err_int2_emulation_vs_bf16"] > 3 * c["rel_err_server_vs_int2_emulation"], c
             assert c["rel_err_server_vs_bf16"] == pytest.approx(c["rel_err_int2_emulation_vs_bf16"], rel=0.2)
+            assert c["rel_err_stored_k_vs_emulation"] < 0.01 and c["rel_err_stored_v_vs_emulation"] < 0.01, c
         assert a["ok"]
 
 
@@ -112,6 +126,68 @@ def test_an_output_left_in_the_rotated_space_fails_the_check(monkeypatch, tmp_pa
     good, bad = e2e.analyse_ranks(tmp_path / "tap", set())
     assert good["ok"] and not bad["ok"]
     assert all(c["rel_err_server_vs_int2_emulation"] > 0.5 for c in bad["chunks"])
+
+
+def test_keys_stored_without_their_rotation_fail_the_check(monkeypatch, tmp_path, seed):
+    gen = torch.Generator().manual_seed(seed)
+    _record_rank(monkeypatch, tmp_path, 0, gen)
+    _record_rank(monkeypatch, tmp_path, 1, gen, unrotated_keys=True)
+    good, bad = e2e.analyse_ranks(tmp_path / "tap", set())
+    assert good["ok"] and not bad["ok"]
+    for c in bad["chunks"]:
+        assert c["rel_err_stored_k_vs_emulation"] > 0.5 and c["rel_err_stored_v_vs_emulation"] < 0.01, c
+
+
+def test_the_backend_taps_the_prefix_its_reader_sees(backend_cls, monkeypatch, tmp_path, seed):
+    """A real pool and backend (tests/runtime/test_backend_channel.py's one-layer setup: blocks of
+    32, sink 4, ring 32): a request of 110 tokens prefilled as 70 + 40 with the tap on; the second
+    chunk's reader sees the sink, positions 4-37 from the quantised blocks 0-1, the ring after."""
+    from oscar_sglang.runtime.pool import note_new_rows
+
+    from .test_backend import H as H1, Hq as Hq1, _heavy, _rot
+    from .test_backend_channel import B, D as D1, _make, _seen
+
+    monkeypatch.setattr(debug_tap, "TAP_DIR", str(tmp_path / "tap"))
+    monkeypatch.setattr(debug_tap, "TAP_LAYER", 0)
+    monkeypatch.setattr(debug_tap, "_meta_saved", False)
+    monkeypatch.setattr(debug_tap, "_counter", itertools.count())
+    b, pool, layer, Rk, Rv = _make(backend_cls)
+    pool.info["attn_tp"] = [0, 1]
+    row, n, cut = 1, 110, 70
+    k, v = _heavy(n, D1), _heavy(n, D1)
+    q = torch.randn(n, Hq1, D1).bfloat16().float()
+    b.req_to_token = torch.zeros(4, 128, dtype=torch.int64)
+    b.req_to_token[row, :n] = torch.arange(B, B + n)  # page-aligned slots, as SGLang's allocator gives
+    for s, e in ((0, cut), (cut, n)):
+        pre, ext = torch.tensor([s]), torch.tensor([e - s])
+        fb = SimpleNamespace(
+            batch_size=1, req_pool_indices=torch.tensor([row]), seq_lens=pre + ext, extend_seq_lens=ext,
+            extend_prefix_lens=pre, extend_prefix_lens_cpu=pre.tolist(), extend_seq_lens_cpu=ext.tolist(),
+            positions=torch.arange(s, e), out_cache_loc=b.req_to_token[row, s:e],
+            forward_mode=SimpleNamespace(is_extend=lambda: True))
+        if s == 0:
+            note_new_rows([row], [0])
+        b.forward_metadata = SimpleNamespace(
+            qo_indptr=torch.tensor([0, e - s]), kv_indptr=torch.tensor([0, s], dtype=torch.int32),
+            kv_indices=b.req_to_token[row, :s], max_extend_len=e - s)
+        b._prepare_forward(fb)
+        b.forward_extend(q[s:e].reshape(-1, Hq1 * D1), k[s:e].reshape(-1, H1 * D1), v[s:e].reshape(-1, H1 * D1),
+                         layer, fb)
+    d = tmp_path / "tap" / "rank0"
+    first, second = (torch.load(d / f"extend_0000{i}.pt", weights_only=False) for i in (0, 1))
+    assert first["prefix_k"] is None and second["prefix"] == cut
+    want_k = _seen(_rot(k, Rk)[:cut], "k", cut, 0, 0)  # what the format says a reader of 70 keys sees
+    want_v = _seen(_rot(v, Rv)[:cut], "v", cut, 0, 0)
+    assert second["prefix_k"].shape == (cut, H1, D1)
+    # the body differs from the BF16 copies (so the comparison sees the quantisation), the sink does not
+    assert not torch.allclose(want_k[4:38], _rot(k, Rk)[4:38].double(), atol=1e-3)
+    assert torch.equal(second["prefix_k"][:4].double(), _rot(k, Rk)[:4].double())
+    assert (second["prefix_k"].double() - want_k).abs().max() <= 0.02 * want_k.abs().max()
+    assert (second["prefix_v"].double() - want_v).abs().max() <= 0.02 * want_v.abs().max()
+    acc = e2e.analyse_tap(d / "meta.pt", [d / "extend_00000.pt", d / "extend_00001.pt"])
+    (c,) = acc["chunks"]
+    assert c["rel_err_stored_k_vs_emulation"] < 0.01 and c["rel_err_stored_v_vs_emulation"] < 0.01, c
+    assert c["rel_err_server_vs_int2_emulation"] < 0.02 and acc["ok"], c
 
 
 def test_tap_is_off_without_its_folder(monkeypatch):
