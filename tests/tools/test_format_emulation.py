@@ -1,5 +1,6 @@
 """The emulation running a KVFormat exactly as the served cache would (EmulationConfig.kv_format),
 and the format study's command line."""
+import random
 import subprocess
 import sys
 
@@ -119,7 +120,7 @@ def test_study_cases_run_in_whole_rounds_of_depths():
         assert [c.depth for c in rnd] == depths and {c.trial for c in rnd} == {r}
 
 
-def test_study_merge_adds_rows_and_refuses_other_windows():
+def test_study_merge_adds_rows_and_refuses_other_windows(seed):
     base = {"model": "m", "device": "cpu", "fidelity": {"windows": 2}, "rows": [{"format": "bf16"}],
             "answers": {"bf16": ["a"]}, "command": "c1", "date": "d1", "seconds": 1.0}
     new = {"model": "m", "device": "cpu", "fidelity": {"windows": 2}, "rows": [{"format": "x"}],
@@ -129,6 +130,14 @@ def test_study_merge_adds_rows_and_refuses_other_windows():
     assert out["command"] == ["c1", "c2"] and out["seconds"] == 3.0 and set(out["answers"]) == {"bf16", "x"}
     with pytest.raises(SystemExit, match="fidelity"):
         format_study._merged(base, dict(new, fidelity={"windows": 3}))
+    # the reference perplexity, recomputed by each run, may differ in its last digits only
+    ref = 10 + random.random()
+    b2, n2 = dict(base, fidelity={"windows": 2, "ppl_ref": ref}), dict(new, fidelity={"windows": 2, "ppl_ref": ref * (1 + 1e-7)})
+    assert format_study._merged(b2, n2)["fidelity"] == {"windows": 2, "ppl_ref": ref}
+    with pytest.raises(SystemExit, match="fidelity"):
+        format_study._merged(b2, dict(n2, fidelity={"windows": 2, "ppl_ref": ref * 1.01}))
+    with pytest.raises(SystemExit, match="fidelity"):
+        format_study._merged(b2, dict(n2, fidelity={"windows": 2}))
 
 
 def test_study_markdown_table_from_rows():
