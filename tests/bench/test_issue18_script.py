@@ -30,16 +30,17 @@ def test_niah_configurations_parse_and_every_format_resolves():
 
     configs = niah_server.parse_configs(_script_value("NIAH_CONFIGS"))
     names = [c.name for c in configs]
-    assert names[:3] == ["bf16", "fp8_e4m3", "int2"] and len(names) == len(set(names)) == 8
+    assert names[:3] == ["bf16", "fp8_e4m3", "int2"] and len(names) == len(set(names)) == 9
     assert [c.name for c in configs if c.default] == ["int2"]
     formats = {c.name: c.env.get("OSCAR_KV_FORMAT") for c in configs if c.kv == "int2"}
     assert formats["int2"] is None  # the served default, whatever it is
     assert "k3c64-v2t64-s4-w128" in formats.values()  # the previous default beside it
+    assert "k4c64-v2h-s4-w64" in formats.values()  # the default with one key block of BF16 window
     served = {name: resolve(fmt or "", head_dim=64, v_head_dim=64, num_layers=30, group_size=64).name
               for name, fmt in formats.items()}  # on SmolLM2's geometry: 30 layers of 64-dim heads
     assert served["int2"] == resolve(DEFAULT_KV_FORMAT, head_dim=64, v_head_dim=64, num_layers=30,
                                      group_size=64).name
-    assert len(set(served.values())) == len(served), served  # eight different caches
+    assert len(set(served.values())) == len(served), served  # nine different caches
 
 
 def test_serving_pair_configurations_exist():
