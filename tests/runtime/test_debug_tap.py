@@ -119,23 +119,19 @@ def test_each_rank_taps_into_its_own_folder_and_checks_out(monkeypatch, tmp_path
         assert a["ok"]
 
 
-def test_an_output_left_in_the_rotated_space_fails_the_check(monkeypatch, tmp_path, seed):
+# a rank whose output was left in the rotated space (R_v^T not applied), or whose keys were stored
+# without their rotation: the check must fail that rank alone, on the error that shows the fault
+@pytest.mark.parametrize("fault,wrong,right", [
+    ({"forget_v_unrotation": True}, "rel_err_server_vs_int2_emulation", "rel_err_stored_k_vs_emulation"),
+    ({"unrotated_keys": True}, "rel_err_stored_k_vs_emulation", "rel_err_stored_v_vs_emulation")])
+def test_a_faulty_rank_fails_the_check(monkeypatch, tmp_path, seed, fault, wrong, right):
     gen = torch.Generator().manual_seed(seed)
     _record_rank(monkeypatch, tmp_path, 0, gen)
-    _record_rank(monkeypatch, tmp_path, 1, gen, forget_v_unrotation=True)
-    good, bad = e2e.analyse_ranks(tmp_path / "tap", set())
-    assert good["ok"] and not bad["ok"]
-    assert all(c["rel_err_server_vs_int2_emulation"] > 0.5 for c in bad["chunks"])
-
-
-def test_keys_stored_without_their_rotation_fail_the_check(monkeypatch, tmp_path, seed):
-    gen = torch.Generator().manual_seed(seed)
-    _record_rank(monkeypatch, tmp_path, 0, gen)
-    _record_rank(monkeypatch, tmp_path, 1, gen, unrotated_keys=True)
+    _record_rank(monkeypatch, tmp_path, 1, gen, **fault)
     good, bad = e2e.analyse_ranks(tmp_path / "tap", set())
     assert good["ok"] and not bad["ok"]
     for c in bad["chunks"]:
-        assert c["rel_err_stored_k_vs_emulation"] > 0.5 and c["rel_err_stored_v_vs_emulation"] < 0.01, c
+        assert c[wrong] > 0.5 and c[right] < 0.01, c
 
 
 def test_the_backend_taps_the_prefix_its_reader_sees(backend_cls, monkeypatch, tmp_path, seed):
