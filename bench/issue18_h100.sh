@@ -60,8 +60,9 @@ for stage in "$@"; do
         --json "$OUT/kernels_h100.json" --out "$OUT/kernels_h100.md" > "$OUT/kernels.log" 2>&1 || rc=1
       tail -30 "$OUT/kernels.log" ;;
     serving)
-      devkit; say "serving ${CONFIGS:-int2,int2-token-splits64,int2-k3c64-v2t64}"
-      python bench/serving_vs_fp8.py run --configs "${CONFIGS:-int2,int2-token-splits64,int2-k3c64-v2t64}" \
+      pair=${CONFIGS:-int2,int2-token-splits64,int2-k3c64-v2t64}
+      devkit; say "serving $pair"
+      python bench/serving_vs_fp8.py run --configs "$pair" \
         --loads 64x8192+512 --abort-load "" --base /tmp/none.json --out "$OUT/serving_pair_h100.json" \
         --deadline-s "${DEADLINE_S:-560}" --logs "$OUT/serving_logs" > "$OUT/serving.log" 2>&1 || rc=1
       tail -25 "$OUT/serving.log" ;;

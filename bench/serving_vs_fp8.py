@@ -192,14 +192,13 @@ def _facts(url: str) -> dict:
     # request, and /server_info waits on the busy scheduler (30 s was too short for fp8 + flashinfer)
     info = _get_json(url + "/server_info", timeout=600)
     facts = server_facts(info, None)
-    # the format an int2 server stores, as the plugin reports it (None for BF16 / FP8): the default
-    # changes between runs, so a row names what it measured
-    oscar = (((info or {}).get("internal_states") or [{}])[0] or {}).get("oscar_int2") or {}
     return {"max_running_requests": facts["max_running_requests"], "kv_tokens": facts["max_total_num_tokens"],
             "context_tokens": facts["context_tokens"], "server_kv_cache_dtype": facts["kv_cache_dtype"],
             "server_attention_backend": facts["attention_backend"],
             "new_token_attention": facts["new_token_attention"], "prefix_attention": facts["prefix_attention"],
-            "kv_format": oscar.get("kv_format"), "body_bits_per_element": oscar.get("body_bits_per_element")}
+            # the format an int2 server stores (None for BF16 / FP8): the default changes between
+            # runs, so a row names what it measured
+            "kv_format": facts["kv_format"], "body_bits_per_element": facts["body_bits_per_element"]}
 
 
 def compiled_while_serving(url: str):

@@ -330,9 +330,11 @@ def server_facts(info: dict | None, models: dict | None) -> dict:
             "kv_cache_dtype": info.get("kv_cache_dtype"), "attention_backend": info.get("attention_backend"),
             "radix_cache": (not info["disable_radix_cache"]) if "disable_radix_cache" in info else None,
             "model": model,
-            # int2 only: the kernels of a prefill chunk's new tokens and cached prefix
+            # int2 only: the kernels of a prefill chunk's new tokens and cached prefix, and the
+            # format the cache stores
             "new_token_attention": oscar.get("new_token_attention"),
-            "prefix_attention": oscar.get("prefix_attention")}
+            "prefix_attention": oscar.get("prefix_attention"),
+            "kv_format": oscar.get("kv_format"), "body_bits_per_element": oscar.get("body_bits_per_element")}
 
 
 async def pool_snapshot(session, root: str) -> dict:

@@ -275,6 +275,10 @@ def test_leak_arithmetic_and_server_facts():
                           {"data": [{"id": "m", "max_model_len": 131072}]})
     assert f["max_running_requests"] == 48 and f["context_tokens"] == 131072
     assert f["radix_cache"] is False and f["model"] == "m"
+    assert f["kv_format"] is None and f["body_bits_per_element"] is None  # not an int2 server
+    g = soak.server_facts({"internal_states": [{"oscar_int2": {"kv_format": "k4c64-v2t128-s4-w128",
+                                                               "body_bits_per_element": 3.375}}]}, None)
+    assert (g["kv_format"], g["body_bits_per_element"]) == ("k4c64-v2t128-s4-w128", 3.375)
 
 
 def test_cli_modes_and_commands(capsys):
