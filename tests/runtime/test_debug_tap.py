@@ -47,12 +47,21 @@ def _request(gen, n):
     return q.bfloat16(), k.bfloat16(), v.bfloat16()
 
 
+def _rotated(x, r):
+    """x R per head, rounded to the model dtype as the backend stores it."""
+    return torch.einsum("thd,hde->the", x.float(), r).bfloat16().float()
+
+
+def _reader_sees(kr, vr, P, fmt, v_clip):
+    """What a reader of P cached positions sees of rotated K and V (float64)."""
+    return (ref.format_request_kv(kr, fmt, "k", P, layer=LAYER, clip_ratio=1.0).double(),
+            ref.format_request_kv(vr, fmt, "v", P, layer=LAYER, clip_ratio=v_clip).double())
+
+
 def _server_output(q, k, v, P, E, rk, rv, fmt, v_clip, unrotate=True):
     """What an INT2 server computes for the new tokens P:P+E, worked in the rotated space."""
-    kr = torch.einsum("thd,hde->the", k.float(), rk).bfloat16().float()
-    vr = torch.einsum("thd,hde->the", v.float(), rv).bfloat16().float()
-    kp = ref.format_request_kv(kr, fmt, "k", P, layer=LAYER, clip_ratio=1.0).double()
-    vp = ref.format_request_kv(vr, fmt, "v", P, layer=LAYER, clip_ratio=v_clip).double()
+    kr, vr = _rotated(k, rk), _rotated(v, rv)
+    kp, vp = _reader_sees(kr, vr, P, fmt, v_clip)
     keys = torch.cat([kp, kr[P:P + E].double()])
     vals = torch.cat([vp, vr[P:P + E].double()])
     qr = torch.einsum("thgd,hde->thge", q[P:P + E].float().reshape(E, H_LOCAL, G, D), rk)
@@ -81,10 +90,8 @@ def _record_rank(monkeypatch, tmp_path, rank, gen, forget_v_unrotation=False, un
     layer = SimpleNamespace(layer_id=LAYER, scaling=D ** -0.5)
 
     def stored(backend, layer_, fb, P):  # the pool read back, as the design stores it (or not)
-        kr = torch.einsum("thd,hde->the", k.float(), torch.eye(D).expand(H_LOCAL, D, D) if unrotated_keys else rk).bfloat16().float()
-        vr = torch.einsum("thd,hde->the", v.float(), rv).bfloat16().float()
-        return (ref.format_request_kv(kr, fmt, "k", P, layer=LAYER, clip_ratio=1.0).bfloat16(),
-                ref.format_request_kv(vr, fmt, "v", P, layer=LAYER, clip_ratio=v_clip).bfloat16())
+        k_rot = torch.eye(D).expand(H_LOCAL, D, D) if unrotated_keys else rk
+        return tuple(x.bfloat16() for x in _reader_sees(_rotated(k, k_rot), _rotated(v, rv), P, fmt, v_clip))
 
     monkeypatch.setattr(debug_tap, "stored_prefix", stored)
     for P, end in CHUNKS:
