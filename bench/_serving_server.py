@@ -85,7 +85,7 @@ CONFIGS: Dict[str, ServingConfig] = {
         ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton"],
         {"OSCAR_KV_FORMAT": "k3c64-v2t64-s4-w128"},
     ),
-    # the default format's 3-bit keys decoded as two planes (attend_channel, OSCAR_CHANNEL_DECODE_3BIT)
+    # 3-bit keys (the k3 formats) decoded as two planes (attend_channel, OSCAR_CHANNEL_DECODE_3BIT)
     "int2-planes-splits64": ServingConfig(
         "int2-planes-splits64", "INT2 KV, oscar_triton, 64 KV splits, 3-bit keys decoded as planes",
         ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton",
