@@ -54,7 +54,9 @@ def test_rows_for_every_kernel_within_fp32_error(tmp_path):
             # emulation's q * s is rounded once for a block's keys, so its errors do not average
             # out (2.7e-2 max on the H100's outlier inputs, 3.04e-2 once in CI with a fresh seed,
             # 6.22e-2 once in a fresh-clone CI run on 2026-11-29, seed 1710821503, which passed when
-            # replayed here): the bound only says the emulation is of bf16's order, not garbage
+            # replayed here). Its tail on these inputs, 700 seeds of this test's shapes on CPU
+            # (2026-11-29): median 8.5e-3, 99th percentile 3.9e-2, largest 6.1e-2 (one seed over
+            # 6e-2, none over 1e-1): the bound only says the emulation is of bf16's order
             bound = 1e-1 if r["kernel"] == "arith_emulation" else 3e-2
             assert 1e-4 < r["rel_err_max"] < bound and "within_test_tolerance" not in r, r
         elif r["kernel"] == "prefix_pieces":
