@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "zoo",        # list / show / verify / pull rotation files
     "convert",    # convert rotation files to / from the OSCAR fork's .pt layout
     "eval",       # accuracy: fidelity vs BF16, needle-in-a-haystack
+    "plan",       # KV tokens and running requests per KV format for a model and KV budget
 )
 
 
