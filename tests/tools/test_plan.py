@@ -42,6 +42,8 @@ def test_llama_rows_are_the_benchmarks_kv_token_columns(tmp_path):
     geom = P.model_geometry(str(_config(tmp_path, LLAMA)))
     assert geom == {"model": LLAMA["_name_or_path"], "num_layers": 32, "num_kv_heads": 8, "head_dim": 128,
                     "v_head_dim": 128}
+    d = _config(tmp_path, {k: v for k, v in LLAMA.items() if k != "_name_or_path"}, name="Llama-local")
+    assert P.model_geometry(str(d / "config.json"))["model"] == "Llama-local"
     rows = P.plan_rows(b.LLAMA8B_KV_BUDGET, geom, ["default", "k3c64-v2t64-s4-w128", "token"])
     by = {r["format_requested"] if r["kv_cache"] == "int2" else r["kv_cache"]: r for r in rows}
     assert (by["default"]["kv_tokens"], by["default"]["max_running_requests"]) == (1_601_920, 639)
@@ -110,6 +112,13 @@ def test_cli_table_json_and_environment(tmp_path, capsys, monkeypatch):
     low = {r["format_requested"]: r for r in json.loads(out.read_text())["rows"] if r["kv_cache"] == "int2"}
     assert low["default"]["max_running_requests"] < base["default"]["max_running_requests"]
     assert low["default"]["kv_tokens"] > base["default"]["kv_tokens"]
+
+    monkeypatch.setenv("OSCAR_KV_FORMAT", "token")  # 'default' is what a server started here stores
+    assert cli.main(["plan", "--model-path", str(d), "--kv-budget-gib", "40", "--formats", "default",
+                     "--json", str(out)]) == 0
+    (row,) = [r for r in json.loads(out.read_text())["rows"] if r["kv_cache"] == "int2"]
+    assert row["format"] == "k2t128-v2t128-kclip-vclip"
+    assert "OSCAR_KV_FORMAT" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("case, args, message", [

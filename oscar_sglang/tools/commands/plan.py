@@ -6,8 +6,8 @@ How many KV tokens, and how many running requests' BF16 side buffers, a KV budge
 KV format, next to SGLang's BF16 and FP8 (fp8_e4m3) caches on the same budget. It is the plugin's
 own sizing (what `--kv-cache-dtype int2` logs at start: "OSCAR INT2 KV pool: ..."), computed from
 the model's config.json alone: no GPU, no download. OSCAR_* variables that change sizing
-(OSCAR_SINK_TOKENS, OSCAR_RECENT_TOKENS, OSCAR_GROUP_SIZE, OSCAR_MAX_RUNNING_REQUESTS,
-OSCAR_SIDE_BUFFER_FRACTION) apply as they would in a server.
+(OSCAR_KV_FORMAT for the 'default' row, OSCAR_SINK_TOKENS, OSCAR_RECENT_TOKENS, OSCAR_GROUP_SIZE,
+OSCAR_MAX_RUNNING_REQUESTS, OSCAR_SIDE_BUFFER_FRACTION) apply as they would in a server.
 
 The budget is what SGLang gives the KV cache on one GPU (one attention-TP rank): a BF16 server's
 start-up log says it ("KV Cache is allocated. #tokens: N, K size: X GB, V size: Y GB": X + Y), and
@@ -33,7 +33,8 @@ def add_parser(sub) -> None:
     p.add_argument("--kv-budget-gib", type=float, required=True,
                    help="KV cache memory of one GPU in GiB (see above)")
     p.add_argument("--formats", default=DEFAULT_FORMATS,
-                   help=f"comma-separated OSCAR_KV_FORMAT values; 'default' is the plugin's default "
+                   help=f"comma-separated OSCAR_KV_FORMAT values; 'default' is what a server started "
+                        f"here stores (OSCAR_KV_FORMAT if set, else the plugin's default) "
                         f"(default: {DEFAULT_FORMATS})")
     p.add_argument("--tp-size", type=int, default=1, help="tensor parallelism (KV heads split across GPUs)")
     p.add_argument("--max-running-requests", type=int, default=None,
@@ -73,7 +74,7 @@ def model_geometry(model_path: str) -> dict:
     if "kv_lora_rank" in text:
         raise PlanInputError(f"{cfg_file}: an MLA model (kv_lora_rank), which --kv-cache-dtype int2 "
                              "refuses at start (docs/serving.md)")
-    return {"model": cfg.get("_name_or_path") or path.resolve().name, "num_layers": layers,
+    return {"model": cfg.get("_name_or_path") or cfg_file.resolve().parent.name, "num_layers": layers,
             "num_kv_heads": kv_heads, "head_dim": head_dim,
             "v_head_dim": int(text.get("v_head_dim") or head_dim)}
 
@@ -98,7 +99,9 @@ def plan_rows(budget_bytes: int, geom: dict, formats: list[str], *, tp_size: int
              "kv_tokens": budget_bytes // (elems * b), "max_running_requests": None, "side_buffer_gib": 0.0}
             for kv, b in (("bf16", 2), ("fp8_e4m3", 1))]
     for asked in formats:
-        name = "" if asked == "default" else asked  # "" = the default, whose sink / window env may set
+        name = asked
+        if asked == "default":  # what a server started here stores; "" = the plugin's default
+            name = cfg.kv_format if "kv_format" in cfg.sources else ""
         row = {"kv_cache": "int2", "format_requested": asked}
         try:
             fmt = resolve(name, head_dim=shape.head_dim, v_head_dim=shape.v_head_dim,
