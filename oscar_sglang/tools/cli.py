@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="oscar-sglang",
-        description="INT2 KV cache for SGLang: serve, calibrate rotations, evaluate accuracy.",
+        description="INT2 KV cache for SGLang: serve, plan capacity, calibrate rotations, evaluate accuracy.",
     )
     parser.add_argument("--version", action="version", version=f"oscar-sglang {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
