@@ -182,17 +182,16 @@ LLAMA8B_KV_BUDGET_SOURCE = ("available_bytes of the int2 server, dummy Llama-3.1
 
 def llama8b_plan(kv: str, fmt_name: str | None) -> tuple[int, int | None]:
     """(KV tokens, max running requests) of the dummy Llama-3.1-8B (32 layers x 8 KV heads x 128)
-    on LLAMA8B_KV_BUDGET with the server's default sizing; BF16 / FP8 have no side buffers (None)."""
-    from oscar_sglang.runtime import sizing
-    from oscar_sglang.runtime.kv_format import resolve
+    on LLAMA8B_KV_BUDGET with the server's default sizing (`oscar-sglang plan`'s rows); BF16 / FP8
+    have no side buffers (None)."""
+    from oscar_sglang.tools.commands.plan import plan_rows
 
-    shape = sizing.ModelKVShape(num_layers=32, num_kv_heads=8, head_dim=128, v_head_dim=128)
-    if kv != "int2":
-        per_elem = {"bf16": 2, "fp8_e4m3": 1}[kv]
-        return LLAMA8B_KV_BUDGET // (32 * 8 * 256 * per_elem), None
-    fmt = resolve(fmt_name, head_dim=128, v_head_dim=128, num_layers=32, group_size=128)
-    plan = sizing.plan_pool(LLAMA8B_KV_BUDGET, shape, fmt=fmt, page_size=fmt.page_size or 1)
-    return plan.max_total_num_tokens, plan.max_running_requests
+    geom = {"model": "llama31-8b", "num_layers": 32, "num_kv_heads": 8, "head_dim": 128, "v_head_dim": 128}
+    rows = plan_rows(LLAMA8B_KV_BUDGET, geom, [fmt_name or "default"] if kv == "int2" else [])
+    row = rows[2] if kv == "int2" else rows[{"bf16": 0, "fp8_e4m3": 1}[kv]]
+    if "refused" in row:
+        raise SystemExit(f"llama8b_plan: {row['refused']}")
+    return row["kv_tokens"], row["max_running_requests"]
 
 
 def llama8b_kv_tokens(kv: str, fmt_name: str | None) -> int:

@@ -36,8 +36,9 @@ def _bench_niah():
 
 
 def test_llama_rows_are_the_benchmarks_kv_token_columns(tmp_path):
-    """The dummy Llama-3.1-8B on the H100 budget the benchmarks use: the same tokens and request
-    rows as bench/niah_server.py's llama8b_plan (README: 1,601,920 tokens and 639 rows)."""
+    """The dummy Llama-3.1-8B on the H100 budget the benchmarks use: 1,601,920 tokens and 639 rows
+    for the default (README, the KV-token columns in bench/results), and bench/niah_server.py's
+    llama8b_plan, which now reads these rows, agrees."""
     b = _bench_niah()
     geom = P.model_geometry(str(_config(tmp_path, LLAMA)))
     assert geom == {"model": LLAMA["_name_or_path"], "num_layers": 32, "num_kv_heads": 8, "head_dim": 128,
