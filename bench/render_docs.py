@@ -1,0 +1,242 @@
+"""Rewrite the generated tables in README.md and docs/*.md from the JSON files under bench/results/.
+
+A generated region is the text between `<!-- generated:NAME -->` and `<!-- /generated:NAME -->`;
+everything else in the file is left as written. Each table's caption names its JSON file, the
+date, the device and the command that made it, all read from the file.
+
+    python bench/render_docs.py            # rewrite every region
+    python bench/render_docs.py --check    # exit 1 if any region differs from what it would write
+
+Standard library only (it runs where nothing else is installed).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SERVING = "bench/results/serving_vs_fp8_h200_2026-11-29.json"
+NIAH_H200 = "bench/results/niah_server_h200.json"
+NIAH_H100 = "bench/results/niah_server_h100.json"
+KERNELS = "bench/results/kernels/2026-11-29_1712_issue18-default-vs-previous_h200.json"
+
+LOADS = (  # (row label, load key): the four throughput loads, N requests x (prompt + output tokens)
+    ("output tok/s, 256 requests x (2K in + 256 out)", "256x2048+256"),
+    ("256 x (2K + 1K)", "256x2048+1024"),
+    ("512 x (2K + 1K)", "512x2048+1024"),
+    ("64 x (8K + 512)", "64x8192+512"),
+)
+BATCH1 = ("1x4096+256", "1x32768+256", "1x131072+256")
+README_COLUMNS = ("int2", "fp8-flashinfer", "flashinfer")  # int2, FP8 KV, BF16
+FULL_COLUMNS = (  # (header, config) of docs/performance.md's serving table
+    ("int2", "int2"), ("int2 + `--enable-mixed-chunk`", "int2-mixed-chunk"),
+    ("FP8 on FlashInfer", "fp8-flashinfer"), ("FP8 on Triton (64 splits)", "fp8-splits64"),
+    ("BF16 on FlashInfer", "flashinfer"))
+
+
+def load(rel: str) -> dict:
+    return json.loads((ROOT / rel).read_text())
+
+
+def link(rel: str, doc: Path) -> str:
+    """A markdown link to `rel` (a path from the root) written from inside `doc`."""
+    depth = len(doc.relative_to(ROOT).parts) - 1
+    return f"[{Path(rel).name}]({'../' * depth}{rel})"
+
+
+def day(date: str) -> str:
+    return date[:10]
+
+
+def top_commands(doc: dict) -> list[str]:
+    """The commands a person ran: a multi-call file's top-level calls (they start the per-GPU
+    children, which carry --loads), else the file's own command."""
+    calls = [c["command"] for c in doc.get("calls", []) if "--loads" not in c["command"]]
+    return calls or [doc["command"]]
+
+
+def commands_block(doc: dict) -> list[str]:
+    return ["", "```", *top_commands(doc), "```"]
+
+
+def serving_rows() -> dict[tuple[str, str], dict]:
+    return {(r["config"], r["load"]): r for r in load(SERVING)["rows"]}
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x"
+
+
+def _speed_rows(rows: dict, columns: tuple[str, ...], ratio_to: tuple[str, str] | None) -> list[str]:
+    """Table body rows shared by the README table and the full one: KV tokens, the four loads,
+    batch-1 time per output token, time to first token (warm, then a fresh server's first)."""
+    out = []
+
+    def line(label: str, cells: list[str], r: str) -> None:
+        out.append(f"| {label} | " + " | ".join(cells) + (f" | {r} |" if ratio_to else " |"))
+
+    def rat(values: dict[str, float]) -> str:
+        return ratio(values[ratio_to[0]], values[ratio_to[1]]) if ratio_to else ""
+
+    kv = {c: rows[c, "1x4096+256"]["kv_tokens"] for c in columns}
+    line("KV tokens in the pool", [f"{kv[c]:,}" for c in columns], rat(kv))
+    for label, ld in LOADS:
+        tok = {c: rows[c, ld]["output_tok_s"] for c in columns}
+        line(label, [f"{tok[c]:,.0f}" for c in columns], rat(tok))
+    tpot = {c: [rows[c, ld]["tpot_p50_ms"] for ld in BATCH1] for c in columns}
+    r = (" / ".join(f"{a / b:.2f}x" for a, b in zip(tpot[ratio_to[0]], tpot[ratio_to[1]]))
+         if ratio_to else "")
+    line("batch 1, ms per output token at 4K / 32K / 128K context",
+         [" / ".join(f"{t:.2f}" for t in tpot[c]) for c in columns], r)
+    warm = {c: rows[c, "1x32768+256"]["ttft_p50_s"] for c in columns}
+    line("first token of a 32K prompt, warm server", [f"{warm[c]:.2f} s" for c in columns], rat(warm))
+    fresh = {c: rows[c, "1x32768+256"]["fresh_ttft_s"] for c in columns}
+    line("the same, a new server's first request", [f"{fresh[c]:.2f} s" for c in columns], "")
+    return out
+
+
+def niah_by_name(rel: str) -> dict[str, dict]:
+    return {r["name"]: r for r in load(rel)["rows"]}
+
+
+def render_readme_today(doc: Path) -> list[str]:
+    s, n = load(SERVING), load(NIAH_H200)
+    rows = serving_rows()
+    niah = niah_by_name(NIAH_H200)
+    cap = (f"Speed rows: {link(SERVING, doc)}, {s['device']}, {s['date']}, dummy-weight "
+           f"{s['model']}; needle row: {link(NIAH_H200, doc)}, {n['device'].split(',')[0]}, "
+           f"{day(n['date'])}, SmolLM2-135M-Instruct (real weights); the commands that made them are under the table.")
+    out = [cap, "", "| | int2 | FP8 KV | BF16 | int2 / FP8 |", "|---|---:|---:|---:|---:|"]
+    out += _speed_rows(rows, README_COLUMNS, ("int2", "fp8-flashinfer"))
+    cells = [niah[k]["niah"] for k in ("int2", "fp8_e4m3", "bf16")]
+    out.append("| needle in a haystack, exact match of 200 (1K-8K tokens) | "
+               + " | ".join(f"{v:.3f}" for v in cells) + f" | {ratio(cells[0], cells[1])} |")
+    out += ["", "```", *top_commands(s), n["command"], "```"]
+    return out
+
+
+def render_serving_full(doc: Path) -> list[str]:
+    s = load(SERVING)
+    rows = serving_rows()
+    cols = tuple(c for _, c in FULL_COLUMNS)
+    out = [f"{link(SERVING, doc)}: {s['device']}, {s['date']} (commit `{s['commit']}`), dummy-weight "
+           f"{s['model']}, each configuration alone on one GPU; int2 / FP8 is int2 over FP8 on "
+           "FlashInfer. Made by:", *commands_block(s), "",
+           "| | " + " | ".join(h for h, _ in FULL_COLUMNS) + " | int2 / FP8 |",
+           "|---|" + "---:|" * (len(cols) + 1)]
+    body = _speed_rows(rows, cols, ("int2", "fp8-flashinfer"))
+    mrr = {c: rows[c, "1x4096+256"]["max_running_requests"] for c in cols}
+    body.insert(1, "| max running requests | " + " | ".join(f"{mrr[c]:,}" for c in cols) + " | |")
+    leak = max(r.get("pool_leak_tokens", 0) or 0 for r in rows.values())
+    out += body + ["", f"Largest pool leak after any load (tokens): {leak}."]
+    return out
+
+
+def _niah_label(row: dict) -> str:
+    if row["kv"] != "int2":
+        return {"bf16": "BF16", "fp8_e4m3": "FP8 (`fp8_e4m3`)"}[row["kv"]]
+    return f"`{row['format']}`"
+
+
+def render_niah(doc: Path) -> list[str]:
+    h200, h100 = load(NIAH_H200), load(NIAH_H100)
+
+    def key(r: dict) -> str:  # the same stored format, whatever each run named its row
+        return r["kv"] if r["kv"] != "int2" else r["format"]
+
+    a = {key(r): r for r in h200["rows"]}
+    b = {key(r): r for r in h100["rows"]}
+    keys = list(a) + [k for k in b if k not in a]
+    keys.sort(key=lambda k: -(a.get(k) or b[k])["body_bits_per_element"])
+    d1, d2 = h200["device"].split(",")[0], h100["device"].split(",")[0]
+    out = [f"H200: {link(NIAH_H200, doc)}, {d1}, {day(h200['date'])}; H100: {link(NIAH_H100, doc)}, "
+           f"{d2}, {day(h100['date'])}. SmolLM2-135M-Instruct, {a['bf16']['trials']} prompts per row "
+           "(1K-8K tokens, 10 depths), exact match; \"default\" marks the row each run served "
+           "without `OSCAR_KV_FORMAT`. Made by:",
+           "", "```", h200["command"], h100["command"], "```", "",
+           f"| KV cache (stored format) | bits per element | {d1}, {day(h200['date'])} | "
+           f"{d2}, {day(h100['date'])} |", "|---|---:|---:|---:|"]
+    for k in keys:
+        r = a.get(k) or b[k]
+
+        def cell(x: dict | None) -> str:
+            if x is None:
+                return "-"
+            return f"{x['niah']:.3f}" + (" (default)" if x.get("default") else "")
+
+        out.append(f"| {_niah_label(r)} | {r['body_bits_per_element']:g} | {cell(a.get(k))} | "
+                   f"{cell(b.get(k))} |")
+    return out
+
+
+def render_kernel_decode(doc: Path) -> list[str]:
+    k = load(KERNELS)
+    fmts = list(k["rows"][0]["channel"])
+    out = [f"{link(KERNELS, doc)}: {k['device']}, {k['date']} (commit `{k['commit']}`), {k['model']}; "
+           f"copy bandwidth {k['copy_gbs']:,.0f} GB/s measured in the same run. Made by:",
+           "", "```", k["command"], "```", "",
+           "| requests x context | SGLang BF16 Triton (us) | "
+           + " | ".join(f"`{f}` (us, x BF16, % of copy)" for f in fmts) + " |",
+           "|---|---:|" + "---:|" * len(fmts)]
+    for r in k["rows"]:
+        cells = [f"{r['channel'][f]['ms'] * 1e3:.1f}, {r['channel'][f]['speedup_vs_bf16']:.2f}x, "
+                 f"{r['channel'][f]['pct_copy']:.0f}%" for f in fmts]
+        out.append(f"| {r['B']} x {r['L'] // 1024}K | {r['bf16_ms'] * 1e3:.1f} | " + " | ".join(cells) + " |")
+    return out
+
+
+RENDERERS = {
+    "readme-today": render_readme_today,
+    "serving-h200": render_serving_full,
+    "niah-served": render_niah,
+    "kernel-decode-h200": render_kernel_decode,
+}
+REGION = re.compile(r"(<!-- generated:([\w-]+) -->\n)(.*?)(<!-- /generated:\2 -->)", re.S)
+
+
+def documents() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def render(path: Path) -> tuple[str, list[str]]:
+    """The file's text with every region regenerated, and the names of the regions found."""
+    text = path.read_text()
+    names = []
+
+    def sub(m: re.Match) -> str:
+        name = m.group(2)
+        if name not in RENDERERS:
+            raise SystemExit(f"{path.relative_to(ROOT)}: unknown generated region {name!r}")
+        names.append(name)
+        body = "\n".join(RENDERERS[name](path))
+        return f"{m.group(1)}{body}\n{m.group(4)}"
+
+    return REGION.sub(sub, text), names
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if a region is not what it would write")
+    args = ap.parse_args(argv)
+    stale = []
+    for path in documents():
+        new, names = render(path)
+        if new != path.read_text():
+            stale.append(f"{path.relative_to(ROOT)} ({', '.join(names)})")
+            if not args.check:
+                path.write_text(new)
+    if args.check and stale:
+        print("generated regions out of date (run python bench/render_docs.py):\n  " + "\n  ".join(stale),
+              file=sys.stderr)
+        return 1
+    if not args.check:
+        print("rewrote: " + (", ".join(stale) if stale else "nothing (all up to date)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
