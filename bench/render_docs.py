@@ -202,9 +202,8 @@ def documents() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
-def render(path: Path) -> tuple[str, list[str]]:
-    """The file's text with every region regenerated, and the names of the regions found."""
-    text = path.read_text()
+def render_text(text: str, path: Path) -> tuple[str, list[str]]:
+    """`text` (the contents of `path`) with every region regenerated, and the regions' names."""
     names = []
 
     def sub(m: re.Match) -> str:
@@ -216,6 +215,10 @@ def render(path: Path) -> tuple[str, list[str]]:
         return f"{m.group(1)}{body}\n{m.group(4)}"
 
     return REGION.sub(sub, text), names
+
+
+def render(path: Path) -> tuple[str, list[str]]:
+    return render_text(path.read_text(), path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -140,10 +140,10 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys, monkeypatch, case, args, m
     assert err.startswith("plan: ") and message in err, err
 
 
-def test_the_readme_example_is_what_plan_prints(tmp_path):
-    """The README's example table is plan's output on Llama-3.1-8B's config (its columns but
+def test_the_serving_doc_example_is_what_plan_prints(tmp_path):
+    """docs/serving.md's example table is plan's output on Llama-3.1-8B's config (its columns but
     bytes / token), so it changes when the sizing or the default does."""
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "serving.md").read_text()
     assert "oscar-sglang plan --model-path /models/Llama-3.1-8B-Instruct --kv-budget-gib 51.567" in readme
     geom = P.model_geometry(str(_config(tmp_path, LLAMA)))
     rows = P.plan_rows(int(51.567 * GIB), geom, ["default", "k3c64-v2t64-s4-w128", "token"])
