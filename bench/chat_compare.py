@@ -7,7 +7,7 @@ there the two must agree up to kernel rounding; the long ones read the INT2 body
 sent twice (--repeat): the second time it hits the radix cache, and an INT2 server must still
 answer the same (its sink tokens' BF16 copies are carried over to the new request).
 
-    python bench/chat_compare.py --base-url int2=http://127.0.0.1:30000/v1 \
+    python -m bench.chat_compare --base-url int2=http://127.0.0.1:30000/v1 \
         bf16=http://127.0.0.1:30001/v1 --out results/chat_compare.json
 """
 from __future__ import annotations
@@ -17,10 +17,8 @@ import json
 import math
 import sys
 import urllib.request
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _results  # noqa: E402
+from bench import _results
 
 SHORT = [
     "What is the capital of France?",
