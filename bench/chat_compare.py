@@ -1,8 +1,8 @@
 """Same chat prompts, greedy, against several OpenAI-compatible servers; answers and first-token
 log-probabilities side by side.
 
-Used on the H100 to compare the INT2-KV server with a BF16-KV server of the same weights
-(bench/embedded_default_h100.sh). Short prompts fit entirely in the BF16 sink (< 64 tokens), so
+Used to compare an INT2-KV server with a BF16-KV server of the same weights (`oscar-sglang serve`
+beside `python -m sglang.launch_server` on the same dequantised model). Short prompts fit entirely in the BF16 sink (< 64 tokens), so
 there the two must agree up to kernel rounding; the long ones read the INT2 body. Every prompt is
 sent twice (--repeat): the second time it hits the radix cache, and an INT2 server must still
 answer the same (its sink tokens' BF16 copies are carried over to the new request).

@@ -1,16 +1,12 @@
 """bench/chat_compare.py against two stand-in chat servers on 127.0.0.1: the result document has
 the benchmark keys and one row per prompt with each server's answer and the pairwise checks."""
 import json
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests import ROOT
-
-sys.path.insert(0, str(ROOT / "bench"))
-import chat_compare  # noqa: E402
+from bench import chat_compare
 
 
 def _server(answer_for):
