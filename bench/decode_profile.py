@@ -1,10 +1,10 @@
 """Where the per-channel decode's time goes, line by line: CUPTI PC sampling through Triton's proton.
 
-For each KV format it builds bench/kernels.py's synthetic pool at one shape (Llama-3.1-8B's
+For each KV format it builds bench/kernel_speed.py's synthetic pool at one shape (Llama-3.1-8B's
 attention: Hq 32, Hkv 8, D 128; pages of the format's block, BF16 sink and ring), starts a proton
 session (backend "cupti", mode "pcsampling") before the decode kernel is first loaded (PC sampling
 maps PCs to source lines through the modules it sees loaded), runs the decode --calls times
-outside CUDA graphs, then times it in a CUDA graph as bench/kernels.py does (graph_us).
+outside CUDA graphs, then times it in a CUDA graph as bench/kernel_speed.py does (graph_us).
 
 Rows (one per format): format, B, L, graph_us, calls_sampled, samples (of the decode kernel),
 stall_reason_pct (each warp state's share of those samples: "selected" = the sampled warp was
@@ -105,7 +105,7 @@ def profile(fmt_name: str, B: int, L: int, calls: int, interval: int, top: int, 
     import torch
     import triton.profiler as proton
 
-    from bench import kernels as kb
+    from bench import kernel_speed as kb
     from bench._timing import bench_graph
     from oscar_kernels import KVFormat
 
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
         for t in r["top_lines"][:8]:
             print(f"  {t['pct_samples']:5.1f}%  {t['line']}  {t['source'][:80]}", flush=True)
     doc = _results.document(f"synthetic per-channel pool at Llama-3.1-8B's attention shapes "
-                            f"(Hq 32, Hkv 8, D 128; bench/kernels.py ChannelCase), {B} x {L}", rows,
+                            f"(Hq 32, Hkv 8, D 128; bench/kernel_speed.py ChannelCase), {B} x {L}", rows,
                             interval=args.interval)
     print("wrote", _results.write(args.json or _results.default_path("decode_profile"), doc))
     return 0

@@ -4,7 +4,7 @@
 #
 #   bash bench/run_stages.sh STAGE [STAGE ...]     (from the project root)
 #
-#   kernels  python -m bench.kernels: the served default and the formats beside it, the per-token
+#   kernels  python -m bench.kernel_speed: the served default and the formats beside it, the per-token
 #            layout and SGLang's BF16 Triton decode, same run, at $SHAPES
 #            (default 8x32768,64x8192,512x2048,1x131072; ~5 min)  -> $OUT/kernels_$MACHINE.json, .md
 #   serving  python -m bench.serving_vs_fp8 run: the configurations $CONFIGS (bench/_serving_server.py
@@ -62,7 +62,7 @@ for stage in "$@"; do
   case "$stage" in
     kernels)
       devkit; say kernels
-      python -m bench.kernels --skip-store-extend --shapes "${SHAPES:-8x32768,64x8192,512x2048,1x131072}" \
+      python -m bench.kernel_speed --skip-store-extend --shapes "${SHAPES:-8x32768,64x8192,512x2048,1x131072}" \
         --json "$OUT/kernels_$MACHINE.json" --out "$OUT/kernels_$MACHINE.md" > "$OUT/kernels.log" 2>&1 || rc=1
       tail -30 "$OUT/kernels.log" ;;
     serving)

@@ -14,7 +14,7 @@ slots, indices, q) until the set of copies is >= 256 MB, so nothing is served fr
 Extend-prefix (milliseconds long) uses triton.testing.do_bench (median, L2 flushed).
 
 Usage (H100, from the project root):
-    source .devkit/device-env.sh && python -m bench.kernels --out $OUT/kernels.md --json $OUT/kernels.json
+    source .devkit/device-env.sh && python -m bench.kernel_speed --out $OUT/kernels.md --json $OUT/kernels.json
 The JSON (bench/_results.py: date, device, model, command, one row per decode shape / store size /
 extend shape) goes to bench/results/kernels/<UTC date_time>.json when --json is not given.
 Options: --tune (also sweep BLOCK_N / num_stages / split count), --quick (two shapes), --no-fast
