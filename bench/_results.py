@@ -1,4 +1,4 @@
-"""The JSON every benchmark writes: date, device, model, command and one row per configuration.
+"""The JSON every benchmark writes: date, device, model, command, commit and one row per configuration.
 
 Runs kept in the repository live under bench/results/ (RESULTS); docs/benchmarks.md names the file
 each table was made from.
@@ -7,11 +7,43 @@ from __future__ import annotations
 
 import datetime
 import json
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
-KEYS = ("date", "device", "model", "command", "rows")
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+RESULTS = BENCH / "results"
+KEYS = ("date", "device", "model", "command", "commit", "rows")
+
+
+def command(module: str | None = None, args: list | None = None) -> str:
+    """The command that reproduces this run, as typed from the project root.
+
+    `python -m bench.<module> ARGS`: `module` defaults to the running script's (under `python -m`
+    sys.argv[0] is the file's path, not what was typed), ARGS to sys.argv[1:]. A script outside
+    bench/ is recorded as `python <path> ARGS`.
+    """
+    args = list(sys.argv[1:] if args is None else args)
+    if module is None:
+        first = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+        if first is not None and first.suffix == ".py" and first.resolve().parent == BENCH:
+            module = first.stem
+        else:
+            return shlex.join(["python", *(sys.argv[:1] or []), *args])
+    return shlex.join(["python", "-m", f"bench.{module}", *args])
+
+
+def commit() -> str | None:
+    """HEAD of the checkout, or None where it is not a git checkout (a device copy may not be)."""
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    head = out.stdout.strip()
+    return head if out.returncode == 0 and head else None
 
 
 def device_name() -> str:
@@ -27,7 +59,7 @@ def document(model: str, rows: list, device: str | None = None, **extra) -> dict
     """The result document; `extra` keys (run-wide values such as copy bandwidth) follow `rows`."""
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "device": device if device is not None else device_name(), "model": model,
-            "command": "python " + " ".join(sys.argv), "rows": rows, **extra}
+            "command": command(), "commit": commit(), "rows": rows, **extra}
 
 
 def default_path(bench: str) -> Path:

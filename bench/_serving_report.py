@@ -175,7 +175,7 @@ def throughput_table(runs: dict) -> str:
 
 def _recategorize(a: dict) -> dict:
     """Apply the current kernel-name rules to results analysed with older ones (top kernels)."""
-    from _serving_trace import categorize
+    from bench._serving_trace import categorize
 
     cats = dict(a["category_ms"])
     for k in a.get("top_kernels", []):

@@ -1,27 +1,22 @@
-"""Launch and stop one SGLang server for bench/serving.py, and read what its log says.
+"""The speed harnesses' server configurations and what a server's log says.
 
-One responsibility: turn a (model, configuration) pair into a running
-`python -m sglang.launch_server` on 127.0.0.1, wait until it answers, and shut it down again.
-The flags are the devkit ones (dummy weights, no tokenizer in the request path) so that the
-numbers measure the serving engine, not tokenisation.
+CONFIGS names each KV-cache / attention configuration; server_command turns a (model,
+configuration) pair into a `python -m sglang.launch_server` command on 127.0.0.1 (bench/_launcher.py
+starts and stops it). The flags are the devkit ones (dummy weights, no tokenizer in the request
+path) so that the numbers measure the serving engine, not tokenisation. The log parsers read the
+scheduler's periodic decode and prefill lines.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
-import shlex
-import signal
 import statistics
-import subprocess
 import sys
-import time
-import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 # Server flags shared by every configuration (see ../shared/devkit/README.md for why each is there).
 COMMON_FLAGS = [
@@ -140,7 +135,7 @@ CONFIGS: Dict[str, ServingConfig] = {
         "int2-mixed-chunk", "INT2 KV, oscar_triton, --enable-mixed-chunk",
         ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton", "--enable-mixed-chunk"],
     ),
-    # SGLang's FP8 KV cache on its FlashInfer backend (FP8's other peer; issue 19)
+    # SGLang's FP8 KV cache on its FlashInfer backend (FP8's other peer)
     "fp8-flashinfer": ServingConfig(
         "fp8-flashinfer", "FP8 e4m3 KV, flashinfer",
         ["--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "flashinfer"],
@@ -178,11 +173,6 @@ def server_command(model_dir: Path, tokenizer_dir: Path, config: ServingConfig, 
     ]
 
 
-def _get_json(url: str, timeout: float = 10.0):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return json.loads(r.read().decode())
-
-
 def post_json(url: str, payload: dict, timeout: float = 60.0):
     req = urllib.request.Request(
         url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
@@ -194,87 +184,6 @@ def post_json(url: str, payload: dict, timeout: float = 60.0):
     except json.JSONDecodeError:
         return body
 
-
-# what sglang.launch_server logs once its start-up request has finished (server status Up)
-READY_LINE = "The server is fired up and ready to roll!"
-
-
-class ServerProcess:
-    """A launched server; use as a context manager so it is always stopped."""
-
-    def __init__(self, cmd: List[str], env: Dict[str, str], log_path: Path, port: int):
-        self.cmd, self.log_path, self.port = cmd, log_path, port
-        self.url = f"http://127.0.0.1:{port}"
-        self.env = {**os.environ, **env}
-        self.proc: Optional[subprocess.Popen] = None
-        self.startup_s: Optional[float] = None
-
-    def __enter__(self) -> "ServerProcess":
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "w")
-        self._log.write("$ " + shlex.join(self.cmd) + "\n")
-        self._log.flush()
-        # New session: the server spawns scheduler/detokenizer children; we stop the whole group.
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=self.env, start_new_session=True)
-        return self
-
-    def wait_ready(self, timeout_s: float = 420.0) -> None:
-        t0 = time.time()
-        last_print = 0.0
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with code {self.proc.returncode} during "
-                                   f"startup; last log lines:\n{self.tail(40)}")
-            try:
-                # /server_info answers while SGLang still runs its own start-up request; the
-                # server is ready (its /health stops answering 503) only when it logs READY_LINE.
-                # A request sent earlier queues behind that start-up request, whose first forward
-                # may JIT-compile (4 s for int2, 11 s for FP8 on FlashInfer on a bare H100).
-                _get_json(self.url + "/server_info", timeout=5)
-                if self.logged_ready():
-                    self.startup_s = time.time() - t0
-                    print(f"  server ready after {self.startup_s:.0f} s", flush=True)
-                    return
-            except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError,
-                    OSError):
-                pass
-            if time.time() - t0 > timeout_s:
-                raise RuntimeError(f"server not ready after {timeout_s:.0f} s; log tail:\n"
-                                   f"{self.tail(40)}")
-            if time.time() - last_print > 20:
-                last_print = time.time()
-                print(f"  waiting for server ({time.time() - t0:.0f} s) ...", flush=True)
-            time.sleep(2)
-
-    def logged_ready(self) -> bool:
-        try:
-            return READY_LINE in self.log_path.read_text(errors="replace")
-        except OSError:
-            return False
-
-    def server_info(self) -> dict:
-        return _get_json(self.url + "/server_info", timeout=30)
-
-    def tail(self, n: int) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
-
-    def __exit__(self, *exc) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=30)
-            except (subprocess.TimeoutExpired, ProcessLookupError):
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.proc.wait(timeout=30)
-        self._log.close()
-        time.sleep(3)  # let the GPU memory of the dead scheduler be released
 
 
 _DECODE_LINE = re.compile(r"(?:\[([\d-]+ [\d:]+)\] )?Decode batch.*?#running-req: (\d+), #token: (\d+)"

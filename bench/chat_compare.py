@@ -1,13 +1,13 @@
 """Same chat prompts, greedy, against several OpenAI-compatible servers; answers and first-token
 log-probabilities side by side.
 
-Used on the H100 to compare the INT2-KV server with a BF16-KV server of the same weights
-(bench/embedded_default_h100.sh). Short prompts fit entirely in the BF16 sink (< 64 tokens), so
+Used to compare an INT2-KV server with a BF16-KV server of the same weights (`oscar-sglang serve`
+beside `python -m sglang.launch_server` on the same dequantised model). Short prompts fit entirely in the BF16 sink (< 64 tokens), so
 there the two must agree up to kernel rounding; the long ones read the INT2 body. Every prompt is
 sent twice (--repeat): the second time it hits the radix cache, and an INT2 server must still
 answer the same (its sink tokens' BF16 copies are carried over to the new request).
 
-    python bench/chat_compare.py --base-url int2=http://127.0.0.1:30000/v1 \
+    python -m bench.chat_compare --base-url int2=http://127.0.0.1:30000/v1 \
         bf16=http://127.0.0.1:30001/v1 --out results/chat_compare.json
 """
 from __future__ import annotations
@@ -17,10 +17,8 @@ import json
 import math
 import sys
 import urllib.request
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _results  # noqa: E402
+from bench import _results
 
 SHORT = [
     "What is the capital of France?",

@@ -1,10 +1,10 @@
 """Where the per-channel decode's time goes, line by line: CUPTI PC sampling through Triton's proton.
 
-For each KV format it builds bench/kernels.py's synthetic pool at one shape (Llama-3.1-8B's
+For each KV format it builds bench/kernel_speed.py's synthetic pool at one shape (Llama-3.1-8B's
 attention: Hq 32, Hkv 8, D 128; pages of the format's block, BF16 sink and ring), starts a proton
 session (backend "cupti", mode "pcsampling") before the decode kernel is first loaded (PC sampling
 maps PCs to source lines through the modules it sees loaded), runs the decode --calls times
-outside CUDA graphs, then times it in a CUDA graph as bench/kernels.py does (graph_us).
+outside CUDA graphs, then times it in a CUDA graph as bench/kernel_speed.py does (graph_us).
 
 Rows (one per format): format, B, L, graph_us, calls_sampled, samples (of the decode kernel),
 stall_reason_pct (each warp state's share of those samples: "selected" = the sampled warp was
@@ -13,8 +13,8 @@ samples CUPTI gave no state), kernels (every sampled kernel's time and samples: 
 when it is not fused) and top_lines (the --top source lines with most samples: path relative to
 the project or to triton, the line's text, its share, and its states >= 3% of its samples).
 
-    python bench/decode_profile.py                                      # GPU: the default format, 8 x 32K
-    python bench/decode_profile.py --formats k3c64-v2t64-s4-w128,k4c64-v2t64-s4-w128 --json $OUT/p.json
+    python -m bench.decode_profile                                      # GPU: the default format, 8 x 32K
+    python -m bench.decode_profile --formats k3c64-v2t64-s4-w128,k4c64-v2t64-s4-w128 --json $OUT/p.json
 
 First run 2026-11-29 on an H200 (docs/benchmarks.md, "where the 3-bit body's time goes"): the body
 issues and waits on its own ALU work, memory is 3.5% of the samples; the 3-bit planes' key operands
@@ -32,9 +32,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "kernels"), str(Path(__file__).resolve().parent), str(ROOT)]
 
-import _results  # noqa: E402
+from bench import _results
 from oscar_sglang.runtime.kv_format import DEFAULT_KV_FORMAT  # noqa: E402 (the served default)
 
 KERNEL = "attend_channel_kernel"
@@ -106,8 +105,8 @@ def profile(fmt_name: str, B: int, L: int, calls: int, interval: int, top: int, 
     import torch
     import triton.profiler as proton
 
-    import kernels as kb
-    from _timing import bench_graph
+    from bench import kernel_speed as kb
+    from bench._timing import bench_graph
     from oscar_kernels import KVFormat
 
     case = kb.ChannelCase(B, L, KVFormat.parse(fmt_name, head_dim=kb.D))
@@ -140,7 +139,7 @@ def main(argv=None) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("bench/decode_profile.py needs a CUDA GPU (CUPTI PC sampling); nothing was run", file=sys.stderr)
+        print("python -m bench.decode_profile needs a CUDA GPU (CUPTI PC sampling); nothing was run", file=sys.stderr)
         return 2
     B, L = (int(x) for x in args.shape.lower().split("x"))
     if args.keep_hatchet:
@@ -154,7 +153,7 @@ def main(argv=None) -> int:
         for t in r["top_lines"][:8]:
             print(f"  {t['pct_samples']:5.1f}%  {t['line']}  {t['source'][:80]}", flush=True)
     doc = _results.document(f"synthetic per-channel pool at Llama-3.1-8B's attention shapes "
-                            f"(Hq 32, Hkv 8, D 128; bench/kernels.py ChannelCase), {B} x {L}", rows,
+                            f"(Hq 32, Hkv 8, D 128; bench/kernel_speed.py ChannelCase), {B} x {L}", rows,
                             interval=args.interval)
     print("wrote", _results.write(args.json or _results.default_path("decode_profile"), doc))
     return 0

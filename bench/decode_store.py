@@ -13,24 +13,20 @@ the pool between one layer's store and the next.
 Request b decodes position 64 * (8 + b) + b % 64, so one request in 64 completes a block each
 step, as in steady decode. Llama-3.1-8B shapes (32 query heads, 8 KV heads, head_dim 128).
 
-    python bench/decode_store.py                       # H100: ~1 minute
-    python bench/decode_store.py --batches 1,64 --out /tmp/s.json
+    python -m bench.decode_store                       # H100: ~1 minute
+    python -m bench.decode_store --batches 1,64 --out /tmp/s.json
 """
 from __future__ import annotations
 
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "kernels"), str(Path(__file__).resolve().parent), str(ROOT)]
-
-import _results  # noqa: E402
+from bench import _results
 from oscar_sglang.runtime.kv_format import DEFAULT_KV_FORMAT  # noqa: E402 (the served default)
-from _timing import bench_graph  # noqa: E402
+from bench._timing import bench_graph  # noqa: E402
 from oscar_kernels import ops  # noqa: E402
 from oscar_kernels.format import KVFormat, code_bytes  # noqa: E402
 from oscar_kernels.hadamard import hadamard  # noqa: E402

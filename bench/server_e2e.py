@@ -11,7 +11,7 @@ Phases (all on dummy-weight Qwen3-8B from the devkit, same --mem-fraction-static
             output of the tapped layer is compared with (a) exact attention over the same BF16
             K/V and (b) the INT2 design emulated in float64; then the 64 concurrent requests.
 
-    source .devkit/device-env.sh && python bench/server_e2e.py --out $OUT/e2e
+    source .devkit/device-env.sh && python -m bench.server_e2e --out $OUT/e2e
 
 --tp 2 (on nvidia-h200-x2) runs every phase with tensor parallelism 2; each rank taps its own KV
 heads (OSCAR_DEBUG_TAP_DIR/rank<r>) and the noradix row checks every rank's attention output.
@@ -32,9 +32,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _results  # noqa: E402
-from _serving_server import ServerProcess, post_json  # noqa: E402
+from bench import _results
+from bench._launcher import SPEED, Server
+from bench._serving_server import post_json
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / ".devkit" / "models"
@@ -64,7 +64,7 @@ def server_cmd(model: str, port: int, mem: float, *extra: str, launcher: str = "
             "--mem-fraction-static", str(mem), "--port", str(port), *FLAGS, *tp, *extra]
 
 
-def wait_log(srv: ServerProcess, pattern: str, timeout: float = 300.0) -> re.Match:
+def wait_log(srv: Server, pattern: str, timeout: float = 300.0) -> re.Match:
     t0 = time.time()
     rx = re.compile(pattern)
     while time.time() - t0 < timeout:
@@ -77,7 +77,7 @@ def wait_log(srv: ServerProcess, pattern: str, timeout: float = 300.0) -> re.Mat
     raise RuntimeError(f"no {pattern!r} in the log after {timeout:.0f} s:\n{srv.tail(40)}")
 
 
-def scheduler_info(srv: ServerProcess) -> dict:
+def scheduler_info(srv: Server) -> dict:
     info = srv.server_info()
     st = (info.get("internal_states") or [{}])[0]
     return {"max_total_num_tokens": info.get("max_total_num_tokens"),
@@ -195,7 +195,7 @@ def main() -> int:
         try:
             cmd = server_cmd(a.model, a.port, a.mem, "--attention-backend", "triton", "--disable-cuda-graph",
                              "--skip-tokenizer-init")
-            with ServerProcess(cmd, {}, a.out / "bf16.log", a.port) as srv:
+            with Server(cmd, {}, a.out / "bf16.log", a.port, **SPEED) as srv:
                 m = wait_log(srv, r"max_total_num_tokens=(\d+)")
                 r["max_total_num_tokens"] = int(m.group(1))
         except Exception as e:  # noqa: BLE001
@@ -211,7 +211,7 @@ def main() -> int:
             # our launcher: --kv-cache-dtype int2 is its default
             cmd = server_cmd(a.model, a.port, a.mem, "--enable-metrics", launcher="oscar-sglang serve")
             r["launcher"] = "oscar-sglang serve"
-            with ServerProcess(cmd, int2_env, a.out / "int2.log", a.port) as srv:
+            with Server(cmd, int2_env, a.out / "int2.log", a.port, **SPEED) as srv:
                 srv.wait_ready(300)
                 r["startup_s"] = round(srv.startup_s)
                 r["info"] = scheduler_info(srv)
@@ -246,7 +246,7 @@ def main() -> int:
             cmd = server_cmd(a.model, a.port, a.mem, "--kv-cache-dtype", "int2", "--disable-radix-cache",
                              "--chunked-prefill-size", "4096", launcher="sglang serve")
             r["launcher"] = "sglang serve"
-            with ServerProcess(cmd, env, a.out / "noradix.log", a.port) as srv:
+            with Server(cmd, env, a.out / "noradix.log", a.port, **SPEED) as srv:
                 srv.wait_ready(300)
                 r["startup_s"] = round(srv.startup_s)
                 time.sleep(8)  # let SGLang's own warm-up request finish: the tap wants batch size 1

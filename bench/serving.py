@@ -29,8 +29,8 @@ prints the total. Carry .devkit/sgl_bundle.tar.xz, .devkit/device-env.sh and
 
 Run on the GPU machine from the project root (see ../shared/devkit/README.md):
 
-    source .devkit/device-env.sh && python bench/serving.py run --configs bf16,int2 --out $OUT/serving
-    python bench/serving.py report $OUT/serving/results.json --update-doc docs/benchmarks.md
+    source .devkit/device-env.sh && python -m bench.serving run --configs bf16,int2 --out $OUT/serving
+    python -m bench.serving report $OUT/serving/results.json --update-doc docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -45,8 +45,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _results  # noqa: E402
+from bench import _results
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVKIT_MODELS = ROOT / ".devkit" / "models"
@@ -125,8 +124,8 @@ def part_capacity(server, info: dict, rec: dict, max_pos: int) -> None:
 
 
 def part_latency(server, rec: dict, contexts: List[int], out_len: int, vocab: int) -> None:
-    from _serving_client import inter_token_ms, random_prompts, run_requests
-    from _serving_server import log_size, log_slice, parse_decode_log
+    from bench._serving_client import inter_token_ms, random_prompts, run_requests
+    from bench._serving_server import log_size, log_slice, parse_decode_log
 
     import numpy as np
 
@@ -157,7 +156,7 @@ def part_latency(server, rec: dict, contexts: List[int], out_len: int, vocab: in
 def part_fresh(server, rec: dict, ctx: int, vocab: int, when: str) -> None:
     """TTFT of one ctx-token prompt: `fresh` = the first request the server sees (kernels that
     compile on first use show here), `warm` = the same size after the warm-up requests."""
-    from _serving_client import random_prompts, run_requests
+    from bench._serving_client import random_prompts, run_requests
 
     prompt = random_prompts(1, ctx - 16, vocab, seed=ctx + (when == "warm"))[0]
     r = run_requests(server.url, [prompt], 8, f"{when} {ctx // 1024}K")[0]
@@ -170,7 +169,7 @@ def part_fresh(server, rec: dict, ctx: int, vocab: int, when: str) -> None:
 
 def _wait_for_trace(folder: Path, timeout_s: float) -> list:
     """The scheduler exports the trace asynchronously: wait until a file exists and stops growing."""
-    from _serving_trace import find_traces
+    from bench._serving_trace import find_traces
 
     deadline, last = time.time() + timeout_s, None
     while time.time() < deadline:
@@ -185,7 +184,7 @@ def _wait_for_trace(folder: Path, timeout_s: float) -> list:
 
 def _start_profile(server, prof_dir: Path, prefix: str, num_steps: int) -> None:
     """Ask the server to profile its next num_steps forward steps into prof_dir."""
-    from _serving_server import post_json
+    from bench._serving_server import post_json
 
     try:
         post_json(server.url + "/start_profile", {
@@ -199,7 +198,7 @@ def _analyze_profile(prof_dir: Path, keep_traces: bool, stage: str, label: str) 
     """The step attribution of the trace the server wrote into prof_dir (its `stage` spans:
     DECODE or EXTEND), or {"error": ...}, printed under `label`; the traces are deleted unless
     keep_traces."""
-    from _serving_trace import analyze, format_attribution
+    from bench._serving_trace import analyze, format_attribution
 
     traces = _wait_for_trace(prof_dir, timeout_s=90)
     a = analyze(traces[-1], stage=stage) if traces else {"error": "no trace written"}
@@ -218,7 +217,7 @@ def part_attribution(server, rec: dict, contexts: List[int], vocab: int, out_dir
     """Profile ~30 decode steps of `batch` requests in the live server and split the step time."""
     import threading
 
-    from _serving_client import random_prompts, run_requests
+    from bench._serving_client import random_prompts, run_requests
 
     rec.setdefault("attribution", {})
     if batch > 1:
@@ -251,7 +250,7 @@ def part_attribution_prefill(server, rec: dict, contexts: List[int], vocab: int,
                              tag: str, keep_traces: bool, batch: int = 8) -> None:
     """Profile the prefill steps of `batch` prompts of each context sent at once (the scheduler
     runs their prefills before any decode step) and split a prefill step's time."""
-    from _serving_client import random_prompts, run_requests
+    from bench._serving_client import random_prompts, run_requests
 
     rec.setdefault("attribution_prefill", {})
     rec["attribution_prefill_batch"] = batch
@@ -268,8 +267,8 @@ def part_attribution_prefill(server, rec: dict, contexts: List[int], vocab: int,
 
 def part_throughput(server, rec: dict, loads: List[tuple], vocab: int, out_dir: Path,
                     tag: str) -> None:
-    from _serving_client import random_prompts, run_requests, summarize, timelines
-    from _serving_server import log_size, log_slice, parse_decode_log
+    from bench._serving_client import random_prompts, run_requests, summarize, timelines
+    from bench._serving_server import log_size, log_slice, parse_decode_log
 
     rec.setdefault("throughput", {})
     for n, p, o in loads:
@@ -308,7 +307,7 @@ def part_one_batch(model_dir: Path, tok_dir: Path, config, rec: dict, contexts: 
                    mem_fraction: float, out_dir: Path, tag: str, keep_traces: bool,
                    timeout_s: float) -> None:
     """Batch-1 decode step measured in-process by sglang.bench_one_batch (no scheduler/HTTP)."""
-    from _serving_trace import analyze, find_traces, format_attribution
+    from bench._serving_trace import analyze, find_traces, format_attribution
 
     prof_dir = out_dir / "traces" / f"{tag}_one_batch"
     prof_dir.mkdir(parents=True, exist_ok=True)
@@ -356,7 +355,8 @@ def part_one_batch(model_dir: Path, tok_dir: Path, config, rec: dict, contexts: 
 # ---------------------------------------------------------------------------------------- main
 
 def cmd_run(args) -> int:
-    from _serving_server import CONFIGS, ServerProcess, server_command
+    from bench._launcher import SPEED, Server
+    from bench._serving_server import CONFIGS, server_command
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -404,7 +404,7 @@ def cmd_run(args) -> int:
                 rec["server_cmd"] = " ".join(cmd[1:])
                 rec["server_env"] = env
                 try:
-                    with ServerProcess(cmd, env, out_dir / f"{tag}_server.log", port) as server:
+                    with Server(cmd, env, out_dir / f"{tag}_server.log", port, **SPEED) as server:
                         server.wait_ready(args.startup_timeout)
                         info = server.server_info()
                         rec["server_info_subset"] = {k: info.get(k) for k in (
@@ -422,7 +422,7 @@ def cmd_run(args) -> int:
                         if parts & {"latency", "attribution", "attribution_prefill", "throughput", "fresh"}:
                             # warm-up, so Triton JIT compiles stay out of the numbers: a short
                             # prompt, and one of two prefill chunks (the cached-prefix path)
-                            from _serving_client import random_prompts, run_requests
+                            from bench._serving_client import random_prompts, run_requests
                             run_requests(server.url, random_prompts(2, 1024, vocab, 0), 16,
                                          "warm-up")
                             run_requests(server.url, random_prompts(1, 12000, vocab, 1), 16,
@@ -461,13 +461,13 @@ def cmd_run(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from _serving_report import render
+    from bench._serving_report import render
 
     return render([Path(p) for p in args.results], Path(args.img_dir), args.update_doc)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="bench/serving.py", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m bench.serving", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="launch servers and measure (GPU machine)")

@@ -1,4 +1,4 @@
-"""INT2 KV against FP8 (and BF16) KV through the server: issue 19's table, one JSON.
+"""INT2 KV against FP8 (and BF16) KV through the server: the comparison table, one JSON.
 
 For each configuration (bench/_serving_server.py CONFIGS; default int2, int2-mixed-chunk,
 fp8-splits64, fp8-flashinfer, flashinfer) it starts one `sglang.launch_server` (dummy weights, the
@@ -34,7 +34,7 @@ Device runs (from the project root; carry .devkit/sgl_bundle.tar.xz, .devkit/dev
 copy that file from $OUT to bench/results/ before the next call:
 
   mkdir -p .devkit/models && tar -C .devkit/models -xJf .devkit/smollm2_tok.tar.xz && source .devkit/device-env.sh &&
-  python bench/serving_vs_fp8.py run --out $OUT/serving_vs_fp8_h100.json --deadline-s 570 \\
+  python -m bench.serving_vs_fp8 run --out $OUT/serving_vs_fp8_h100.json --deadline-s 570 \\
       --only-missing --logs $OUT/logs
 
   one GPU: repeat it (about 8 calls); or split by hand: --configs int2 --loads
@@ -45,7 +45,7 @@ copy that file from $OUT to bench/results/ before the next call:
       server per unit, one unit per GPU at a time; rows record side_by_side, the number of servers
       run at once, since they share the host's CPUs).
 
-Then: python bench/serving_vs_fp8.py report --update-doc docs/benchmarks.md (reads
+Then: python -m bench.serving_vs_fp8 report --update-doc docs/benchmarks.md (reads
 bench/results/serving_vs_fp8_h100.json; writes the table and docs/img/serving_vs_fp8_h100.png).
 """
 from __future__ import annotations
@@ -67,10 +67,9 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _results  # noqa: E402
-import _vs_fp8_report as report  # noqa: E402
-from _serving_server import CONFIGS, kv_and_backend  # noqa: E402
+from bench import _results
+from bench import _vs_fp8_report as report
+from bench._serving_server import CONFIGS, kv_and_backend
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVKIT_MODELS = ROOT / ".devkit" / "models"
@@ -136,7 +135,7 @@ class Table:
         digest = hashlib.sha1(str(self.path.resolve()).encode()).hexdigest()[:12]
         self.lock_path = Path(tempfile.gettempdir()) / f"serving_vs_fp8_{digest}.lock"
         self.call = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "pid": os.getpid(),
-                     "device": self.device, "command": "python " + " ".join(sys.argv)}
+                     "device": self.device, "command": _results.command()}
         with self._locked():
             if not self.path.exists():
                 rows, extra = [], {}
@@ -184,13 +183,13 @@ class Table:
 
 
 def _facts(url: str) -> dict:
-    from soak import server_facts
+    from bench.soak import server_facts
 
-    from _serving_server import _get_json
+    from bench._launcher import get_json
 
     # long timeout: a FlashInfer server JIT-compiles its prefill on SGLang's own start-up warm-up
     # request, and /server_info waits on the busy scheduler (30 s was too short for fp8 + flashinfer)
-    info = _get_json(url + "/server_info", timeout=600)
+    info = get_json(url + "/server_info", timeout=600)
     facts = server_facts(info, None)
     return {"max_running_requests": facts["max_running_requests"], "kv_tokens": facts["max_total_num_tokens"],
             "context_tokens": facts["context_tokens"], "server_kv_cache_dtype": facts["kv_cache_dtype"],
@@ -205,10 +204,10 @@ def compiled_while_serving(url: str):
     """The plugin's list of Triton kernels compiled after the server's first forward (/server_info
     oscar_int2.compiled_while_serving: kernel, ms, seconds after the first forward); None where
     the server does not report it (not int2, or an older plugin)."""
-    from _serving_server import _get_json
+    from bench._launcher import get_json
 
     try:
-        st = ((_get_json(url + "/server_info", timeout=60) or {}).get("internal_states") or [{}])[0] or {}
+        st = ((get_json(url + "/server_info", timeout=60) or {}).get("internal_states") or [{}])[0] or {}
     except (OSError, ValueError):
         return None
     return (st.get("oscar_int2") or {}).get("compiled_while_serving")
@@ -218,7 +217,7 @@ async def _pool(url: str, idle_timeout_s: float) -> dict:
     """Idle (nothing running or waiting), /flush_cache, then the pool: soak.pool_snapshot plus any
     other oscar_int2 `*_free` field (side-buffer memory, where the plugin reports it)."""
     import aiohttp
-    import soak
+    from bench import soak
 
     async with aiohttp.ClientSession() as s:
         idle = await soak.wait_idle(s, url, soak.Stats(), idle_timeout_s)
@@ -241,7 +240,7 @@ def pool_state(url: str, idle_timeout_s: float) -> dict:
 def pool_leak(start: dict, end: dict) -> dict:
     """pool_leak_tokens (soak.leak_tokens: SGLang's used tokens and int2's free tokens against the
     start; None if not measured) and side_free_leak ({field: start - end} for the other *_free)."""
-    from soak import leak_tokens
+    from bench.soak import leak_tokens
 
     leak = leak_tokens(start, end) if end.get("idle") else None
     side = {k: start["other_free"][k] - end["other_free"].get(k, 0) for k in start.get("other_free", {})
@@ -254,7 +253,7 @@ def _brief(snap: dict) -> dict:
 
 
 def _prompts(load: str, n: int, inp: int, vocab: int) -> List[List[int]]:
-    from _serving_client import random_prompts
+    from bench._serving_client import random_prompts
 
     n0, inp0, out0 = report.parse_load(load)
     return random_prompts(n, inp, vocab, seed=(n0 * 131 + inp0 * 7 + out0) % 1_000_003)
@@ -265,7 +264,7 @@ def measure(url: str, load: str, vocab: int, context: Optional[int], timeout_s: 
     """One load: N requests at once; the row's numbers (batch 1: TPOT = median token gap)."""
     import numpy as np
 
-    from _serving_client import inter_token_ms, run_requests, summarize
+    from bench._serving_client import inter_token_ms, run_requests, summarize
 
     n, inp, out = report.parse_load(load)
     sent = min(inp, context - out - 8) if context else inp  # SGLang rejects prompt + output >= context
@@ -351,8 +350,8 @@ def run_server(url: str, config: str, loads: List[str], args, table: Table, cloc
     log: the server's log (servers the bench started): each load's row also gets what the
     scheduler logged at its full occupancy (_serving_server.scheduler_rates), the server-side
     decode rate next to the client's."""
-    from _serving_client import random_prompts, run_requests
-    from _serving_server import (log_size, log_slice, parse_decode_log, parse_prefill_log, prefill_rates,
+    from bench._serving_client import random_prompts, run_requests
+    from bench._serving_server import (log_size, log_slice, parse_decode_log, parse_prefill_log, prefill_rates,
                                  scheduler_rates)
 
     kv, backend = kv_and_backend(CONFIGS[config])
@@ -423,7 +422,7 @@ def _f(x, fmt="{:,.0f}"):
 
 
 def server_cmd(config: str, args, port: int) -> List[str]:
-    from _serving_server import server_command
+    from bench._serving_server import server_command
 
     return server_command(Path(args.model_dir), Path(args.tokenizer_dir), CONFIGS[config], port,
                           args.mem_fraction_static, list(args.server_arg))
@@ -442,7 +441,8 @@ def run_config(config: str, loads: List[str], args, table: Table, clock: Clock, 
     if config in args.urls:
         return run_server(args.urls[config], config, loads, args, table, clock,
                           {**extra, "server_started_by_bench": False})
-    from _serving_server import ServerProcess, log_size, log_slice, parse_decode_log
+    from bench import _launcher
+    from bench._serving_server import log_size, log_slice, parse_decode_log
 
     startup = clock.startup_s(CONFIGS[config])
     first = min((estimate_s(ld) for ld in loads), default=0)
@@ -455,7 +455,7 @@ def run_config(config: str, loads: List[str], args, table: Table, clock: Clock, 
     cmd = server_cmd(config, args, port)
     log = Path(args.logs) / f"{config}_{port}.log"
     print(f"=== {config}: {shlex.join(cmd)}  (t+{clock.elapsed():.0f} s)", flush=True)
-    with ServerProcess(cmd, CONFIGS[config].env, log, port) as srv:
+    with _launcher.Server(cmd, CONFIGS[config].env, log, port, **_launcher.SPEED) as srv:
         srv.wait_ready(args.startup_timeout)
         clock.flashinfer_compiled |= uses_flashinfer(CONFIGS[config])
         extra.update(server_started_by_bench=True, startup_s=round(srv.startup_s, 1),
@@ -503,7 +503,7 @@ def run_parallel(work: List[tuple], args, clock: Clock) -> int:
             if args.deadline_s and left < 60:
                 print(f"[gpu {gpu}] no time left for {config} {loads}", flush=True)
                 continue
-            cmd = [sys.executable, __file__, "run", "--configs", config, "--loads", ",".join(loads),
+            cmd = [sys.executable, "-m", "bench.serving_vs_fp8", "run", "--configs", config, "--loads", ",".join(loads),
                    "--out", str(args.out), "--port", str(args.port + 10 * i), "--side-by-side", str(side),
                    "--abort-load", args.abort_load if loads == [u for c, u in work if c == config][-1] else "",
                    *(["--deadline-s", f"{left:.0f}"] if args.deadline_s else []), *args.passthrough]
@@ -587,7 +587,7 @@ def cmd_report(args) -> int:
     if args.resummarize:  # the summary's rules changed since the run: store what they give now
         if len(docs) > 1:
             raise SystemExit("--resummarize rewrites one results file; give one")
-        doc["summary_recomputed_by"] = "python bench/serving_vs_fp8.py report --resummarize"
+        doc["summary_recomputed_by"] = "python -m bench.serving_vs_fp8 report --resummarize"
         Path(args.results[-1]).write_text(json.dumps(doc, indent=1) + "\n")
     img = report.plot(doc, Path(args.img_dir) / args.image) if doc["rows"] else None
     src = os.path.relpath(Path(args.results[-1]).resolve(), (ROOT / "docs"))
@@ -602,7 +602,7 @@ def cmd_report(args) -> int:
 def cmd_scheduler_rates(args) -> int:
     """Server-side decode and prefill rates of a finished run, from its server logs (runs before
     the rows recorded them): one row per log and piece between cache flushes with decode lines."""
-    from _serving_server import loads_of_log, parse_decode_log, parse_prefill_log, prefill_rates, scheduler_rates
+    from bench._serving_server import loads_of_log, parse_decode_log, parse_prefill_log, prefill_rates, scheduler_rates
 
     run = json.loads(Path(args.run).read_text())
     rows = []
@@ -622,7 +622,7 @@ def cmd_scheduler_rates(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="bench/serving_vs_fp8.py", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bench.serving_vs_fp8", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="start servers and measure (GPU machine)", description=__doc__,

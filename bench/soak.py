@@ -34,7 +34,7 @@ Device run (H100; see ../shared/devkit/README.md). Carry .devkit/sgl_bundle.tar.
 .devkit/device-env.sh and .devkit/smollm2_tok.tar.xz (see bench/serving.py), then, per call:
 
   mkdir -p .devkit/models && tar -C .devkit/models -xJf .devkit/smollm2_tok.tar.xz && source .devkit/device-env.sh &&
-  python bench/soak.py --configs int2,bf16 --duration 90 --out $OUT/soak_h100.json --log-dir $OUT/logs
+  python -m bench.soak --configs int2,bf16 --duration 90 --out $OUT/soak_h100.json --log-dir $OUT/logs
   (a second call with --configs int2-noradix,bf16-noradix --out $OUT/soak_h100_noradix.json)
 
 About 4 minutes per server (start-up 60-90 s, load 90 s, drain, idle checks); --deadline-s skips a
@@ -55,8 +55,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _results  # noqa: E402
+from bench import _results
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_JSON = "soak_h100.json"
@@ -674,7 +673,7 @@ def managed_command(config: str, args, port: int) -> list[str]:
 
 
 def fitted_tokenizer(model: Path, source: Path, dst: Path) -> Path:
-    from coverage import fit_tokenizer
+    from bench.model_coverage import fit_tokenizer
 
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     fit_tokenizer(source, dst, vocab)
@@ -744,7 +743,7 @@ async def _run_targets(args, targets, out, meta, stop_all) -> list[dict]:
 
 
 async def _managed(name: str, args, i: int, stop_all) -> dict:
-    from niah_server import Server
+    from bench._launcher import Server
 
     port = args.port + i
     cmd = managed_command(name, args, port)
@@ -789,7 +788,7 @@ def pooled_accuracy(rows: list[dict], kind: str, phase: str) -> float | None:
 
 
 def summary(rows: list[dict]) -> dict:
-    """Run-wide values of the result document (issue 20's keys): totals over every row, the
+    """Run-wide values of the result document (the soak's acceptance keys): totals over every row, the
     pooled probe accuracies per KV kind."""
     done = [r for r in rows if "requests" in r]
     leaks = [r["pool_leak_tokens"] for r in done if r.get("pool_leak_tokens") is not None]
@@ -871,7 +870,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="for --configs (default: launch/models/llama31-8b, dummy weights)")
     p.add_argument("--tokenizer-path", default="",
                    help="for --configs (default: the devkit's SmolLM2 tokenizer fitted to the model's "
-                   "vocab_size by bench/coverage.py's fit_tokenizer, so every generated id decodes "
+                   "vocab_size by bench/model_coverage.py's fit_tokenizer, so every generated id decodes "
                    "to text and garbled probe answers are visible; written under --log-dir)")
     p.add_argument("--tokenizer-source", default=str(DEVKIT / "smollm2-135m"))
     p.add_argument("--server-args", default=DEFAULT_SERVER_ARGS, help=f"for --configs (default: {DEFAULT_SERVER_ARGS})")
@@ -944,7 +943,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{c}: {shlex.join(managed_command(c, args, args.port + i))}")
         return 0
     meta = {"device": _results.device_name(),
-            "command": "python bench/soak.py " + shlex.join(sys.argv[1:] if argv is None else argv)}
+            "command": _results.command("soak", sys.argv[1:] if argv is None else argv)}
     out = Path(args.out)
     rows = asyncio.run(run_all(args, targets, out, meta))
     for r in rows:

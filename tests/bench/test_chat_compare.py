@@ -1,16 +1,12 @@
 """bench/chat_compare.py against two stand-in chat servers on 127.0.0.1: the result document has
 the benchmark keys and one row per prompt with each server's answer and the pairwise checks."""
 import json
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests import ROOT
-
-sys.path.insert(0, str(ROOT / "bench"))
-import chat_compare  # noqa: E402
+from bench import chat_compare
 
 
 def _server(answer_for):
@@ -50,7 +46,7 @@ def test_writes_the_benchmark_document(servers, tmp_path):
     out = tmp_path / "chat.json"
     assert chat_compare.main(["--base-url", *servers, "--long-words", "", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert list(doc)[:5] == ["date", "device", "model", "command", "rows"]
+    assert list(doc)[:6] == ["date", "device", "model", "command", "commit", "rows"]
     assert doc["model"] == "stub-model" and doc["servers"]["x"].startswith("http://127.0.0.1:")
     rows = doc["rows"]
     assert len(rows) == len(chat_compare.SHORT) and all(set(r["servers"]) == {"x", "ref"} for r in rows)

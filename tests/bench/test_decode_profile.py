@@ -1,15 +1,12 @@
 """bench/decode_profile.py: proton's PC-sampling tree summarised into a results row (CPU; the
 sampling itself needs a GPU, and without one the script says so and runs nothing)."""
 import random
-import sys
 
 import pytest
 
 from tests import ROOT
 
-sys.path.insert(0, str(ROOT / "bench"))
-
-import decode_profile as dp  # noqa: E402
+from bench import decode_profile as dp
 
 SRC = ROOT / "kernels" / "oscar_kernels" / "triton" / "attend_channel.py"
 TRITON_SRC = "/opt/venv/lib/python3.12/site-packages/triton/language/standard.py"

@@ -1,17 +1,10 @@
 """bench/decode_store.py on CPU (--check-only, the Triton interpreter): the split and fused decode
 stores agree on a decode batch that completes a block, and a fused store that differs is caught."""
-import importlib.util
 import json
-import sys
 
 import pytest
 
-from tests import ROOT
-
-spec = importlib.util.spec_from_file_location("oscar_bench_decode_store", ROOT / "bench" / "decode_store.py")
-ds = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = ds
-spec.loader.exec_module(ds)
+from bench import decode_store as ds
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -1,17 +1,10 @@
 """bench/kernel_error.py on CPU (Triton interpreter, small shapes): every per-channel kernel's row
 lands in the JSON with errors at the interpreter's fp32 level, and a kernel that errs is caught."""
-import importlib.util
 import json
-import sys
 
 import pytest
 
-from tests import ROOT
-
-spec = importlib.util.spec_from_file_location("oscar_bench_kernel_error", ROOT / "bench" / "kernel_error.py")
-ke = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = ke
-spec.loader.exec_module(ke)
+from bench import kernel_error as ke
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 SMALL = ["--head-dim", "128", "--kv-heads", "1", "--gqa", "4", "--decode-lens", "150,70,1",

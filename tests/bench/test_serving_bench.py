@@ -3,17 +3,13 @@ the client-side split of a load's wall time into decoding vs prefill, and the re
 several results files (part by part, with pre-fix int2 runs relabelled)."""
 import json
 import random
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests import ROOT
 
-sys.path.insert(0, str(ROOT / "bench"))
-
-from _serving_client import RequestRecord, full_occupancy_decode, phase_split  # noqa: E402
-from _serving_report import _load, targets  # noqa: E402
+from bench._serving_client import RequestRecord, full_occupancy_decode, phase_split
+from bench._serving_report import _load, targets
 
 
 def _simulate(rng: random.Random, n: int, capacity: int, out_len: int):
@@ -120,14 +116,14 @@ def test_a_started_server_is_ready_only_after_sglangs_own_start_up_request(tmp_p
     waits for the line SGLang logs when that request is done (server status Up)."""
     from types import SimpleNamespace
 
-    import _serving_server as ss
+    from bench import _launcher as ss
 
     log = tmp_path / "server.log"
     log.write_text("Uvicorn running on http://127.0.0.1:1\n")
-    srv = ss.ServerProcess(["sglang"], {}, log, 1)
+    srv = ss.Server(["sglang"], {}, log, 1, **ss.SPEED)
     srv.proc = SimpleNamespace(poll=lambda: None)
     polls = []
-    monkeypatch.setattr(ss, "_get_json", lambda url, timeout=10.0: polls.append(url) or {})
+    monkeypatch.setattr(ss, "get_json", lambda url, timeout=10.0: polls.append(url) or {})
 
     def sleep(_):
         if len(polls) == 3:  # SGLang finishes its start-up request after the third poll

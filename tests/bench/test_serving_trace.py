@@ -5,14 +5,11 @@ from __future__ import annotations
 import gzip
 import json
 import random
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import _serving_trace as tr  # noqa: E402
+from bench import _serving_trace as tr
 
 
 def _trace(tmp_path, rng, steps=6, layers=4):

@@ -6,10 +6,8 @@ oscar_int2.tokens_free and side_bytes_free), /v1/loads and /flush_cache, and kee
 account: a request holds prompt + output tokens while it runs. Faults per test: tokens kept after
 every request or after an aborted stream (a leak), a slow first request (a cold server).
 """
-import importlib.util
 import json
 import random
-import sys
 import threading
 import time
 from http.server import ThreadingHTTPServer
@@ -19,10 +17,7 @@ import pytest
 from tests import ROOT
 from tests.http_stub import JSONHandler
 
-spec = importlib.util.spec_from_file_location("oscar_bench_serving_vs_fp8", ROOT / "bench" / "serving_vs_fp8.py")
-vs = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = vs
-spec.loader.exec_module(vs)
+from bench import serving_vs_fp8 as vs
 report = vs.report
 
 TOTAL, CTX, MRR, SIDE = 100_000, 40_000, 8, 1 << 20
@@ -343,7 +338,7 @@ def test_report_renders_table_plot_and_doc_block(tmp_path, seed):
     rng = random.Random(seed)
     rows = _random_rows(rng)
     doc = {"date": "2026-11-27 10:00 UTC", "device": "NVIDIA H100 80GB HBM3", "model": "llama31-8b",
-           "command": "python bench/serving_vs_fp8.py run", "rows": rows}
+           "command": "python -m bench.serving_vs_fp8 run", "rows": rows}
     res = tmp_path / "serving_vs_fp8_h100.json"
     res.write_text(json.dumps(doc))
     md = tmp_path / "benchmarks.md"
@@ -388,7 +383,7 @@ def test_scheduler_rates_per_load_from_a_server_log(tmp_path, seed):
     them from a finished run's logs."""
     import statistics
 
-    from _serving_server import loads_of_log, parse_decode_log, scheduler_rates
+    from bench._serving_server import loads_of_log, parse_decode_log, scheduler_rates
 
     rng = random.Random(seed)
     text, want = "[2026-11-27 02:57:00] Cache flushed successfully!\n", []
@@ -422,7 +417,7 @@ def test_side_by_side_servers_get_their_own_rendezvous_ports(seed):
     """Servers started together must not race for SGLang's bind-and-release NCCL port: each
     command names one derived from its HTTP port (distinct for the --side-by-side ports), and a
     port the configuration names itself is kept."""
-    from _serving_server import NCCL_PORT_OFFSET, server_command
+    from bench._serving_server import NCCL_PORT_OFFSET, server_command
 
     base = random.Random(seed).randrange(20000, 40000)
     ports = [base + 10 * i for i in range(4)]
@@ -451,7 +446,7 @@ def test_prefill_rates_per_load_from_a_server_log(tmp_path, seed):
     to the decode rates by `scheduler-rates`."""
     import statistics
 
-    from _serving_server import parse_prefill_log, prefill_rates
+    from bench._serving_server import parse_prefill_log, prefill_rates
 
     rng = random.Random(seed)
     chunk = rng.choice([4096, 8192, 16384])
@@ -512,12 +507,12 @@ def test_second_server_of_a_run_is_not_skipped_for_flashinfer_jit(stubs, tmp_pat
     """Two int2 servers the bench starts itself (a stand-in process class pointing at the stub),
     with a deadline that fits the first start's full budget plus the load: the second start is
     budgeted without the JIT and runs (with it again it would not fit once the first is done)."""
-    import _serving_server
+    from bench import _launcher
 
     a = stubs()
 
     class Started:
-        def __init__(self, cmd, env, log_path, port):
+        def __init__(self, cmd, env, log_path, port, **how):
             self.url, self.log = a["url"], log_path
 
         def __enter__(self):
@@ -531,7 +526,7 @@ def test_second_server_of_a_run_is_not_skipped_for_flashinfer_jit(stubs, tmp_pat
             time.sleep(3.0)  # a start takes time: the second check comes >= 3 s after the first
             self.startup_s = 3.0
 
-    monkeypatch.setattr(_serving_server, "ServerProcess", Started)
+    monkeypatch.setattr(_launcher, "Server", Started)
     load = "3x64+8"
     # the first check (before any start) has 1.5 s of slack, the second would need 3 s more
     deadline = vs.STARTUP_S + vs.FLASHINFER_JIT_S + vs.estimate_s(load) + vs.STOP_S + 1.5

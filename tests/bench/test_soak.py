@@ -6,23 +6,18 @@ account: a request holds prompt + max_tokens tokens while it runs. Faults are sw
 test: every Nth chat answers 500, an aborted stream keeps its tokens (a leak), probe answers are
 garbled while other requests run, /health fails for a few polls. Runs take ~2 s each.
 """
-import importlib.util
 import json
 import sys
 import threading
 import time
 from http.server import ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
 from tests import ROOT, free_ports
 from tests.http_stub import JSONHandler
 
-spec = importlib.util.spec_from_file_location("oscar_bench_soak", ROOT / "bench" / "soak.py")
-soak = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = soak  # dataclasses look their module up there
-spec.loader.exec_module(soak)
+from bench import soak
 
 MRR, CTX, TOTAL = 4, 4096, 200_000
 
@@ -358,13 +353,8 @@ def test_ctrl_c_stops_the_load_and_still_writes_the_row(stub, tmp_path):
     assert rc == 1 and row["pool_leak_tokens"] is None  # no idle wait after an interrupt: not measured
 
 
-def test_started_servers_get_a_tokenizer_fitted_to_the_model(tmp_path, capsys):
-    src = ROOT / ".devkit" / "models" / "smollm2-135m"
-    if not (src / "tokenizer.json").is_file():
-        src = Path("/work/shared/devkit/models/smollm2-135m")
-    if not (src / "tokenizer.json").is_file():
-        pytest.skip("the devkit's smollm2-135m tokenizer is not on this machine")
-    dst = soak.fitted_tokenizer(ROOT / "launch" / "models" / "llama31-8b", src, tmp_path / "tok")
+def test_started_servers_get_a_tokenizer_fitted_to_the_model(tmp_path, capsys, smollm2_tokenizer):
+    dst = soak.fitted_tokenizer(ROOT / "launch" / "models" / "llama31-8b", smollm2_tokenizer, tmp_path / "tok")
     vocab = json.loads((dst / "tokenizer.json").read_text())["model"]["vocab"]
     assert len(vocab) == 128256 and (dst / "chat_template.jinja").is_file()
     assert soak.main(["--configs", "int2", "--print-commands", "--log-dir", str(tmp_path / "l")]) == 0

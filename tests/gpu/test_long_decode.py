@@ -11,7 +11,7 @@ keys and zero-mean values (tests/kernels/pool_case.rotated_kv) as everywhere els
 
 Bound: 5e-2 relative per request. Measured on the H100 (2026-11-26) with the fix: per-channel at
 most 1.0e-2 (byte reads), 3.2e-2 (code words); without it 1.7 to 4.4 at 32K (all six cases
-of the first test failed on the old kernels). The per-token fast decode (bench/kernels.py's
+of the first test failed on the old kernels). The per-token fast decode (bench/kernel_speed.py's
 check with q ~ N(0, 1)): 1.1e-3 with the fix, 3.3e-2 without. Since 2026-11-27 the per-channel
 value accumulators are centred on the mid-code (attend_channel.VMID): on the same kind of case in
 bench/kernel_error.py (flat q, one split, 32K keys; its own outlier pool, not this test's) 4.3e-3

@@ -597,7 +597,7 @@ def test_bench_main_end_to_end_with_stand_in_servers(tmp_path, monkeypatch, para
     data = json.loads((tmp_path / "out" / "niah_server_h100.json").read_text())
     assert sorted(s[:2] for s in started) == [("bf16", port), ("int2", port + b.PORT_STRIDE)]
     assert "--disable-radix-cache" in started[0][2]
-    assert data["model"] == "fake-model" and data["command"].startswith("python bench/niah_server.py")
+    assert data["model"] == "fake-model" and data["command"].startswith("python -m bench.niah_server ")
     for r in data["rows"]:
         assert r["niah"] == 1.0 and r["niah_contains"] == 1.0 and r["trials"] == 100
         # bf16: the 8B capacity, the server's own count kept; int2 without a plugin report: the

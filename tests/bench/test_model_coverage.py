@@ -1,4 +1,4 @@
-"""bench/coverage.py: the matrix's config files, the VLM tokenizer it builds, and its JSON, written
+"""bench/model_coverage.py: the matrix's config files, the VLM tokenizer it builds, and its JSON, written
 from stand-in servers on 127.0.0.1 that serve, refuse (printing the plugin's refusal) or crash."""
 import importlib.util
 import io
@@ -9,19 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests import ROOT, free_ports
+from tests import free_ports
 
-spec = importlib.util.spec_from_file_location("oscar_bench_coverage", ROOT / "bench" / "coverage.py")
-cov = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = cov
-spec.loader.exec_module(cov)
+from bench import model_coverage as cov
 
 SGLANG_MODELS = Path(importlib.util.find_spec("sglang").origin).parent / "srt" / "models"
-SMOLLM2 = Path("/work/shared/devkit/models/smollm2-135m")
-if not SMOLLM2.is_dir():
-    SMOLLM2 = ROOT / ".devkit" / "models" / "smollm2-135m"
-need_tokenizer = pytest.mark.skipif(not (SMOLLM2 / "tokenizer.json").is_file(),
-                                    reason="the devkit's smollm2-135m tokenizer is not on this machine")
 
 
 def test_matrix_configs_are_small_valid_and_known_to_sglang():
@@ -62,15 +54,14 @@ def test_png_is_a_valid_image():
     assert img.size == (64, 48) and img.mode == "RGB" and img.getpixel((63, 0))[0] > img.getpixel((0, 0))[0]
 
 
-@need_tokenizer
-def test_vlm_tokenizer_puts_image_tokens_at_the_config_ids(tmp_path):
+def test_vlm_tokenizer_puts_image_tokens_at_the_config_ids(tmp_path, smollm2_tokenizer):
     """The Qwen2.5-VL processor, loaded from the work folder, expands one image into image_pad
     tokens with the id the model config names (what SGLang's multimodal path looks for)."""
     from PIL import Image
     from transformers import AutoProcessor
 
     row = next(r for r in cov.load_matrix() if r.get("vlm"))
-    d = cov.model_dir(row, tmp_path, SMOLLM2)
+    d = cov.model_dir(row, tmp_path, smollm2_tokenizer)
     config = json.loads((d / "config.json").read_text())
     proc = AutoProcessor.from_pretrained(d)
     msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Colours?"}]}]
@@ -82,12 +73,11 @@ def test_vlm_tokenizer_puts_image_tokens_at_the_config_ids(tmp_path):
     assert max(ids) < config["vocab_size"]
 
 
-@need_tokenizer
-def test_a_padded_tokenizer_encodes_like_the_original_and_decodes_every_id(tmp_path):
+def test_a_padded_tokenizer_encodes_like_the_original_and_decodes_every_id(tmp_path, smollm2_tokenizer):
     from transformers import AutoTokenizer
 
-    d = cov.model_dir(next(r for r in cov.load_matrix() if r["name"] == "llama31-8b"), tmp_path, SMOLLM2)
-    tok, full = AutoTokenizer.from_pretrained(d), AutoTokenizer.from_pretrained(SMOLLM2)
+    d = cov.model_dir(next(r for r in cov.load_matrix() if r["name"] == "llama31-8b"), tmp_path, smollm2_tokenizer)
+    tok, full = AutoTokenizer.from_pretrained(d), AutoTokenizer.from_pretrained(smollm2_tokenizer)
     assert len(tok) == 128256 == json.loads((d / "config.json").read_text())["vocab_size"]
     text = "The capital of France is Paris. 12345 naïve 漢字"
     assert tok.encode(text) == full.encode(text)
@@ -140,8 +130,7 @@ HTTPServer(("127.0.0.1", port), H).serve_forever()
 '''
 
 
-@need_tokenizer
-def test_json_rows_from_stand_in_servers(tmp_path, monkeypatch):
+def test_json_rows_from_stand_in_servers(tmp_path, monkeypatch, smollm2_tokenizer):
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN)
     real = cov.server_command
@@ -155,7 +144,7 @@ def test_json_rows_from_stand_in_servers(tmp_path, monkeypatch):
     monkeypatch.setattr(cov, "server_command", fake)
     port = free_ports(2 * 6)  # an int2 and a BF16 server for each of the 6 rows
     out = tmp_path / "coverage.json"
-    common = ["--tokenizer", str(SMOLLM2), "--port", str(port), "--gpus", "1", "--out", str(out),
+    common = ["--tokenizer", str(smollm2_tokenizer), "--port", str(port), "--gpus", "1", "--out", str(out),
               "--work-dir", str(tmp_path / "w"), "--log-dir", str(tmp_path / "logs"), "--startup-timeout", "30"]
     rc = cov.main(["--models", "llama32-1b,qwen2.5-vl-7b,gemma2-2b,gemma-7b,llama31-8b-tp2,qwen3-30b-a3b", *common])
     doc = json.loads(out.read_text())
@@ -213,18 +202,17 @@ def test_refusal_and_error_extraction():
         cov.main(["--models", "no-such-model"])
 
 
-@need_tokenizer
-def test_small_vocabulary_models_get_a_tokenizer_that_stays_inside_it(tmp_path):
+def test_small_vocabulary_models_get_a_tokenizer_that_stays_inside_it(tmp_path, smollm2_tokenizer):
     """Llama-2 / TinyLlama / Mistral have 32000 ids, SmolLM2's tokenizer 49152: every id of any
     text (and of the chat template) must stay below the model's vocab_size, losslessly."""
     from transformers import AutoTokenizer
 
     row = next(r for r in cov.load_matrix() if r["name"] == "tinyllama-1.1b")
-    d = cov.model_dir(row, tmp_path, SMOLLM2)
+    d = cov.model_dir(row, tmp_path, smollm2_tokenizer)
     vocab = json.loads((d / "config.json").read_text())["vocab_size"]
     assert vocab == 32000
     tok = AutoTokenizer.from_pretrained(d)
-    full = AutoTokenizer.from_pretrained(SMOLLM2)
+    full = AutoTokenizer.from_pretrained(smollm2_tokenizer)
     text = "Quixotic zephyrs jumbled 12345 émigrés; naïve café — ünïcödé 漢字 \U0001F600 " * 3
     ids = tok.encode(text, add_special_tokens=False)
     assert max(ids) < vocab and tok.decode(ids) == text

@@ -26,7 +26,7 @@ Device run (H100; see ../shared/devkit/README.md). Carry .devkit/sgl_bundle.tar.
 
   mkdir -p .devkit/models && tar -C .devkit/models -xJf .devkit/smollm2_tok.tar.xz && source .devkit/device-env.sh &&
   cp bench/results/coverage_h1*.json $OUT/ 2>/dev/null;  # the kept rows, if any
-  python bench/coverage.py --models llama31-8b,llama31-8b-fp8,qwen3-8b,llama32-1b --out $OUT/coverage_h100.json
+  python -m bench.model_coverage --models llama31-8b,llama31-8b-fp8,qwen3-8b,llama32-1b --out $OUT/coverage_h100.json
 
 About 1.5-2 minutes per served row (two server starts, dummy weights, CUDA graphs up to batch 8)
 and 20-40 s per refused row; the first start on a fresh machine also JIT-compiles flashinfer's
@@ -44,7 +44,6 @@ import re
 import shlex
 import shutil
 import struct
-import subprocess
 import sys
 import time
 import urllib.error
@@ -52,8 +51,8 @@ import urllib.request
 import zlib
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _results  # noqa: E402
+from bench import _results
+from bench._launcher import Server
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "launch" / "models"
@@ -261,8 +260,6 @@ def last_error(log: str) -> str:
 
 def run_server(model: Path, kv: str, row: dict, port: int, args, log_dir: Path) -> dict:
     """Start one server, probe it, stop it -> {up, startup_s, probe | refusal | error, log}."""
-    from niah_server import Server
-
     cmd = server_command(model, kv, row, port, args.server_args)
     log = log_dir / f"{row['name']}_{kv}.log"
     env = row.get("env", {}) if kv == "int2" else {}  # plugin settings (e.g. OSCAR_KV_FORMAT)
@@ -412,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{r['name']} {kv}: {shlex.join(server_command(Path(args.work_dir) / r['name'], kv, r, args.port, args.server_args))}")
         return 0
     out = Path(args.out)
-    command = "python bench/coverage.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = _results.command("model_coverage", sys.argv[1:] if argv is None else argv)
     old = json.loads(out.read_text()) if out.is_file() else {"rows": [], "runs": []}
     device = _results.device_name()
     runs = old.get("runs", []) + [{"command": command, "device": device, "models": [r["name"] for r in rows],

@@ -14,7 +14,7 @@ slots, indices, q) until the set of copies is >= 256 MB, so nothing is served fr
 Extend-prefix (milliseconds long) uses triton.testing.do_bench (median, L2 flushed).
 
 Usage (H100, from the project root):
-    source .devkit/device-env.sh && python bench/kernels.py --out $OUT/kernels.md --json $OUT/kernels.json
+    source .devkit/device-env.sh && python -m bench.kernel_speed --out $OUT/kernels.md --json $OUT/kernels.json
 The JSON (bench/_results.py: date, device, model, command, one row per decode shape / store size /
 extend shape) goes to bench/results/kernels/<UTC date_time>.json when --json is not given.
 Options: --tune (also sweep BLOCK_N / num_stages / split count), --quick (two shapes), --no-fast
@@ -31,17 +31,13 @@ import math
 import platform
 import sys
 import time
-from pathlib import Path
 
 import torch
 import triton
 from triton.testing import do_bench
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "kernels"), str(ROOT)]
-
-import _results  # noqa: E402
-from _timing import bench_graph  # noqa: E402
+from bench import _results
+from bench._timing import bench_graph  # noqa: E402
 
 from oscar_kernels import Int2Format, KVFormat, ops  # noqa: E402
 from oscar_kernels.format import code_bytes  # noqa: E402

