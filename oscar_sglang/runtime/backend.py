@@ -116,7 +116,6 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         self._prepare_rotations(getattr(model_runner, "dtype", torch.bfloat16))
         compile_watch.install()  # kernels compiled while serving: a warning each (start() below)
         self._fused_store = self._decode_store()
-        self._log_kernel_switches()
         self._wide_scratch = self._wide_split_scratch(self.num_head, self.v_head_dim, self.device)
         self._new_tokens = self._make_new_token_attention(model_runner)
         self._prefix_fi = self._make_prefix_attention(model_runner)
@@ -143,27 +142,6 @@ class OscarInt2TritonBackend(TritonAttnBackend):
                         else "after the rotation GEMMs (one for q and k at batch 1 where they share "
                              "the qkv buffer), in two launches")
         return choice == "fused"
-
-    def _log_kernel_switches(self) -> None:
-        """Kernel variants chosen by environment (the kernels read them at each launch): said once
-        at start, after refusing one this pool cannot run (the kernel would fail at the first decode)."""
-        from oscar_kernels.triton.attend_channel import PLANES_MIN_DIM
-
-        from .config import kernel_switches_set
-
-        set_ = kernel_switches_set()
-        if set_.get("OSCAR_CHANNEL_DECODE_KEYS") == "int8":
-            # the int8 key operands exist for the 3-bit planes decode only (the launcher's condition)
-            fmt = self.pool.kv_format
-            bits = set(fmt.k_bits[self.pool.start_layer:self.pool.start_layer + self.pool.layer_num])
-            planes = set_.get("OSCAR_CHANNEL_DECODE_3BIT", "planes") == "planes"
-            if not (self.pool.channel and bits == {3} and self.pool.head_dim >= PLANES_MIN_DIM and planes):
-                raise ValueError("OSCAR_CHANNEL_DECODE_KEYS=int8 needs per-channel 3-bit keys in every "
-                                 "layer, head_dim >= 128 and the 'planes' 3-bit decode; unset it (the "
-                                 "default 'fp16-subnormal' runs every format)")
-        if set_ and self.pool.channel:
-            logger.info("OSCAR INT2: kernel variants from the environment: %s",
-                        ", ".join(f"{k}={v}" for k, v in set_.items()))
 
     def _make_new_token_attention(self, model_runner):
         """The kernel for attention among an extend's new tokens (OSCAR_NEW_TOKEN_ATTENTION)."""

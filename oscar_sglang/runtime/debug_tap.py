@@ -19,8 +19,11 @@ from types import SimpleNamespace
 
 import torch
 
-TAP_DIR = os.environ.get("OSCAR_DEBUG_TAP_DIR") or None
-TAP_LAYER = int(os.environ.get("OSCAR_DEBUG_TAP_LAYER", "-1"))
+from ..common import settings
+
+# read once per process (the settings registry validates both at start, runtime/config.load_config)
+TAP_DIR = settings.DEBUG_TAP_DIR.get()
+TAP_LAYER = settings.DEBUG_TAP_LAYER.get()
 _counter = itertools.count()
 _meta_saved = False
 
