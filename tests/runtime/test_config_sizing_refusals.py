@@ -295,6 +295,7 @@ def test_good_args_pass():
         (dict(dllm_algorithm="x"), {}, ["diffusion"]),
         (dict(is_embedding=True), {}, ["embedding"]),
         (dict(enable_torch_compile=True), {}, ["torch-compile"]),
+        (dict(enable_memory_saver=True), {}, ["--enable-memory-saver is not supported", "Drop the flag"]),
         (dict(triton_attention_num_kv_splits=1), {}, ["--triton-attention-num-kv-splits 1", "2 or more"]),
         ({}, {"SGLANG_ENABLE_POST_CAPTURE_KV_SIZING": "1"}, ["POST_CAPTURE"]),
     ],
