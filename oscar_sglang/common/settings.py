@@ -53,6 +53,8 @@ class Setting:
     aliases: tuple[str, ...] = ()
     # what the docs show as the default where `default` is None or depends on another setting
     default_doc: str | None = None
+    # what the docs show as the allowed values where the type alone says too little
+    values: str | None = None
     parser: Callable[[str, str], Any] | None = field(default=None, repr=False)
 
     kind = "str"
@@ -94,6 +96,9 @@ class Setting:
         return value.strip()
 
     # --------------------------------------------------------------- docs
+    def values_text(self) -> str:
+        return self.values if self.values is not None else self.values_doc()
+
     def values_doc(self) -> str:
         return "text"
 
@@ -273,6 +278,7 @@ _DEFAULT_KV_FORMAT = "k4c64-v2h-s4-w128"
 
 KV_FORMAT = _declare(Setting(
     "OSCAR_KV_FORMAT", _DEFAULT_KV_FORMAT, parser=_kv_format,
+    values="a served format name (docs/format.md) or `token`",
     doc="What the cache stores (docs/format.md). The default: 4-bit keys per channel over blocks "
         "of 64 tokens (the page size, set for you) + 2-bit values in one group per token and head "
         "(v2h), 4 sink + 128 recent tokens in BF16. Other served names: k3c64-v2t64-s4-w128, "
@@ -281,10 +287,12 @@ KV_FORMAT = _declare(Setting(
         "of the rotation file)."))
 ROTATION = _declare(Setting(
     "OSCAR_ROTATION", "hadamard", aliases=("SGLANG_OSCAR_K_ROTATION_PATH",), parser=_rotation,
+    values="`hadamard` / `identity` / a rotation file",
     doc="Rotation: a rotation file (our .safetensors with K and V, or the fork's K .pt), "
         "`hadamard` (data-free) or `identity` (no rotation, for debugging)."))
 V_ROTATION = _declare(PathSetting(
     "OSCAR_V_ROTATION", None, aliases=("SGLANG_OSCAR_V_ROTATION_PATH",), parser=_existing_file,
+    values="a .pt file",
     doc="The fork's V rotation .pt (only with the fork's K .pt in OSCAR_ROTATION)."))
 K_CLIP = _declare(Float(
     "OSCAR_K_CLIP", None, aliases=("SGLANG_OSCAR_K_CLIP_RATIO",), parser=_clip, lo=0.0, hi=1.0,
@@ -364,7 +372,7 @@ ZOO_DIR = _declare(PathSetting(
     default_doc="the source tree's rotation_zoo/, else <OSCAR_SGLANG_CACHE>/zoo",
     doc="The rotation zoo directory `oscar-sglang zoo` and `serve` read (index.json + files)."))
 ZOO_REPO = _declare(Setting(
-    "OSCAR_SGLANG_ZOO_REPO", "oscar-sglang/rotation-zoo", group=TOOLS,
+    "OSCAR_SGLANG_ZOO_REPO", "oscar-sglang/rotation-zoo", group=TOOLS, values="a Hugging Face repo id",
     doc="Hugging Face repo `oscar-sglang zoo pull` downloads from (--repo overrides)."))
 
 
@@ -459,7 +467,7 @@ def env_help(groups: tuple[str, ...] = (SERVER,)) -> str:
     for g in groups:
         for s in group(g):
             a = f" (alias: {', '.join(s.aliases)})" if s.aliases else ""
-            lines.append(f"  {s.name}{a}\n      {s.values_doc().replace('`', '')}; default "
+            lines.append(f"  {s.name}{a}\n      {s.values_text().replace('`', '')}; default "
                          f"{s.default_text().replace('`', '')}. {s.doc.replace('`', '')}")
     return "\n".join(lines)
 
@@ -490,7 +498,7 @@ def markdown_table() -> str:
             alias = f"<br>alias: {', '.join(f'`{a}`' for a in s.aliases)}" if s.aliases else ""
             default = s.default_text()
             default = default if "`" in default or " " in default or s.default is None else f"`{default}`"
-            out.append(f"| `{s.name}`{alias} | {_cell(default)} | {_cell(s.values_doc())} | {_cell(s.doc)} |")
+            out.append(f"| `{s.name}`{alias} | {_cell(default)} | {_cell(s.values_text())} | {_cell(s.doc)} |")
         out.append("")
     out += ["## Removed", "", "Set to anything, these stop the start with the reason.", "",
             "| Variable | Why |", "| --- | --- |"]
