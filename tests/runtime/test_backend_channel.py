@@ -91,7 +91,7 @@ def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, 
         monkeypatch.setattr(backend_module, "PREFIX_FI_MIN_ROWS_PER_KEY", 1)
 
     b, pool, layer, Rk, Rv = _make(backend_cls, new_tokens=new_tokens, prefix=prefix, absorbed=absorbed)
-    assert pool.channel and pool.k_codes[0].shape[-1] == 3 * D // 8
+    assert pool.layout.name == "channel" and pool.k_codes[0].shape[-1] == 3 * D // 8
     monkeypatch.setenv("OSCAR_DECODE_STORE", store)
     assert b._decode_store() is (store == "fused")
     b._fused_store = store == "fused"
@@ -245,7 +245,9 @@ def test_decode_splits_use_the_kernels_plan_within_sglangs_scratch(backend_cls, 
     fresh = SimpleNamespace(attn_logits=torch.zeros(16, Hq, 64, D), attn_lse=torch.zeros(16, Hq, 64))
     got = b._decode_splits(1, Hq, D, fresh)
     assert got["attn_logits"].data_ptr() == fresh.attn_logits.data_ptr() and len(calls) == 3
-    pool.channel = False  # a per-token pool: SGLang's plan as given
+    from oscar_sglang.runtime.layouts import PerTokenLayout
+
+    pool.layout = PerTokenLayout(pool.kv_format)  # a per-token pool: SGLang's plan as given
     got = b._decode_splits(2, Hq, D, graph)
     assert got["num_kv_splits"] is graph.num_kv_splits and got["max_kv_splits"] == b.max_kv_splits
     assert got["attn_logits"] is graph.attn_logits and got["attn_lse"] is graph.attn_lse
@@ -325,10 +327,13 @@ def test_warm_up_compiles_both_prefix_readers_when_flashinfer_reads_the_prefix(b
     monkeypatch.setattr(ops, "extend_prefix_attention_channel",
                         lambda *a, **k: calls.append("int2 prefix") or real_int2(*a, **k))
     b._prefix_fi.run = lambda *a, **k: calls.append("flashinfer prefix") or real_fi(*a, **k)
-    b.forward_metadata, b._has_prefix, b._use_prefix_fi = "sentinel", False, False
+    from oscar_sglang.runtime.backend import Int2ForwardMetadata
+
+    imd = Int2ForwardMetadata(has_prefix=False)
+    b.forward_metadata, b.int2_md = "sentinel", imd
     b.warm_up(model, torch.float32)  # the stand-in wrappers' dtype
     assert calls == ["flashinfer prefix", "int2 prefix"]
-    assert (b.forward_metadata, b._has_prefix, b._use_prefix_fi) == ("sentinel", False, False)
+    assert b.forward_metadata == "sentinel" and b.int2_md is imd and not imd.has_prefix and not imd.use_prefix_fi
 
 
 def test_a_one_request_decode_rotates_q_and_k_with_one_gemm(backend_cls, seed, monkeypatch, caplog):

@@ -347,7 +347,7 @@ def test_channel_format_pool(kvc, monkeypatch, caplog):
     with caplog.at_level(logging.INFO, logger="oscar_sglang"):
         cfg, pool = _build(kvc, avail, page_size=64)
     fmt = pool.kv_format
-    assert pool.channel and fmt.name == "k4c64-v2t64-s4-w128" and fmt.page_size == 64  # v2h on 64 dims
+    assert pool.layout.name == "channel" and fmt.name == "k4c64-v2t64-s4-w128" and fmt.page_size == 64  # v2h on 64 dims
     shape = sizing.ModelKVShape(3, 2, 64, 64)
     per_tok = sizing.int2_bytes_per_token(shape, fmt)
     assert per_tok == 3 * 2 * ((32 + 4) + (16 + 4)) + 4
