@@ -378,20 +378,20 @@ ZOO_REPO = _declare(Setting(
 
 # Settings that are gone: set to anything, the start fails with the reason (never ignored).
 REMOVED: dict[str, str] = {
-    "OSCAR_CHANNEL_DECODE_3BIT": "the per-channel decode now always reads 3-bit keys its one way "
-                                 "(the former default, 'planes')",
-    "OSCAR_CHANNEL_EXTEND": "the per-channel prefill over the cached prefix now always dequantises "
-                            "each page once per tile (the former default, 'dequant')",
-    "OSCAR_CHANNEL_DECODE_READS": "the per-channel decode now always reads codes its one way (the "
-                                  "former default, 'words')",
-    "OSCAR_CHANNEL_DECODE_KEYS": "the per-channel decode now always uses one kind of key operands "
-                                 "(the former default, 'fp16-subnormal')",
-    "OSCAR_INT2_DECODE_KERNEL": "the kernels read no environment; the per-token decode always runs "
-                                "its fast kernel where it applies (the former default)",
-    "OSCAR_INT2_EXTEND_KERNEL": "the kernels read no environment; the per-token prefix kernel always "
-                                "runs its fast form where it applies (the former default)",
-    "OSCAR_INT2_NO_ASM": "the kernels read no environment; the code unpacking is chosen by the "
-                         "device (inline PTX on CUDA, plain Triton under the interpreter)",
+    "OSCAR_CHANNEL_DECODE_3BIT": "the per-channel decode has one way to read 3-bit keys now (what "
+                                 "was its default, 'planes')",
+    "OSCAR_CHANNEL_EXTEND": "the per-channel prefill over the cached prefix has one kernel body now "
+                            "(what was its default, 'dequant')",
+    "OSCAR_CHANNEL_DECODE_READS": "the per-channel decode has one way to read codes now (what was its "
+                                  "default, 'words')",
+    "OSCAR_CHANNEL_DECODE_KEYS": "the per-channel decode has one kind of key operands now (what was "
+                                 "its default, 'fp16-subnormal')",
+    "OSCAR_INT2_DECODE_KERNEL": "the kernels read no environment; the per-token decode runs its fast "
+                                "kernel where it applies (what was the default)",
+    "OSCAR_INT2_EXTEND_KERNEL": "the kernels read no environment; the per-token prefix kernel runs "
+                                "its fast form where it applies (what was the default)",
+    "OSCAR_INT2_NO_ASM": "the kernels read no environment; the code unpacking follows the device "
+                         "(inline PTX on CUDA, plain Triton under the interpreter)",
 }
 
 
