@@ -89,7 +89,8 @@ def test_the_graph_sees_the_known_edges():
     """Guard against a parser that finds nothing: known imports, including function-level ones."""
     assert "oscar_sglang.runtime.configurator" in GRAPH["oscar_sglang.runtime.hooks"]  # in a function
     assert "oscar_sglang.common.rotations" in GRAPH["oscar_sglang.runtime.configurator"]
-    assert "oscar_kernels.ops" in GRAPH["oscar_sglang.runtime.pool"]
+    assert "oscar_kernels.ops" in GRAPH["oscar_sglang.runtime.layouts"]
+    assert "oscar_sglang.runtime.layouts" in GRAPH["oscar_sglang.runtime.pool"]
     assert "oscar_sglang.tools.calibration.pipeline" in GRAPH["oscar_sglang.tools.calibration"]
     assert len(MODULES) > 40
 

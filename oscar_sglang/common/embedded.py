@@ -4,7 +4,6 @@ rotation file was made for, the tools to load it."""
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 EMBEDDED_ALIASES = ("smollm2", "smollm2-135m", "SmolLM2-135M-Instruct")
@@ -32,7 +31,9 @@ def embedded_gguf_path() -> Path:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("OSCAR_SGLANG_CACHE", Path.home() / ".cache" / "oscar-sglang"))
+    from .settings import CACHE_DIR
+
+    return Path(CACHE_DIR.get())
 
 
 def dequantised_copy_dir(gguf: Path) -> Path:

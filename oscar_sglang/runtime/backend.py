@@ -8,7 +8,8 @@ request (_fill_kv_indptr_and_indices); the KV store and the attention over cache
            BF16 sink/ring copies; OSCAR_DECODE_STORE=fused: one store launch rotates q and k
            and does it all), then one INT2-aware split-K decode over sink + INT2 + ring,
            then un-rotate the output by R_v^T. Graph-safe: no host sync, no data-dependent shape.
-           The pool's KV format picks the ops: per-channel keys (pool.channel) or per-token groups.
+           The pool's layout strategy (runtime/layouts.py: per-channel keys or per-token groups)
+           runs the store and picks the kernels.
 * extend:  new tokens attend to each other in plain BF16 (runtime/new_tokens.py: FlashInfer's
            ragged prefill by default, or SGLang's Triton extend kernel; LSE out); the cached
            prefix is read by the INT2-aware prefix kernel (rotated q, LSE); one kernel merges
@@ -19,11 +20,17 @@ Rotations are applied after RoPE (the backend sees post-RoPE q/k), and q.k is un
 R_k is orthogonal. Each TP rank holds only its KV heads' matrices (pool.k_rot / v_rot). Where the
 model's weights absorbed R_v at load (runtime/absorb.py), the pool has no V rotation and the
 backend neither rotates V nor un-rotates the output.
+
+Shaped like SGLang's backends: capabilities (what is served, what is refused and where), set-up,
+per-forward metadata (SGLang's ForwardMetadata from TritonAttnBackend plus Int2ForwardMetadata,
+built in init_forward_metadata / init_forward_metadata_out_graph, the latter also the CUDA-graph
+capture and replay entry), then one method per forward mode (forward_decode, forward_extend).
 """
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
@@ -76,7 +83,34 @@ def parent_fill_problem() -> str | None:
     return None
 
 
+@dataclass
+class Int2ForwardMetadata:
+    """What the INT2 path needs of a forward beyond SGLang's ForwardMetadata (built eagerly by
+    _prepare_forward, before any layer runs). Decode steps use the defaults."""
+
+    token_rows: torch.Tensor | None = None      # extend: each new token's request row (the store)
+    token_seq_lens: torch.Tensor | None = None  # extend: its request's length after this forward
+    has_prefix: bool = True       # some request has cached tokens (else the new tokens are all)
+    use_prefix_fi: bool = False   # the prefix goes through FlashInfer (prefix_worth_flashinfer)
+    max_prefix: int | None = None  # the longest cached prefix, host-side (None: unknown)
+
+
+# a decode step's: nothing beyond SGLang's metadata (shared, never mutated: no allocation a step)
+_DECODE_MD = Int2ForwardMetadata()
+
+
 class OscarInt2TritonBackend(TritonAttnBackend):
+    """Capabilities. Serves forward modes DECODE (CUDA graphs included), EXTEND (prefill chunks,
+    --enable-mixed-chunk batches) and IDLE, for the pool's layout (pool.layout: per-channel keys or
+    the per-token recipe; KVLayout's flags say what each supports). Refused at start, with what to
+    do: another KV pool, sliding-window / MLA / decode context parallelism (__init__), FP8 KV
+    scales other than 1 (refusals.kv_scale_problems), OSCAR_DECODE_STORE=fused or
+    OSCAR_PREFIX_ATTENTION=flashinfer with a layout without them; speculative decoding
+    (TARGET_VERIFY / DRAFT_EXTEND) at its first forward; layers sharing another layer's KV,
+    attention sinks and score_mod at their first call (_check). Server options the pool cannot
+    serve are refused before any weight loads (runtime/refusals.py)."""
+
+    int2_md = _DECODE_MD  # replaced (never mutated) by each _prepare_forward
     _split_args = None  # (attn_logits, attn_lse, B, args): _decode_splits of the current step
     _wide_scratch = None  # _wide_split_scratch's (attn_logits, attn_lse): batches of 1-2 requests
     _fused_store = False  # OSCAR_DECODE_STORE=fused (set in __init__ by _decode_store)
@@ -116,16 +150,13 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         self._prepare_rotations(getattr(model_runner, "dtype", torch.bfloat16))
         compile_watch.install()  # kernels compiled while serving: a warning each (start() below)
         self._fused_store = self._decode_store()
-        self._log_kernel_switches()
         self._wide_scratch = self._wide_split_scratch(self.num_head, self.v_head_dim, self.device)
         self._new_tokens = self._make_new_token_attention(model_runner)
         self._prefix_fi = self._make_prefix_attention(model_runner)
         if not _WARMED_UP["done"] and getattr(model_runner, "model", None) is not None:
             self.warm_up(model_runner.model, getattr(model_runner, "dtype", torch.bfloat16))
             _WARMED_UP["done"] = True
-        self._token_rows = None
-        self._token_seq_lens = None
-        self._has_prefix = True
+        self.int2_md = _DECODE_MD
 
     def _decode_store(self) -> bool:
         """OSCAR_DECODE_STORE: True where a decode step's store is one launch that rotates q and k."""
@@ -133,37 +164,17 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         from .state import RUNTIME_INFO
 
         choice = load_config().decode_store
-        if choice == "fused" and not self.pool.channel:
+        fusable = self.pool.layout.fused_decode_store
+        if choice == "fused" and not fusable:
             raise ValueError("OSCAR_DECODE_STORE=fused needs a per-channel key format (the per-token "
                              "recipe's store has no fused form); unset it or pick OSCAR_KV_FORMAT")
         RUNTIME_INFO["decode_store"] = choice
-        if self.pool.channel:
+        if fusable:
             logger.info("OSCAR INT2: a decode step stores %s (OSCAR_DECODE_STORE)",
                         "in one launch that also rotates q and k" if choice == "fused"
                         else "after the rotation GEMMs (one for q and k at batch 1 where they share "
                              "the qkv buffer), in two launches")
         return choice == "fused"
-
-    def _log_kernel_switches(self) -> None:
-        """Kernel variants chosen by environment (the kernels read them at each launch): said once
-        at start, after refusing one this pool cannot run (the kernel would fail at the first decode)."""
-        from oscar_kernels.triton.attend_channel import PLANES_MIN_DIM
-
-        from .config import kernel_switches_set
-
-        set_ = kernel_switches_set()
-        if set_.get("OSCAR_CHANNEL_DECODE_KEYS") == "int8":
-            # the int8 key operands exist for the 3-bit planes decode only (the launcher's condition)
-            fmt = self.pool.kv_format
-            bits = set(fmt.k_bits[self.pool.start_layer:self.pool.start_layer + self.pool.layer_num])
-            planes = set_.get("OSCAR_CHANNEL_DECODE_3BIT", "planes") == "planes"
-            if not (self.pool.channel and bits == {3} and self.pool.head_dim >= PLANES_MIN_DIM and planes):
-                raise ValueError("OSCAR_CHANNEL_DECODE_KEYS=int8 needs per-channel 3-bit keys in every "
-                                 "layer, head_dim >= 128 and the 'planes' 3-bit decode; unset it (the "
-                                 "default 'fp16-subnormal' runs every format)")
-        if set_ and self.pool.channel:
-            logger.info("OSCAR INT2: kernel variants from the environment: %s",
-                        ", ".join(f"{k}={v}" for k, v in set_.items()))
 
     def _make_new_token_attention(self, model_runner):
         """The kernel for attention among an extend's new tokens (OSCAR_NEW_TOKEN_ATTENTION)."""
@@ -194,11 +205,11 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         from .state import RUNTIME_INFO
 
         cfg = load_config()
-        choice = cfg.resolved_prefix_attention(self.pool.channel)
+        choice = cfg.resolved_prefix_attention(self.pool.layout.dequantises_prefix)
         RUNTIME_INFO["prefix_attention"] = choice
         if choice == "int2":
             return None
-        if not self.pool.channel:
+        if not self.pool.layout.dequantises_prefix:
             raise RuntimeError("OSCAR_PREFIX_ATTENTION=flashinfer reads per-channel key formats only; "
                                "with OSCAR_KV_FORMAT=token leave OSCAR_PREFIX_ATTENTION unset or set it to int2")
         ws = getattr(self._new_tokens, "workspace", None)  # one FlashInfer workspace serves both
@@ -243,31 +254,32 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         # rows handed out since the last forward trust no side buffer yet, except what their radix
         # hit's copies give them
         self.pool.apply_pending_resets(getattr(self, "req_to_token", None))
-        if fb.forward_mode.is_extend():
-            self._prepare_extend(fb)
+        self.int2_md = self._prepare_extend(fb) if fb.forward_mode.is_extend() else _DECODE_MD
 
-    def _prepare_extend(self, fb) -> None:
-        """Per-token request row and final length (for the store), own_start update."""
+    def _prepare_extend(self, fb) -> Int2ForwardMetadata:
+        """Per-token request row and final length (for the store), own_start update, the plans of
+        the new tokens' attention and of the FlashInfer prefix path."""
         n = fb.out_cache_loc.shape[0] if fb.out_cache_loc is not None else int(fb.extend_seq_lens.sum())
         lens = fb.extend_seq_lens
-        self._token_rows = torch.repeat_interleave(fb.req_pool_indices, lens, output_size=n)
-        self._token_seq_lens = torch.repeat_interleave(fb.seq_lens, lens, output_size=n)
+        imd = Int2ForwardMetadata(
+            token_rows=torch.repeat_interleave(fb.req_pool_indices, lens, output_size=n),
+            token_seq_lens=torch.repeat_interleave(fb.seq_lens, lens, output_size=n))
         self.pool.note_extend(fb.req_pool_indices, fb.extend_prefix_lens)
         md = self.forward_metadata
         self._new_tokens.plan(md.qo_indptr, getattr(fb, "extend_seq_lens_cpu", None), md.max_extend_len)
         cpu = fb.extend_prefix_lens_cpu
-        self._has_prefix = True if cpu is None else any(int(x) > 0 for x in cpu)
-        self._use_prefix_fi = False
-        if getattr(self, "_prefix_fi", None) is not None and self._has_prefix:
+        imd.has_prefix = True if cpu is None else any(int(x) > 0 for x in cpu)
+        if getattr(self, "_prefix_fi", None) is not None and imd.has_prefix:
             ext = getattr(fb, "extend_seq_lens_cpu", None)
             ext = fb.extend_seq_lens.tolist() if ext is None else ext
             pre = fb.extend_prefix_lens.tolist() if cpu is None else cpu
-            self._use_prefix_fi = prefix_worth_flashinfer(ext, pre)
-            if self._use_prefix_fi:
+            imd.use_prefix_fi = prefix_worth_flashinfer(ext, pre)
+            if imd.use_prefix_fi:
                 self._prefix_fi.plan(ext, pre, md.qo_indptr.device)
         # the longest cached prefix, host-side: lets the per-channel prefix kernel split long
         # prefixes when its grid is small (None: unknown, never split)
-        self._max_prefix = None if cpu is None else max((int(x) for x in cpu), default=0)
+        imd.max_prefix = None if cpu is None else max((int(x) for x in cpu), default=0)
+        return imd
 
     # ------------------------------------------------------------------ warm-up
     def warm_up(self, model, dtype: torch.dtype) -> None:
@@ -298,9 +310,8 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             max_extend_len=T,
         )
         fb = SimpleNamespace(batch_size=1, req_pool_indices=torch.zeros(1, dtype=torch.int64, device=dev))
-        saved = (getattr(self, "forward_metadata", None), getattr(self, "_has_prefix", True),
-                 getattr(self, "_max_prefix", None), getattr(self, "_use_prefix_fi", False))
-        self.forward_metadata, self._has_prefix, self._max_prefix = md, True, None
+        saved = (getattr(self, "forward_metadata", None), getattr(self, "int2_md", None))
+        self.forward_metadata = md
         try:
             q = torch.zeros(T, Hq * D, dtype=dtype, device=dev)
             k = torch.zeros(T, H * D, dtype=dtype, device=dev)
@@ -315,7 +326,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             if getattr(self, "_prefix_fi", None) is not None:
                 paths.insert(0, (True, True))
             for has_prefix, use_fi in paths:
-                self._has_prefix, self._use_prefix_fi = has_prefix, use_fi
+                self.int2_md = Int2ForwardMetadata(has_prefix=has_prefix, use_prefix_fi=use_fi)
                 self.forward_extend(q, k, v, layer, fb, save_kv_cache=False)
             self._warm_up_kv_indices_fill(dev)
             if torch.device(dev).type == "cuda":
@@ -328,7 +339,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
                 f"OSCAR INT2: compiling the prefill kernels at start failed ({type(e).__name__}: {e}); {hint}"
             ) from e
         finally:
-            self.forward_metadata, self._has_prefix, self._max_prefix, self._use_prefix_fi = saved
+            self.forward_metadata, self.int2_md = saved
         logger.info("OSCAR INT2: prefill kernels compiled at start (%.1f s)", time.perf_counter() - t0)
 
     def _warm_up_kv_indices_fill(self, dev) -> None:
@@ -494,10 +505,10 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         md = self.forward_metadata
         # where o_proj absorbed R_v the per-channel merge writes the model's dtype itself (no
         # float32 output and no cast kernel per layer)
-        direct = self.pool.channel and self._v_unrot[self.pool.local(layer.layer_id)] is None
+        layout = self.pool.layout
+        direct = layout.decode_writes_model_dtype and self._v_unrot[self.pool.local(layer.layer_id)] is None
         o = torch.empty((B, Hq, Dv), dtype=q.dtype if direct else torch.float32, device=q.device)
-        decode = ops.decode_attention_channel if self.pool.channel else ops.decode_attention
-        decode(
+        layout.decode(
             q_rot if q_rot is not None else self._rot_q(q3, layer.layer_id),
             o,
             **self._cached_kv_args(layer, fb),
@@ -509,32 +520,9 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         return self._unrot_o(o, layer.layer_id).to(q.dtype).reshape(B, Hq * Dv)
 
     def _decode_splits(self, B: int, Hq: int, Dv: int, md) -> dict:
-        """Split plan and scratch of a decode batch of B requests. Per-token formats: SGLang's
-        split counts (md.num_kv_splits, its heuristic for its own kernel) up to max_kv_splits.
-        Per-channel formats: the kernel's own plan (ops.decode_splits_channel: about 8 programs
-        per SM, each request's count derived in kernel from its length) in SGLang's scratch
-        ([rows, Hq, --triton-attention-num-kv-splits, Dv], which caps it), or for batches of 1-2
-        requests a wider one of its own (_wide_split_scratch). On the H100 this
-        kernel took 1.19-1.34x the plan's time with SGLang's split counts at 8 x 32K, 64 x 8K and
-        256 / 512 x 2K (the plan's note in attend_channel.py)."""
-        if not self.pool.channel:
-            return dict(num_kv_splits=md.num_kv_splits, max_kv_splits=self.max_kv_splits,
-                        attn_logits=md.attn_logits, attn_lse=md.attn_lse)
-        # every layer of a step asks with the same scratch: plan and slice once (otherwise ~25 us
-        # of Python a layer on the CI machine, paid every step the decode runs without a CUDA graph)
-        c = self._split_args
-        if c is not None and c[0] is md.attn_logits and c[1] is md.attn_lse and c[2] == B:
-            return c[3]
-        pool = self.pool
-        plan = ops.decode_splits_channel(B, pool.head_num, pool.sink, pool.recent, md.attn_logits.device)
-        logits, lse = md.attn_logits, md.attn_lse
-        wide = self._wide_scratch
-        if plan > min(logits.shape[2], lse.shape[2]) and wide is not None and B <= wide[0].shape[0]:
-            logits, lse = wide  # batches of 1-2 requests: more splits than SGLang's scratch holds
-        n = min(plan, logits.shape[2], lse.shape[2])
-        args = dict(num_kv_splits=None, max_kv_splits=n, attn_logits=logits[:B, :, :n], attn_lse=lse[:B, :, :n])
-        self._split_args = (md.attn_logits, md.attn_lse, B, args)
-        return args
+        """Split plan and scratch of a decode batch of B requests: the layout's (SGLang's split
+        counts for per-token groups, the kernel's own plan for per-channel keys; layouts.py)."""
+        return self.pool.layout.decode_splits(self, B, md)
 
     def _wide_split_scratch(self, Hq: int, Dv: int, device):
         """Split scratch of the backend's own for the batches whose plan exceeds SGLang's scratch
@@ -547,7 +535,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         from .hooks import INT2_DEFAULT_KV_SPLITS
 
         pool = self.pool
-        if not pool.channel or self.max_kv_splits != INT2_DEFAULT_KV_SPLITS:
+        if not pool.layout.plans_decode_splits or self.max_kv_splits != INT2_DEFAULT_KV_SPLITS:
             return None
         plan = lambda b: ops.decode_splits_channel(b, pool.head_num, pool.sink, pool.recent, device)  # noqa: E731
         rows = 0
@@ -566,7 +554,6 @@ class OscarInt2TritonBackend(TritonAttnBackend):
                        score_mod=None, aux_tensors=None):
         self._check(layer, k, v, sinks, score_mod)
         fb = forward_batch
-        md = self.forward_metadata
         Hq, H = layer.tp_q_head_num, layer.tp_k_head_num
         D, Dv = layer.qk_head_dim, layer.v_head_dim
         q3 = q.reshape(-1, Hq, D)
@@ -575,36 +562,38 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         T = q3.shape[0]
         cap = logit_capping_mod(layer.logit_capping_method, layer.logit_cap)
 
-        if not self._has_prefix:
+        imd = self.int2_md
+        if not imd.has_prefix:
             # nothing cached yet: the new tokens' attention is the whole answer
             o, _ = self._new_tokens.run(q3, k3, v3, layer, layer.logit_cap, want_lse=False)
-        elif getattr(self, "_use_prefix_fi", False):
+        elif imd.use_prefix_fi:
             o = self._extend_prefix_flashinfer(q3, k3, v3, layer, fb)
         else:
-            o_new, lse_new = self._new_tokens.run(q3, k3, v3, layer, layer.logit_cap, want_lse=True)
-            prefix = (ops.extend_prefix_attention_channel if self.pool.channel
-                      else ops.extend_prefix_attention)
-            # the channel kernel may split long prefixes (it needs the longest) and launches a batch's
-            # trailing one-token extends (mixed-chunk decodes) with small tiles: host-side lengths
-            split_hint = ({"max_len_prefix": getattr(self, "_max_prefix", None),
-                           "extend_lens": getattr(fb, "extend_seq_lens_cpu", None)} if self.pool.channel else {})
-            o_pre, lse_pre = prefix(
-                self._rot_q(q3, layer.layer_id),
-                md.qo_indptr,
-                **self._cached_kv_args(layer, fb),
-                max_len_extend=md.max_extend_len,
-                logit_cap=cap,
-                **split_hint,
-            )
-            o_pre = self._unrot_o(o_pre, layer.layer_id)
-            o = ops.merge_attention_states(o_pre, lse_pre, o_new, lse_new,
-                                           lse_b_base2=self._new_tokens.lse_base2, out_dtype=q.dtype)
+            o = self._extend_prefix_int2(q3, k3, v3, layer, fb, imd, cap)
 
         if debug_tap.enabled(layer.layer_id):  # off unless OSCAR_DEBUG_TAP_DIR is set
             debug_tap.record_extend(self, layer, fb, q3, k3, v3, o)
         if save_kv_cache:  # after attention: the prefix reader saw the previous chunk's ring
-            self._store(layer, fb, k3, v3, self._token_rows, self._token_seq_lens)
+            self._store(layer, fb, k3, v3, imd.token_rows, imd.token_seq_lens)
         return o.reshape(T, Hq * Dv)
+
+    def _extend_prefix_int2(self, q3, k3, v3, layer, fb, imd, cap):
+        """New tokens (LSE out) + the prefix read in place by the INT2-aware prefix kernel, merged
+        by LSE into the model's dtype."""
+        md = self.forward_metadata
+        o_new, lse_new = self._new_tokens.run(q3, k3, v3, layer, layer.logit_cap, want_lse=True)
+        o_pre, lse_pre = self.pool.layout.extend_prefix(
+            self._rot_q(q3, layer.layer_id),
+            md.qo_indptr,
+            **self._cached_kv_args(layer, fb),
+            max_len_extend=md.max_extend_len,
+            logit_cap=cap,
+            max_len_prefix=imd.max_prefix,
+            extend_lens=getattr(fb, "extend_seq_lens_cpu", None),
+        )
+        o_pre = self._unrot_o(o_pre, layer.layer_id)
+        return ops.merge_attention_states(o_pre, lse_pre, o_new, lse_new,
+                                          lse_b_base2=self._new_tokens.lse_base2, out_dtype=q3.dtype)
 
     def _extend_prefix_flashinfer(self, q3, k3, v3, layer, fb):
         """New tokens + the prefix as BF16 pieces through FlashInfer (OSCAR_PREFIX_ATTENTION),

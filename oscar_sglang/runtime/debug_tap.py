@@ -19,8 +19,11 @@ from types import SimpleNamespace
 
 import torch
 
-TAP_DIR = os.environ.get("OSCAR_DEBUG_TAP_DIR") or None
-TAP_LAYER = int(os.environ.get("OSCAR_DEBUG_TAP_LAYER", "-1"))
+from ..common import settings
+
+# read once per process (the settings registry validates both at start, runtime/config.load_config)
+TAP_DIR = settings.DEBUG_TAP_DIR.get()
+TAP_LAYER = settings.DEBUG_TAP_LAYER.get()
 _counter = itertools.count()
 _meta_saved = False
 
@@ -42,7 +45,7 @@ def stored_prefix(backend, layer, fb, prefix_len: int):
     """(K, V) [prefix_len, H, D] of request 0's cached prefix as the reader sees it (sink / ring
     copies, the body dequantised), in the pool's rotated space; None for the per-token layout."""
     pool = backend.pool
-    if not pool.channel or prefix_len == 0:
+    if not pool.layout.dequantises_prefix or prefix_len == 0:
         return None
     from oscar_kernels import ops
 
@@ -70,7 +73,7 @@ def record_extend(backend, layer, fb, q3, k3, v3, o) -> None:
                 "k_rot": None if pool.k_rot[i] is None else pool.k_rot[i].cpu(),
                 "v_rot": None if pool.v_rot[i] is None else pool.v_rot[i].cpu(),
                 "k_clip": pool.k_clip[i], "v_clip": pool.v_clip[i], "sink": pool.sink,
-                "recent": pool.recent, "kv_format": pool.kv_format.name, "channel": pool.channel,
+                "recent": pool.recent, "kv_format": pool.kv_format.name, "channel": pool.layout.name == "channel",
                 "k_bits": pool.kv_format.k_bits[layer.layer_id], "group": pool.kv_format.k_group,
                 "v_group": pool.kv_format.v_group, "sm_scale": layer.scaling,
                 "info": {k: v for k, v in pool.info.items() if k != "env"},

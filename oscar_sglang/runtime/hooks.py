@@ -37,13 +37,48 @@ INT2_DEFAULT_KV_SPLITS = 64
 
 def after_add_cli_args(result, parser, *args, **kwargs):
     action = parser._option_string_actions.get("--kv-cache-dtype")
-    if action is not None and action.choices is not None and INT2 not in action.choices:
-        action.choices = [*action.choices, INT2]
-        action.help = (action.help or "") + (
-            ' "int2": OSCAR INT2 KV cache (oscar-sglang plugin; configured by OSCAR_* '
-            "environment variables, see `oscar-sglang serve --help`)."
-        )
+    if action is None or action.choices is None or getattr(action, "_oscar_int2", False):
+        return result
+    if INT2 in action.choices:  # not ours (we mark the action): SGLang has an int2 of its own
+        _refuse(upstream_int2_problem(action.choices))
+        return result
+    action.choices = [*action.choices, INT2]
+    action._oscar_int2 = True
+    action.help = (action.help or "") + (
+        ' "int2": OSCAR INT2 KV cache (oscar-sglang plugin; configured by OSCAR_* '
+        "environment variables, see `oscar-sglang serve --help` and docs/settings.md)."
+    )
     return result
+
+
+def stock_kv_cache_dtypes() -> list[str] | None:
+    """SGLang's own --kv-cache-dtype choices, from ServerArgs' field declaration (our hook adds
+    int2 to each parser's copy, never to the declaration). None: not declared there."""
+    import typing
+
+    from sglang.srt.server_args import ServerArgs
+
+    hint = typing.get_type_hints(ServerArgs, include_extras=True).get("kv_cache_dtype")
+    for meta in typing.get_args(hint)[1:]:
+        choices = getattr(meta, "choices", None)
+        if choices is not None:
+            return list(choices)
+    return None
+
+
+def upstream_int2_problem(choices) -> str | None:
+    """Why the plugin must not serve int2 when SGLang's own choices already hold it (an upstream
+    int2 KV cache): the plugin would shadow it, and a user could not tell which one runs."""
+    if choices is None or INT2 not in choices:
+        return None
+    import sglang
+
+    version = getattr(sglang, "__version__", "unknown")
+    return (f"oscar-sglang: this SGLang ({version}) has an `int2` KV cache dtype of its own; the "
+            f"plugin refuses to shadow it, so --kv-cache-dtype int2 cannot start with the plugin "
+            f"loaded. To use OSCAR's int2, install the SGLang it is built for (pip install "
+            f"'sglang==0.5.17'); to use SGLang's own, uninstall oscar-sglang (pip uninstall "
+            f"oscar-sglang) or exclude its plugin (SGLANG_PLUGINS).")
 
 
 # ------------------------------------------------------------------------------------ ServerArgs
@@ -241,6 +276,28 @@ def verify_hooks() -> list[str]:
     return missing
 
 
+def install_problem() -> str | None:
+    """What keeps this process from serving int2 once the hooks are registered (None: nothing):
+    a hook that did not apply, or an int2 KV cache dtype that SGLang has itself."""
+    missing = verify_hooks()
+    if missing:
+        return ("oscar-sglang: these SGLang hooks did not apply, so --kv-cache-dtype int2 cannot "
+                "work (is this sglang==0.5.17?):\n  " + "\n  ".join(missing))
+    return upstream_int2_problem(stock_kv_cache_dtypes())
+
+
+def _refuse(msg: str) -> None:
+    """Every int2 code path raises msg from now on (state.require_hooks: the hooks stay in place
+    so that a ServerArgs with int2 reaches before_post_init and fails there); an int2 command
+    line stops here."""
+    mark_installed(msg)
+    logger.error(msg)
+    if INT2 in sys.argv:
+        # SGLang would only log an exception: stop the start here, loudly.
+        print(msg, file=sys.stderr)
+        raise SystemExit(2)
+
+
 def install() -> None:
     """Register every hook of HOOKS, apply them now and verify each one."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -250,18 +307,9 @@ def install() -> None:
     # Apply now (idempotent: load_plugins' own apply_hooks skips patched targets) so we can
     # check the result here instead of trusting a log line.
     HookRegistry.apply_hooks()
-    missing = verify_hooks()
-    if not missing:
+    problem = install_problem()
+    if problem is None:
         mark_installed(None)
         logger.info("oscar-sglang: %d hooks applied, oscar_triton backend registered", len(HOOKS))
         return
-    msg = (
-        "oscar-sglang: these SGLang hooks did not apply, so --kv-cache-dtype int2 cannot "
-        "work (is this sglang==0.5.17?):\n  " + "\n  ".join(missing)
-    )
-    mark_installed(msg)
-    logger.error(msg)
-    if INT2 in sys.argv:
-        # SGLang would only log an exception: stop the start here, loudly.
-        print(msg, file=sys.stderr)
-        raise SystemExit(2)
+    _refuse(problem)

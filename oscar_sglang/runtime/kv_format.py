@@ -21,14 +21,14 @@ from dataclasses import dataclass
 
 from oscar_kernels.format import DEFAULT_SINK, DEFAULT_WINDOW, KVFormat, code_bytes
 
+from ..common import settings
+
 # 4-bit keys per channel over pages of 64 + 2-bit values in one group per token and KV head (v2h:
 # v2t64 on 64-dim heads, v2t128 on 128-dim); 4 sink and 128 recent BF16 tokens per running request
-# (retrieval as with 64 / 256 at 0.41x the side-buffer memory). The default since 2026-11-29 (before:
-# k3c64-v2t64-s4-w128): on SmolLM2 it is the H100 NIAH table's k4c64-v2t64-s4-w128 row (NIAH 0.67
-# vs 0.66 and BF16 0.705, KLD 0.0050 vs 0.0090, 3.5 bits an element); on 128-dim heads its decode is
-# 10-15% faster than the old default's at every benchmark shape (H200) for 11% fewer KV tokens
-# (docs/benchmarks.md, 2026-11-29 11:35)
-DEFAULT_KV_FORMAT = "k4c64-v2h-s4-w128"
+# (retrieval as with 64 / 256 at 0.41x the side-buffer memory). Why this one: docs/accuracy.md and
+# docs/benchmarks.md. Declared with its setting (common/settings.py); sink / recent defaults of
+# OscarConfig come from this name (side_sizes).
+DEFAULT_KV_FORMAT = settings.KV_FORMAT.default
 TOKEN_RECIPE = "token"  # the OSCAR per-token recipe, group size as before
 # what the served kernels implement (the CPU study's formats are wider: docs/accuracy.md)
 SERVED_CHANNEL_BITS = (2, 3, 4)
@@ -224,6 +224,17 @@ def check_syntax(name: str) -> None:
         KVFormat.parse(core, 128)
     except ValueError as e:
         raise KVFormatError(f"OSCAR_KV_FORMAT={name!r}: {e}. {SERVED_EXAMPLES}") from None
+
+
+def side_sizes(name: str | None) -> tuple[int, int]:
+    """(sink, recent) a format name stores when OSCAR_SINK_TOKENS / OSCAR_RECENT_TOKENS are unset:
+    its s<N> / w<N> segments, else KVFormat's defaults (64 / 256, also those of 'token'). None or
+    empty: the default format's."""
+    name = (name or "").strip() or DEFAULT_KV_FORMAT
+    if name.lower() == TOKEN_RECIPE:
+        return DEFAULT_SINK, DEFAULT_WINDOW
+    s, w, _ = _side_sizes(name, None, None)
+    return (DEFAULT_SINK if s is None else s), (DEFAULT_WINDOW if w is None else w)
 
 
 def page_size_for(name: str) -> int | None:

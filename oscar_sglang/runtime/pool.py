@@ -1,7 +1,8 @@
 """OscarInt2KVPool: SGLang's token->KV pool, with INT2 codes as the source of truth.
 
 Per local layer (see kernels/oscar_kernels/ops.py for the exact layout), in the served KV format
-(runtime/kv_format.py):
+(runtime/kv_format.py), whose layout strategy (runtime/layouts.py, `pool.layout`) shapes the key
+buffers and runs the store:
 * slot-indexed quantised K and V. "token" layout: codes uint8 [N, H, D/4] and fp16 (scale, min)
   [N, H, D/G, 2] for both. "channel" layout (the default): key codes uint8 [N, H, bits*D/8] with
   one fp16 (scale, min) per (page, head, channel) [N/B, H, D, 2] (B = the page size; a page's keys
@@ -39,10 +40,10 @@ import torch
 from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
 from sglang.srt.mem_cache.memory_pool import KVCache
 
-from oscar_kernels import ops
 from oscar_kernels.format import Int2Format, code_bytes
 
 from .kv_format import ServedFormat
+from .layouts import KVLayout, layout_for
 
 logger = logging.getLogger(__name__)
 
@@ -108,10 +109,9 @@ class OscarInt2KVPool(KVCache):
         self.v_head_dim = v_head_dim
         fmt = self.kv_format = kv_format
         assert (fmt.head_dim, fmt.v_head_dim) == (head_dim, v_head_dim), (fmt, head_dim, v_head_dim)
-        self.channel = fmt.layout == "channel"
-        if self.channel and page_size != fmt.k_group:
-            raise ValueError(f"KV format {fmt.name} needs --page-size {fmt.k_group}, the pool has {page_size}")
-        self.k_format = None if self.channel else Int2Format(head_dim, fmt.k_group)
+        self.layout: KVLayout = layout_for(fmt)
+        self.layout.check_page_size(page_size)
+        self.k_format = self.layout.k_format(head_dim)
         self.v_format = Int2Format(v_head_dim, fmt.v_group)
         sink, recent = self.sink, self.recent = fmt.sink, fmt.recent
         self.req_rows = req_rows
@@ -125,7 +125,7 @@ class OscarInt2KVPool(KVCache):
         H, D, Dv = head_num, head_dim, v_head_dim
         first = self.start_layer
         k_bytes = [code_bytes(fmt.k_bits[first + i], D) for i in range(layer_num)]
-        k_param_shape = (n // page_size, H, D, 2) if self.channel else (n, H, D // fmt.k_group, 2)
+        k_param_shape = self.layout.k_param_shape(n, page_size, H, D)
         with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
             def z(shape, dtype):
                 return torch.zeros(shape, dtype=dtype, device=device)
@@ -290,9 +290,9 @@ class OscarInt2KVPool(KVCache):
         **channel_options,
     ) -> None:
         """Quantise already-rotated k [T, H, D], v [T, H, Dv] into slots `loc`, and copy the
-        sink / recent positions into the token's request row (see ops.store_kv).
-        `channel_options` (per-channel formats only): rot_k / q / q_out / one_token_per_request of
-        ops.store_kv_channel (with rot_k, k arrives unrotated)."""
+        sink / recent positions into the token's request row (see ops.store_kv), in the pool's
+        layout. `channel_options` (per-channel formats only): rot_k / q / q_out /
+        one_token_per_request of ops.store_kv_channel (with rot_k, k arrives unrotated)."""
         i = self.local(layer_id)
         side = dict(
             positions=positions,
@@ -306,35 +306,11 @@ class OscarInt2KVPool(KVCache):
             slot_entry=self.slot_entry if i == 0 else None,
             entry_owner=self.entry_owner if i == 0 else None,
         )
-        if self.channel:
-            ops.store_kv_channel(
-                k, v, loc, k_codes=self.k_codes[i], k_params=self.k_params[i],
-                v_codes=self.v_codes[i], v_params=self.v_params[i], v_clip=self.v_clip[i],
-                **self.kernel_format_args(layer_id), **side, **channel_options,
-            )
-            return
-        if channel_options:
-            raise ValueError("rot_k / q / one_token_per_request are per-channel format store options")
-        ops.store_kv(
-            k,
-            v,
-            loc,
-            self.k_codes[i],
-            self.k_params[i],
-            self.v_codes[i],
-            self.v_params[i],
-            k_clip=self.k_clip[i],
-            v_clip=self.v_clip[i],
-            **self.kernel_format_args(layer_id),
-            **side,
-        )
+        self.layout.store(self, i, layer_id, k, v, loc, side, **channel_options)
 
     def kernel_format_args(self, layer_id: int) -> dict:
         """The format keywords of this layer's store / decode / extend ops."""
-        fmt = self.kv_format
-        if self.channel:
-            return dict(k_bits=fmt.k_bits[layer_id], k_block=fmt.k_group, v_group=fmt.v_group)
-        return dict(k_group=fmt.k_group, v_group=fmt.v_group)
+        return self.layout.format_args(layer_id)
 
     def layer_buffers(self, layer_id: int) -> dict:
         """Keyword arguments shared by the decode / extend-prefix ops for one layer."""

@@ -96,6 +96,12 @@ def server_args_problems(args, env=None) -> list[str]:
             f"sink and ring in split(s) of their own and the quantised body in at least one more. "
             f"Drop the flag (the plugin raises SGLang's default to 64) or pass 2 or more."
         )
+    if _on(args, "enable_memory_saver"):
+        p.append(
+            "--enable-memory-saver is not supported: the INT2 pool and its BF16 side buffers are not "
+            "allocated in the memory saver's region, so releasing memory would not free them (and "
+            "the side buffers' bookkeeping would not survive a release). Drop the flag."
+        )
     if _on(args, "enable_torch_compile"):
         p.append(
             "--enable-torch-compile is not supported yet with the INT2 backend (untested); "

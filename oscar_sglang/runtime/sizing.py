@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from .config import DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_SIDE_BUFFER_FRACTION
+from ..common import settings
 from .kv_format import ServedFormat
 
 BF16_BYTES = 2
@@ -119,8 +119,8 @@ def plan_pool(
     page_size: int = 1,
     requested_max_running_requests: int | None = None,
     # the server's defaults, so offline callers (benchmarks' KV-token columns) size as it does
-    default_max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS,
-    side_buffer_fraction: float = DEFAULT_SIDE_BUFFER_FRACTION,
+    default_max_running_requests: int = settings.MAX_RUNNING_REQUESTS.default,
+    side_buffer_fraction: float = settings.SIDE_BUFFER_FRACTION.default,
 ) -> PoolPlan:
     """Split a KV byte budget between the fixed side buffers and the INT2 token pool.
 

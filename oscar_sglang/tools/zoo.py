@@ -14,14 +14,14 @@ matches the index and it loads as a valid rotation file.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from ..common import settings
 from ..common.rotations import RotationFileError, RotationSet, _same_model, load_rotation_file, sha256_file
 
 INDEX_NAME = "index.json"
 # Hugging Face repo the zoo is published to (override with --repo or OSCAR_SGLANG_ZOO_REPO).
-DEFAULT_REPO = os.environ.get("OSCAR_SGLANG_ZOO_REPO", "oscar-sglang/rotation-zoo")
+DEFAULT_REPO = settings.ZOO_REPO.get()
 
 
 class ZooError(RuntimeError):
@@ -33,7 +33,7 @@ class ZooError(RuntimeError):
 def default_zoo_dir() -> Path:
     """$OSCAR_SGLANG_ZOO_DIR, else the source tree's rotation_zoo/ (editable installs), else
     the download cache ~/.cache/oscar-sglang/zoo."""
-    env = os.environ.get("OSCAR_SGLANG_ZOO_DIR")
+    env = settings.ZOO_DIR.get()
     if env:
         return Path(env)
     repo_zoo = Path(__file__).resolve().parents[2] / "rotation_zoo"  # oscar_sglang/tools/zoo.py

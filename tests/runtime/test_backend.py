@@ -358,11 +358,14 @@ def test_warm_up_runs_the_cached_prefix_path_and_stores_nothing(backend_cls, mon
     b.req_to_token = torch.randperm(4 * 64).to(torch.int32).view(4, 64)
     table = b.req_to_token.clone()
     before = [t.clone() for t in (*pool.k_codes, *pool.v_codes, *pool.ring_k, *pool.sink_k)]
-    b.forward_metadata, b._has_prefix = "sentinel", False
+    from oscar_sglang.runtime.backend import Int2ForwardMetadata
+
+    imd = Int2ForwardMetadata(has_prefix=False)
+    b.forward_metadata, b.int2_md = "sentinel", imd
     b.warm_up(model, torch.bfloat16)
     assert calls == [("extend", True), "prefix", ("extend", None)]
     assert fills == [(torch.int64, torch.int64, True), (torch.int32, torch.int64, True)]
-    assert b.forward_metadata == "sentinel" and b._has_prefix is False
+    assert b.forward_metadata == "sentinel" and b.int2_md is imd and imd.has_prefix is False
     after = (*pool.k_codes, *pool.v_codes, *pool.ring_k, *pool.sink_k)
     assert all(torch.equal(x, y) for x, y in zip(before, after))
     assert torch.equal(b.req_to_token, table)

@@ -71,18 +71,17 @@ def _seen(x_rot, which, kv_len, own, sink_start):
                                  sink_start=sink_start).double()
 
 
-# OSCAR_CHANNEL_EXTEND: default (dequant), opt-in; the new tokens' attention: SGLang's Triton
+# the new tokens' attention: SGLang's Triton
 # kernel, FlashInfer's ragged prefill (a CPU stand-in with base-2 LSEs; the real one in tests/gpu)
 # OSCAR_PREFIX_ATTENTION=flashinfer: the prefix as BF16 pieces through the stand-in, several pieces a call
 # absorbed: R_v in the weights, so the decode's merge writes the model's dtype directly
 # store: OSCAR_DECODE_STORE, a decode step's q and k rotated by GEMMs and stored in two launches
 # (split) or all in one store launch (fused)
-@pytest.mark.parametrize("extend_body,new_tokens,prefix,absorbed,store", [
-    (None, "triton", "int2", False, "split"), ("codes", "triton", "int2", False, "split"),
-    (None, "flashinfer", "int2", False, "split"), (None, "flashinfer", "flashinfer", False, "split"),
-    (None, "flashinfer", "flashinfer", True, "split"), (None, "triton", "int2", False, "fused"),
-    (None, "flashinfer", "flashinfer", True, "fused")])
-def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, seed, extend_body, new_tokens,
+@pytest.mark.parametrize("new_tokens,prefix,absorbed,store", [
+    ("triton", "int2", False, "split"), ("flashinfer", "int2", False, "split"),
+    ("flashinfer", "flashinfer", False, "split"), ("flashinfer", "flashinfer", True, "split"),
+    ("triton", "int2", False, "fused"), ("flashinfer", "flashinfer", True, "fused")])
+def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, seed, new_tokens,
                                                                   prefix, absorbed, store, monkeypatch):
     from oscar_sglang.runtime.pool import note_new_rows
 
@@ -90,13 +89,9 @@ def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, 
         import oscar_sglang.runtime.backend as backend_module
 
         monkeypatch.setattr(backend_module, "PREFIX_FI_MIN_ROWS_PER_KEY", 1)
-    if extend_body is None:
-        monkeypatch.delenv("OSCAR_CHANNEL_EXTEND", raising=False)
-    else:
-        monkeypatch.setenv("OSCAR_CHANNEL_EXTEND", extend_body)
 
     b, pool, layer, Rk, Rv = _make(backend_cls, new_tokens=new_tokens, prefix=prefix, absorbed=absorbed)
-    assert pool.channel and pool.k_codes[0].shape[-1] == 3 * D // 8
+    assert pool.layout.name == "channel" and pool.k_codes[0].shape[-1] == 3 * D // 8
     monkeypatch.setenv("OSCAR_DECODE_STORE", store)
     assert b._decode_store() is (store == "fused")
     b._fused_store = store == "fused"
@@ -250,7 +245,9 @@ def test_decode_splits_use_the_kernels_plan_within_sglangs_scratch(backend_cls, 
     fresh = SimpleNamespace(attn_logits=torch.zeros(16, Hq, 64, D), attn_lse=torch.zeros(16, Hq, 64))
     got = b._decode_splits(1, Hq, D, fresh)
     assert got["attn_logits"].data_ptr() == fresh.attn_logits.data_ptr() and len(calls) == 3
-    pool.channel = False  # a per-token pool: SGLang's plan as given
+    from oscar_sglang.runtime.layouts import PerTokenLayout
+
+    pool.layout = PerTokenLayout(pool.kv_format)  # a per-token pool: SGLang's plan as given
     got = b._decode_splits(2, Hq, D, graph)
     assert got["num_kv_splits"] is graph.num_kv_splits and got["max_kv_splits"] == b.max_kv_splits
     assert got["attn_logits"] is graph.attn_logits and got["attn_lse"] is graph.attn_lse
@@ -330,43 +327,13 @@ def test_warm_up_compiles_both_prefix_readers_when_flashinfer_reads_the_prefix(b
     monkeypatch.setattr(ops, "extend_prefix_attention_channel",
                         lambda *a, **k: calls.append("int2 prefix") or real_int2(*a, **k))
     b._prefix_fi.run = lambda *a, **k: calls.append("flashinfer prefix") or real_fi(*a, **k)
-    b.forward_metadata, b._has_prefix, b._use_prefix_fi = "sentinel", False, False
+    from oscar_sglang.runtime.backend import Int2ForwardMetadata
+
+    imd = Int2ForwardMetadata(has_prefix=False)
+    b.forward_metadata, b.int2_md = "sentinel", imd
     b.warm_up(model, torch.float32)  # the stand-in wrappers' dtype
     assert calls == ["flashinfer prefix", "int2 prefix"]
-    assert (b.forward_metadata, b._has_prefix, b._use_prefix_fi) == ("sentinel", False, False)
-
-
-def test_kernel_variants_from_the_environment_are_logged(backend_cls, monkeypatch, caplog):
-    """A kernel switch set to something other than its default is said once at start (the
-    kernels read it at each launch); defaults and unset switches add no line."""
-    import logging
-
-    b, *_ = _make(backend_cls)
-    for name in ("OSCAR_CHANNEL_DECODE_3BIT", "OSCAR_CHANNEL_EXTEND", "OSCAR_CHANNEL_DECODE_READS"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_KEYS", "fp16-subnormal")  # the default, set explicitly
-    with caplog.at_level(logging.INFO, logger="oscar_sglang"):
-        b._log_kernel_switches()
-    assert "kernel variants" not in caplog.text
-    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_KEYS", "fp16-shifted")
-    monkeypatch.setenv("OSCAR_CHANNEL_EXTEND", "codes")
-    with caplog.at_level(logging.INFO, logger="oscar_sglang"):
-        b._log_kernel_switches()
-    assert ("kernel variants from the environment: OSCAR_CHANNEL_EXTEND=codes, "
-            "OSCAR_CHANNEL_DECODE_KEYS=fp16-shifted") in caplog.text
-
-
-def test_int8_key_operands_are_refused_at_start_where_no_planes_decode_runs(backend_cls, monkeypatch):
-    """OSCAR_CHANNEL_DECODE_KEYS=int8 exists for the 3-bit planes decode only: with the packed
-    3-bit decode (or any pool without 3-bit per-channel keys at head_dim >= 128) the start stops
-    with what to do, instead of the first decode failing."""
-    b, *_ = _make(backend_cls)
-    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_KEYS", "int8")
-    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_3BIT", "packed")
-    with pytest.raises(ValueError, match="OSCAR_CHANNEL_DECODE_KEYS=int8 needs per-channel 3-bit keys"):
-        b._log_kernel_switches()
-    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_KEYS", "fp16-subnormal")
-    b._log_kernel_switches()  # the default runs every pool
+    assert b.forward_metadata == "sentinel" and b.int2_md is imd and not imd.has_prefix and not imd.use_prefix_fi
 
 
 def test_a_one_request_decode_rotates_q_and_k_with_one_gemm(backend_cls, seed, monkeypatch, caplog):

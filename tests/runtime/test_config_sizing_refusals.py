@@ -15,8 +15,10 @@ from oscar_sglang.runtime import sizing as Z
 def test_defaults():
     cfg = C.load_config({})
     assert cfg.recipe == "hadamard"
-    # the per-token recipe's sizes; the default format names its own (4 / 128, test_kv_format)
-    assert (cfg.sink_tokens, cfg.recent_tokens, cfg.group_size) == (64, 256, 128)
+    # the default format's sizes (its s4 / w128), not a second copy that could disagree
+    assert (cfg.sink_tokens, cfg.recent_tokens, cfg.group_size) == (4, 128, 128)
+    assert (cfg.sink_tokens, cfg.recent_tokens) == KF.side_sizes(KF.DEFAULT_KV_FORMAT) == (4, 128)
+    assert (C.OscarConfig().sink_tokens, C.OscarConfig().recent_tokens) == (4, 128)
     assert cfg.kv_format == KF.DEFAULT_KV_FORMAT == "k4c64-v2h-s4-w128"
     assert (cfg.default_max_running_requests, cfg.side_buffer_fraction) == (1024, 0.2)
     assert cfg.k_clip is None and cfg.v_clip is None
@@ -66,10 +68,12 @@ def test_our_names_and_fork_aliases(tmp_path):
         ({"OSCAR_SINK_TOKENS": "16", "SGLANG_MIXED_KV_PREFIX_TOKENS": "64"}, ["disagree"]),
         ({"OSCAR_SIDE_BUFFER_FRACTION": "1.0"}, ["OSCAR_SIDE_BUFFER_FRACTION"]),
         ({"OSCAR_ALLOW_MODEL_MISMATCH": "maybe"}, ["0 or 1"]),
-        ({"OSCAR_CHANNEL_DECODE_3BIT": "fast"}, ["OSCAR_CHANNEL_DECODE_3BIT", "'packed' or 'planes'"]),
-        ({"OSCAR_CHANNEL_EXTEND": "fast"}, ["OSCAR_CHANNEL_EXTEND", "'codes' or 'dequant'"]),
-        ({"OSCAR_CHANNEL_DECODE_READS": "int16"}, ["OSCAR_CHANNEL_DECODE_READS", "'bytes' or 'words'"]),
-        ({"OSCAR_CHANNEL_DECODE_KEYS": "fp32"}, ["OSCAR_CHANNEL_DECODE_KEYS", "'bf16' or 'fp16' or 'fp16-shifted' or 'fp16-paired'"]),
+        # removed settings stop the start whatever their value (the former default too)
+        ({"OSCAR_CHANNEL_DECODE_3BIT": "planes"}, ["OSCAR_CHANNEL_DECODE_3BIT was removed", "unset it"]),
+        ({"OSCAR_CHANNEL_EXTEND": "codes"}, ["OSCAR_CHANNEL_EXTEND was removed", "unset it"]),
+        ({"OSCAR_CHANNEL_DECODE_READS": "words"}, ["OSCAR_CHANNEL_DECODE_READS was removed"]),
+        ({"OSCAR_CHANNEL_DECODE_KEYS": "fp16-subnormal"}, ["OSCAR_CHANNEL_DECODE_KEYS was removed"]),
+        ({"OSCAR_INT2_NO_ASM": "1"}, ["OSCAR_INT2_NO_ASM was removed"]),
         ({"OSCAR_NEW_TOKEN_ATTENTION": "fa3"}, ["OSCAR_NEW_TOKEN_ATTENTION", "'flashinfer' or 'triton'"]),
         ({"OSCAR_PREFIX_ATTENTION": "bf16"}, ["OSCAR_PREFIX_ATTENTION", "'int2' or 'flashinfer'"]),
         ({"OSCAR_DECODE_STORE": "kernel"}, ["OSCAR_DECODE_STORE", "'split' or 'fused'"]),
@@ -82,39 +86,16 @@ def test_bad_env_is_refused_with_the_variable_name(env, words):
         assert w in str(e.value)
 
 
-def test_channel_decode_switch_values_are_the_kernels():
-    """OSCAR_CHANNEL_DECODE_3BIT / OSCAR_CHANNEL_EXTEND / OSCAR_CHANNEL_DECODE_READS /
-    OSCAR_CHANNEL_DECODE_KEYS: the values the start accepts are the kernels' variants (empty: the
-    kernels' default)."""
-    from oscar_kernels.triton.attend_channel import (
-        CHANNEL_3BIT_ENV, CHANNEL_3BIT_VARIANTS, CHANNEL_CODE_READS, CHANNEL_EXTEND_ENV, CHANNEL_EXTEND_VARIANTS,
-        CHANNEL_KEY_OPERANDS, CHANNEL_KEYS_ENV, CHANNEL_READS_ENV,
-    )
-
-    assert CHANNEL_3BIT_ENV == "OSCAR_CHANNEL_DECODE_3BIT" and C.CHANNEL_3BIT_VARIANTS == CHANNEL_3BIT_VARIANTS
-    assert CHANNEL_EXTEND_ENV == "OSCAR_CHANNEL_EXTEND" and C.CHANNEL_EXTEND_VARIANTS == CHANNEL_EXTEND_VARIANTS
-    assert CHANNEL_READS_ENV == "OSCAR_CHANNEL_DECODE_READS" and C.CHANNEL_CODE_READS == CHANNEL_CODE_READS
-    assert CHANNEL_KEYS_ENV == "OSCAR_CHANNEL_DECODE_KEYS" and C.CHANNEL_KEY_OPERANDS == CHANNEL_KEY_OPERANDS
-    for env, variants in ((CHANNEL_3BIT_ENV, CHANNEL_3BIT_VARIANTS), (CHANNEL_EXTEND_ENV, CHANNEL_EXTEND_VARIANTS),
-                          (CHANNEL_READS_ENV, CHANNEL_CODE_READS), (CHANNEL_KEYS_ENV, CHANNEL_KEY_OPERANDS)):
-        for v in variants + ("",):
-            C.load_config({env: v})
-    # the start-up log's defaults are the kernels' own
-    from oscar_kernels.triton import attend_channel as ch
-
-    assert {n: d for n, _, d in C.KERNEL_SWITCHES} == {
-        CHANNEL_3BIT_ENV: ch.CHANNEL_3BIT_DEFAULT, CHANNEL_EXTEND_ENV: ch.CHANNEL_EXTEND_DEFAULT,
-        CHANNEL_READS_ENV: ch.CHANNEL_READS_DEFAULT, CHANNEL_KEYS_ENV: ch.CHANNEL_KEYS_DEFAULT}
-
-
-def test_kernel_switches_set_names_what_is_not_the_default():
-    """The start-up log's list: switches set to a value other than the kernels' default, none
-    for unset, empty or default values."""
-    assert C.kernel_switches_set({}) == {}
-    assert C.kernel_switches_set({"OSCAR_CHANNEL_DECODE_KEYS": "", "OSCAR_CHANNEL_DECODE_3BIT": "planes"}) == {}
-    assert C.kernel_switches_set({"OSCAR_CHANNEL_DECODE_KEYS": "fp16-shifted", "OSCAR_CHANNEL_EXTEND": "codes",
-                                  "OSCAR_CHANNEL_DECODE_READS": "words"}) == {
-        "OSCAR_CHANNEL_DECODE_KEYS": "fp16-shifted", "OSCAR_CHANNEL_EXTEND": "codes"}
+def test_format_sizes_are_the_chosen_formats_unless_set():
+    """Without OSCAR_SINK_TOKENS / OSCAR_RECENT_TOKENS the config carries the chosen format's
+    sizes: its s<N> / w<N>, else 64 / 256 (the per-token recipe and names without them)."""
+    for fmt, want in (("token", (64, 256)), ("k2c64-v2t64", (64, 256)), ("k4c32-v2t128-s8-w64", (8, 64)),
+                      ("k3c64-v2t64-s4-w128", (4, 128))):
+        cfg = C.load_config({"OSCAR_KV_FORMAT": fmt})
+        assert (cfg.sink_tokens, cfg.recent_tokens) == want, fmt
+        assert "sink_tokens" not in cfg.sources and "recent_tokens" not in cfg.sources
+    cfg = C.load_config({"OSCAR_KV_FORMAT": "token", "OSCAR_SINK_TOKENS": "16"})
+    assert (cfg.sink_tokens, cfg.recent_tokens, cfg.sources["sink_tokens"]) == (16, 256, "OSCAR_SINK_TOKENS")
 
 
 def test_new_token_attention_defaults_to_flashinfer():
@@ -314,6 +295,7 @@ def test_good_args_pass():
         (dict(dllm_algorithm="x"), {}, ["diffusion"]),
         (dict(is_embedding=True), {}, ["embedding"]),
         (dict(enable_torch_compile=True), {}, ["torch-compile"]),
+        (dict(enable_memory_saver=True), {}, ["--enable-memory-saver is not supported", "Drop the flag"]),
         (dict(triton_attention_num_kv_splits=1), {}, ["--triton-attention-num-kv-splits 1", "2 or more"]),
         ({}, {"SGLANG_ENABLE_POST_CAPTURE_KV_SIZING": "1"}, ["POST_CAPTURE"]),
     ],

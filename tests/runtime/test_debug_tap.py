@@ -79,7 +79,8 @@ def _record_rank(monkeypatch, tmp_path, rank, gen, forget_v_unrotation=False, un
     v_clip = 0.95
     pool = SimpleNamespace(
         local=lambda layer_id: 0, k_rot=[rk], v_rot=[rv], k_clip=[1.0], v_clip=[v_clip],
-        sink=fmt.sink, recent=fmt.window, channel=True, own_start=torch.zeros(8, dtype=torch.long),
+        sink=fmt.sink, recent=fmt.window, own_start=torch.zeros(8, dtype=torch.long),
+        layout=SimpleNamespace(name="channel", dequantises_prefix=True),
         kv_format=SimpleNamespace(name=NAME, k_bits=[4] * 8, k_group=fmt.k_group, v_group=fmt.v_group),
         info={"attn_tp": [rank, 2], "recipe": "test", "rotation_sha256": None, "group_size": fmt.v_group})
     # a process per rank: the module's per-process state starts afresh

@@ -152,6 +152,7 @@ def test_unservable_formats_refused_at_start(sgl, tiny_model, monkeypatch, fmt, 
         (["--enable-hierarchical-cache"], "HiCache"),
         (["--disaggregation-mode", "prefill"], "PD disaggregation"),
         (["--enable-two-batch-overlap"], "two-batch"),
+        (["--enable-memory-saver"], "--enable-memory-saver is not supported"),
     ],
 )
 def test_refusals_through_server_args(sgl, tiny_model, extra, word):
@@ -168,6 +169,67 @@ def test_bad_env_fails_in_the_launching_process(sgl, tiny_model, monkeypatch):
     monkeypatch.setenv("OSCAR_K_CLIP", "2")
     with pytest.raises(OscarConfigError, match="OSCAR_K_CLIP"):
         _prepare(sgl, tiny_model)
+
+
+def test_a_removed_setting_fails_in_the_launching_process(sgl, tiny_model, monkeypatch):
+    from oscar_sglang.runtime.config import OscarConfigError
+
+    monkeypatch.setenv("OSCAR_CHANNEL_DECODE_KEYS", "bf16")
+    with pytest.raises(OscarConfigError, match="OSCAR_CHANNEL_DECODE_KEYS was removed: .*unset it"):
+        _prepare(sgl, tiny_model)
+
+
+def test_stock_kv_cache_dtypes_are_read_from_sglangs_declaration(sgl):
+    """SGLang 0.5.17 declares no int2 of its own: the plugin's int2 shadows nothing."""
+    from oscar_sglang.runtime import hooks
+
+    stock = hooks.stock_kv_cache_dtypes()
+    assert "fp8_e4m3" in stock and "auto" in stock and "int2" not in stock
+    assert hooks.upstream_int2_problem(stock) is None and hooks.install_problem() is None
+
+
+def test_an_sglang_with_its_own_int2_is_refused_at_start(sgl, tiny_model, monkeypatch):
+    """An SGLang whose --kv-cache-dtype already offers int2 (an upstream int2 KV cache): the plugin
+    says so and refuses every int2 start instead of shadowing it; other dtypes still start."""
+    import argparse
+    import sys
+
+    from oscar_sglang.runtime import hooks, state
+
+    monkeypatch.setattr(hooks, "stock_kv_cache_dtypes", lambda: ["auto", "fp8_e4m3", "int2"])
+    msg = hooks.install_problem()
+    assert "has an `int2` KV cache dtype of its own" in msg and "sglang==0.5.17" in msg
+    assert "pip uninstall oscar-sglang" in msg
+    import sglang
+
+    assert f"({sglang.__version__})" in msg
+
+    monkeypatch.setitem(state._install, "error", None)
+    monkeypatch.setattr(sys, "argv", ["sglang.launch_server", "--kv-cache-dtype", "int2"])
+    with pytest.raises(SystemExit) as e:
+        hooks._refuse(msg)
+    assert e.value.code == 2
+    with pytest.raises(state.HookInstallError, match="of its own"):
+        _prepare(sgl, tiny_model)  # engine-style ServerArgs(kv_cache_dtype="int2") too
+    a = sgl.ServerArgs(model_path=tiny_model, skip_tokenizer_init=True, device="cpu")
+    assert a.kv_cache_dtype == "auto"  # a server without int2 is untouched
+
+    # the parser route: a --kv-cache-dtype whose choices hold an int2 the plugin did not add
+    monkeypatch.setitem(state._install, "error", None)
+    monkeypatch.setattr(sys, "argv", ["x"])
+    p = argparse.ArgumentParser()
+    p.add_argument("--kv-cache-dtype", choices=["auto", "int2"], help="stock")
+    hooks.after_add_cli_args(None, p)
+    assert p._option_string_actions["--kv-cache-dtype"].help == "stock"  # not claimed as ours
+    assert "of its own" in state._install["error"]
+    # ours, added once: a second pass over the same parser is not taken for an upstream int2
+    monkeypatch.setitem(state._install, "error", None)
+    p = argparse.ArgumentParser()
+    p.add_argument("--kv-cache-dtype", choices=["auto"])
+    hooks.after_add_cli_args(None, p)
+    hooks.after_add_cli_args(None, p)
+    assert p._option_string_actions["--kv-cache-dtype"].choices == ["auto", "int2"]
+    assert state._install["error"] is None
 
 
 def test_sliding_window_model_refused(sgl, tmp_path):
@@ -285,7 +347,7 @@ def test_channel_format_pool(kvc, monkeypatch, caplog):
     with caplog.at_level(logging.INFO, logger="oscar_sglang"):
         cfg, pool = _build(kvc, avail, page_size=64)
     fmt = pool.kv_format
-    assert pool.channel and fmt.name == "k4c64-v2t64-s4-w128" and fmt.page_size == 64  # v2h on 64 dims
+    assert pool.layout.name == "channel" and fmt.name == "k4c64-v2t64-s4-w128" and fmt.page_size == 64  # v2h on 64 dims
     shape = sizing.ModelKVShape(3, 2, 64, 64)
     per_tok = sizing.int2_bytes_per_token(shape, fmt)
     assert per_tok == 3 * 2 * ((32 + 4) + (16 + 4)) + 4

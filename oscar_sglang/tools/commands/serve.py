@@ -12,6 +12,8 @@ import os
 import shlex
 import sys
 
+from ...common import settings
+
 
 def _has(argv: list[str], *flags: str) -> bool:
     return any(a == f or a.startswith(f + "=") for a in argv for f in flags) or any(
@@ -49,9 +51,9 @@ def embedded_model_args() -> tuple[list[str], dict]:
             "--dtype", "bfloat16"]
     env = {}
     rot = zoo_rotation_for(models.EMBEDDED_MODEL_ID)
-    if rot and not (os.environ.get("OSCAR_ROTATION") or os.environ.get("SGLANG_OSCAR_K_ROTATION_PATH")):
-        env["OSCAR_ROTATION"] = rot
-        env["OSCAR_ALLOW_MODEL_MISMATCH"] = os.environ.get("OSCAR_ALLOW_MODEL_MISMATCH", "0")
+    if rot and not settings.ROTATION.is_set():
+        env[settings.ROTATION.name] = rot
+        env[settings.ALLOW_MODEL_MISMATCH.name] = "1" if settings.ALLOW_MODEL_MISMATCH.get() else "0"
     return args, env
 
 
@@ -106,13 +108,12 @@ def run(args) -> int:
 
 
 def add_parser(sub) -> None:
-    from ...runtime.config import env_help
-
     p = sub.add_parser(
         "serve",
         help="launch an SGLang server with the INT2 KV cache (all SGLang server args pass through)",
         description=__doc__,
-        epilog="INT2 settings (environment variables):\n" + env_help()
+        epilog="INT2 settings (environment variables; all of them: docs/settings.md):\n"
+        + settings.env_help()
         + "\n\nExample: oscar-sglang serve --model-path Qwen/Qwen3-8B --port 30000",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,  # SGLang's long options must never be taken as abbreviations of ours
