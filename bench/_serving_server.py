@@ -80,25 +80,6 @@ CONFIGS: Dict[str, ServingConfig] = {
         ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton"],
         {"OSCAR_KV_FORMAT": "k3c64-v2t64-s4-w128"},
     ),
-    # 3-bit keys (the k3 formats) decoded as two planes (attend_channel, OSCAR_CHANNEL_DECODE_3BIT)
-    "int2-planes-splits64": ServingConfig(
-        "int2-planes-splits64", "INT2 KV, oscar_triton, 64 KV splits, 3-bit keys decoded as planes",
-        ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton",
-         "--triton-attention-num-kv-splits", "64"], {"OSCAR_CHANNEL_DECODE_3BIT": "planes"},
-    ),
-    "int2-planes": ServingConfig(
-        "int2-planes", "INT2 KV, oscar_triton, 3-bit keys decoded as planes",
-        ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton"],
-        {"OSCAR_CHANNEL_DECODE_3BIT": "planes"},
-    ),
-    # int2 with the per-channel decode reading codes as 16-bit words (OSCAR_CHANNEL_DECODE_READS,
-    # opt-in: 8-13% faster decode, 3x the byte reads' error over 32K keys in one split) and the
-    # extend's dequantising body (OSCAR_CHANNEL_EXTEND; the default since 2026-11-26, set explicitly)
-    "int2-words-dequant": ServingConfig(
-        "int2-words-dequant", "INT2 KV, oscar_triton, decode reads code words, extend dequantises",
-        ["--kv-cache-dtype", "int2", "--attention-backend", "oscar_triton"],
-        {"OSCAR_CHANNEL_DECODE_READS": "words", "OSCAR_CHANNEL_EXTEND": "dequant"},
-    ),
     # int2 with the V rotation applied by the backend every step instead of folded into W_v / W_o
     "int2-vruntime": ServingConfig(
         "int2-vruntime", "INT2 KV, oscar_triton, V rotation at run time",
