@@ -200,7 +200,9 @@ check() {  # check NAME EXPECTED_TEXT -- docker run args...
     local ok=1
     [[ $rc -eq 0 ]] || ok=0
     if [[ -n "$expect" ]] && ! grep -qF -- "$expect" "$WORK/check-$name.log"; then ok=0; fi
-    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$rc" "$ok" "$((end - start))" "$expect" "docker run --rm $*" >>"$WORK/checks.tsv"
+    local cmd="docker run --rm $*"
+    cmd="${cmd//$'\n'/\\n}"  # one line per check in the TSV: inline code keeps \n escaped
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$rc" "$ok" "$((end - start))" "$expect" "$cmd" >>"$WORK/checks.tsv"
     tail -n 5 "$WORK/check-$name.log" | sed 's/^/    /'
     log "check $name: $([[ $ok -eq 1 ]] && echo passed || echo FAILED) (exit $rc)"
 }
@@ -215,9 +217,8 @@ print("entry point ok:", eps[0].name, "=", eps[0].value)'
     FREEZE_CODE='import re, subprocess
 norm = lambda s: re.sub(r"[-_.]+", "-", s.split("==")[0]).lower() + "==" + s.split("==")[1]
 pinned = {norm(ln.strip()) for ln in open("/opt/constraints.txt") if "==" in ln and not ln.startswith("#")}
-frozen = {norm(ln) for ln in subprocess.run(["pip", "freeze", "--exclude-editable"], check=True,
-          capture_output=True, text=True).stdout.split() if "==" in ln}
-pinned = {p for p in pinned if not p.startswith("pip==")}  # pip freeze leaves pip out
+frozen = {norm(ln) for ln in subprocess.run(["pip", "freeze", "--all", "--exclude-editable"],
+          check=True, capture_output=True, text=True).stdout.split() if "==" in ln}
 print(len(frozen), "installed,", len(pinned), "pinned")
 print("installed, not as pinned:", sorted(frozen - pinned))
 print("pinned, not installed:", sorted(pinned - frozen))
@@ -235,7 +236,8 @@ print("pip freeze matches docker/constraints.txt")'
     check toolchain "Cuda compilation tools" -- --network none --entrypoint bash "$TAG" \
         -c 'gcc --version | head -1 && "$CUDA_HOME/bin/nvcc" --version'
     check pytest " passed" -- --network host -e PYTHONDONTWRITEBYTECODE=1 \
-        -v "$ROOT/tests:/opt/oscar-sglang/tests:ro" --entrypoint bash "$TAG" -c "$PYTEST_SH"
+        -v "$ROOT/tests:/opt/oscar-sglang/tests:ro" -v "$ROOT/bench:/opt/oscar-sglang/bench:ro" \
+        --entrypoint bash "$TAG" -c "$PYTEST_SH"
 fi
 
 # ------------------------------------------------------------------ record
@@ -262,6 +264,7 @@ e = os.environ
 checks = []
 for line in open(e["CHECKS"]):
     name, rc, ok, secs, expect, cmd = line.rstrip("\n").split("\t", 5)
+    cmd = cmd.replace("\\n", "\n")
     checks.append({"name": name, "command": cmd, "exit_code": int(rc), "expected_output": expect,
                    "seconds": int(secs), "passed": ok == "1"})
 cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "")
