@@ -22,6 +22,7 @@ TAG="oscar-sglang:0.1.0"
 BASE=""
 PULL=1
 SMOKE=1
+NO_CACHE=()
 RESULTS="$ROOT/bench/results/docker_image.json"
 DOCKERD_ARGS="${DOCKERD_ARGS:---storage-driver=overlay2 --iptables=false --ip6tables=false --bridge=none}"
 # versions of the test tools installed for the pytest smoke check only (not part of the image)
@@ -54,6 +55,7 @@ Options:
   --cuda-home PATH  CUDA toolkit in the image (must hold bin/nvcc and include/cuda.h)
   --debian          skip the pull, use the Debian 12 fallback base
   --no-smoke        build only (the record then says built, with no checks)
+  --no-cache        rebuild every layer (the record's build_seconds is then a cold build)
   --results PATH    where to write the JSON record (default: bench/results/docker_image.json)
   -h, --help        this help
 EOF
@@ -69,6 +71,7 @@ while [[ $# -gt 0 ]]; do
         --cuda-home) CUDA_HOME_ARG="$2"; shift 2 ;;
         --debian) BASE="$DEBIAN_BASE"; PULL=0; shift ;;
         --no-smoke) SMOKE=0; shift ;;
+        --no-cache) NO_CACHE=(--no-cache); shift ;;
         --results) RESULTS="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "build.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -181,7 +184,7 @@ fi
 log "building $TAG with the $BUILDER builder (output: $WORK/build.log)"
 BUILD_START=$(date +%s)
 BUILD_RC=0
-(cd "$WORK/context" && docker build --network host -f docker/Dockerfile \
+(cd "$WORK/context" && docker build --network host "${NO_CACHE[@]}" -f docker/Dockerfile \
     --build-arg "BASE_IMAGE=$BASE" --build-arg "PYTHON=$PYTHON" --build-arg "CUDA_HOME=$CUDA_HOME_ARG" \
     -t "$TAG" . 2>&1) | tee "$WORK/build.log" || BUILD_RC=$?
 BUILD_SECONDS=$(( $(date +%s) - BUILD_START ))
