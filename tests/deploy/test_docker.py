@@ -410,3 +410,18 @@ def test_make_test_does_not_build_images_and_make_image_does():
     assert "docker/build.sh" in _make_dry_run("image")
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make test" in ci and "make image" not in ci and "build.sh" not in ci
+
+
+def test_committed_image_record_is_a_complete_passing_build_sh_record():
+    # bench/results/docker_image.json is written by docker/build.sh only (where a daemon runs);
+    # what is committed must be a build that passed every check the script runs today
+    record = json.loads((ROOT / "bench" / "results" / "docker_image.json").read_text())
+    assert record["built"] is True and record["build_exit_code"] == 0
+    assert re.fullmatch(r"[0-9a-f]{40}", record["commit"]), record["commit"]
+    assert record["image"]["size_bytes"] > 0 and record["base_image"]["name"]
+    assert record["python"]["version"] and record["build_seconds"] >= 0
+    names = [c["name"] for c in record["checks"]]
+    assert sorted(names) == sorted(set(re.findall(r"^\s*check (\w+) ", BUILD_SH.read_text(), re.M)))
+    failed = [c for c in record["checks"] if not (c["passed"] and c["exit_code"] == 0)]
+    assert not failed, failed
+    assert record["all_checks_passed"] is True
