@@ -84,6 +84,11 @@ die() { printf '[build.sh] error: %s\n' "$*" >&2; exit 1; }
 command -v docker >/dev/null || die "no docker CLI (Debian: apt-get install docker.io)"
 command -v python3 >/dev/null || die "python3 is needed to write the JSON record"
 
+# the commit the context is copied from, taken before anything runs (a commit made during a long
+# build must not be recorded as the one built)
+COMMIT="$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
+DIRTY="$(git -C "$ROOT" status --porcelain 2>/dev/null | grep -q . && echo true || echo false)"
+
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/oscar-sglang-build.XXXXXX")"
 STARTED_DOCKERD_PID=""
 cleanup() {
@@ -252,8 +257,6 @@ if [[ $BUILD_RC -eq 0 ]] && docker image inspect "$TAG" >/dev/null 2>&1; then
     IMAGE_SIZE="$(docker image inspect -f '{{.Size}}' "$TAG")"
     IMAGE_PYTHON="$(docker run --rm --network none --entrypoint python "$TAG" -c 'import sys; print(sys.version.split()[0])')"
 fi
-COMMIT="$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
-DIRTY="$(git -C "$ROOT" status --porcelain 2>/dev/null | grep -q . && echo true || echo false)"
 GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | paste -sd, - || true)"
 mkdir -p "$(dirname "$RESULTS")"
 RESULTS="$RESULTS" TAG="$TAG" BASE="$BASE" BASE_ID="$BASE_ID" BASE_SOURCE="$BASE_SOURCE" \
