@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: test serve venv clean
+.PHONY: test serve venv clean image
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,3 +27,7 @@ serve: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV)
+
+# the Docker image, built and smoke-tested on the CPU (docker/build.sh --help); `test` never builds it
+image:
+	docker/build.sh $(ARGS)

