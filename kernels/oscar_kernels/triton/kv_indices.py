@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .decode import sm_count
+from .core import sm_count
 
 BLOCK = 1024  # positions a program copies per step
 TARGET_PROGRAMS_PER_SM = 4  # programs per SM over the batch (a batch of 1 gets the most pieces)
