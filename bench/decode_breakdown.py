@@ -26,8 +26,7 @@ import pathlib
 import torch
 
 import _results
-from oscar_kernels.triton import attend_fast as fast
-from oscar_kernels.triton import decode as dec
+from oscar_kernels.triton import token_decode as fast
 
 # bench/kernels.py (cases, graph timer, byte counts), loaded under its own name: a module called
 # `kernels` would shadow the `kernels` package SGLang depends on
@@ -41,7 +40,7 @@ SWEEP = {  # INT2 splits per (request, KV head) tried per batch size
     64: (2, 3, 4, 6),
 }
 # kernel settings swept (decode_attention_fast keyword arguments; {} = the defaults)
-CONFIGS = [{}, dict(words=False), dict(bf16_spread=False), dict(block_b=16), dict(int2_stages=7)]
+CONFIGS = [{}, dict(block_b=16), dict(int2_stages=7)]
 
 
 def stage1_only(case, **kw):
@@ -49,12 +48,12 @@ def stage1_only(case, **kw):
     run = case.fn(kind="fast", fused_merge=False, **kw)
 
     def go():
-        saved = dec.merge_splits
-        dec.merge_splits = lambda *a, **k: None
+        saved = fast.merge_splits
+        fast.merge_splits = lambda *a, **k: None
         try:
             run()
         finally:
-            dec.merge_splits = saved
+            fast.merge_splits = saved
     return go
 
 
@@ -62,18 +61,18 @@ def merge_only(case):
     """The merge kernel alone on the partials of one stage-1 call."""
     ms = fast.default_max_splits(case.B, kb.HKV, torch.device(kb.DEV))
     captured = {}
-    saved = dec.merge_splits
+    saved = fast.merge_splits
 
     def grab(*a, **k):
         captured["a"], captured["k"] = a, k
         return saved(*a, **k)
-    dec.merge_splits = grab
+    fast.merge_splits = grab
     try:
         case.fn(kind="fast", max_kv_splits=ms, fused_merge=False)()
     finally:
-        dec.merge_splits = saved
+        fast.merge_splits = saved
     a, k = captured["a"], captured["k"]
-    return lambda: dec.merge_splits(*a, **k)
+    return lambda: fast.merge_splits(*a, **k)
 
 
 def main():
@@ -113,8 +112,7 @@ def main():
                f"one tile per split (L={L1}) {t_fixed * 1e3:.1f} us; default max_kv_splits {default}")
         case = kb.Int2Case(B, L)
         for cfg in json.loads(args.configs):
-            cfg_nb16 = (0 if cfg.get("bf16_spread", True) else
-                        dec.bf16_splits(kb.SINK, kb.WINDOW, 1 << 30, cfg.get("bf16_keys_per_split")))
+            cfg_nb16 = 0  # the BF16 keys are spread over the INT2 splits
             for n in sorted(set(SWEEP.get(B, ())) | {default - nb16}):
                 ms = n + cfg_nb16
                 try:

@@ -37,7 +37,7 @@ sys.path[:0] = [str(ROOT / "kernels"), str(Path(__file__).resolve().parent), str
 import _results  # noqa: E402
 from oscar_sglang.runtime.kv_format import DEFAULT_KV_FORMAT  # noqa: E402 (the served default)
 
-KERNEL = "attend_channel_kernel"
+KERNEL = "channel_kernel"
 LINE_REASON_MIN_PCT = 3.0
 
 
