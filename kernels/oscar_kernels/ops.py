@@ -113,7 +113,7 @@ def decode_attention(
     [BF16 splits + 1, max_kv_splits] (other groups); None (recommended): n is derived in-kernel
     from the request length (>= 256 INT2 keys per split), no host sync.
     max_kv_splits: None = attn_logits.shape[2] if given, else a default that gives every SM a few
-    programs for this batch size (token_decode.default_max_splits: 128 at B=1, Hkv=8 on an H100;
+    programs for this batch size (token_decode.default_max_splits: 128 at B=1, Hkv=8 on 132 SMs;
     token_decode.base_max_splits for other groups).
     Small batches need many splits to fill the GPU: size the scratch with max_kv_splits >= 33 for
     B * Hkv <= 16.

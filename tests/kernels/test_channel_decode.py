@@ -222,7 +222,7 @@ def test_fp16_code_bits():
     """The dequantising extend's fp16 operands (CUDA): code c in [0, 128) under FP16_CODE_BASE,
     shifted by FP16_CODE_SHIFT, is exactly 128 + c, and minus 128 gives c back (the interpreter
     runs fp32, so the bits are checked here)."""
-    from oscar_kernels.triton import channel_attend as ch
+    from oscar_kernels.triton import core_codes as ch
 
     c = torch.arange(128, dtype=torch.int32)
     bits = ((c << ch.FP16_CODE_SHIFT.value) | ch.FP16_CODE_BASE.value).to(torch.int16)

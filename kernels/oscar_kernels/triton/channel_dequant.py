@@ -7,7 +7,7 @@ positions [lo[b], lo[b] + n_b) with n_b = out_indptr[b + 1] - out_indptr[b], at 
 out_indptr[b] ..; lo[b] is a multiple of the key block, so a program's BLK positions are one page.
 
 One program = one page block of one request and KV head: the keys' four quarters dequantised with
-the page's per-channel (scale, min) (channel_attend.dequant_codes), the values with their per-token group
+the page's per-channel (scale, min) (core_codes.dequant_codes), the values with their per-token group
 params; sink / ring positions copied from the BF16 buffers. The arithmetic is fp32 from the pool's
 fp16 params, rounded once to the output dtype (bf16 arithmetic would round the params first, an
 error of 2^-9 of |code * scale| + |min|, which for a key channel spans its largest value in the
@@ -19,9 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .channel_attend import dequant_codes, key_quarter
 from .core import as_param_words, source_ranges
-from .core_codes import unpack_params
+from .core_codes import dequant_codes, key_quarter, unpack_params
 
 
 @triton.jit

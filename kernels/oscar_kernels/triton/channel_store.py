@@ -68,16 +68,11 @@ def _rotate(x, R, stride_rk, D: tl.constexpr, DT: tl.constexpr):
 
 
 # Tokens a call must have for _key_blocks_kernel to give each program a window of BLK tokens
-# (prefill chunks) instead of one token (decode steps). With one token a program, an 8192-token
-# prefill chunk launched 8192 x 8 programs of which 1 in 64 completes a block: 88.6 us a layer
-# (H100 server profile at 64 x 8K prompts, bench/results/serving/
-# 2026-11-27_2255_batch64-step-profiles-fused-merge_h100.json), 2.6 ms of a 217 ms prefill step against
-# the per-token store's 1.0 ms. A window holds at most one completion per request in it, so a
-# decode step of requests in lockstep (all completing a block at the same step) keeps one token a
-# program: windows would quantise up to BLK blocks one after another in one program. H100, one
-# call (bench/results/kernels/2026-11-27_2314_channel-store-windows_h100.json, the whole store of
-# k3c64-v2t64-s4-w128, 8 KV heads): 8,192 tokens 82.6 -> 48.1 us, 16,384 157.0 -> 93.3 us,
-# 64 (one token a program either way) 10.5 us.
+# (prefill chunks) instead of one token (decode steps): with one token a program, a prefill chunk
+# launches a program per token of which 1 in BLK completes a block (docs/design.md "Kernel design
+# choices"). A window holds at most one completion per request in it, so a decode step of
+# requests in lockstep (all completing a block at the same step) keeps one token a program:
+# windows would quantise up to BLK blocks one after another in one program.
 KEY_BLOCK_WINDOWS_MIN_T = 1024
 
 

@@ -215,3 +215,59 @@ def widen(c8, USE_ASM: tl.constexpr):
     else:
         r = c8.to(tl.uint16)
     return r
+
+
+@triton.jit
+def key_quarter(kc, kc2, hb, J: tl.constexpr, BITS: tl.constexpr, QD: tl.constexpr):
+    """Codes of dims [J*D/4, (J+1)*D/4) of every key of the tile, int32 [BLK, D/4].
+
+    kc: bytes 0..D/4-1 of each row (the 2-bit plane / first quarter of the 4-bit half split),
+    kc2: bytes D/4..D/2-1 (4 bits only), hb: the 1-bit plane gathered so that column i holds byte
+    i % (D/8) (3 bits only): dim J*D/4 + i is eighth 2J + i // (D/8) of the plane."""
+    if BITS == 2:
+        c = (kc >> (2 * J)) & 3
+    elif BITS == 3:
+        E: tl.constexpr = QD // 2
+        sh = 2 * J + tl.arange(0, QD) // E
+        c = ((kc >> (2 * J)) & 3) | (((hb >> sh[None, :]) & 1) << 2)
+    else:  # half split: dims [0, D/2) low nibbles, [D/2, D) high nibbles of bytes 0..D/2-1
+        if J % 2 == 0:
+            c = (kc >> (4 * (J // 2))) & 15
+        else:
+            c = (kc2 >> (4 * (J // 2))) & 15
+    return c
+
+
+# fp16 bits of 128 + code for a code in [0, 128): 128's exponent, the code in the mantissa's top 7
+# bits (the ulp at 128 is 1/8). tests/kernels/test_channel_decode.py checks it bit for bit.
+FP16_CODE_BASE = tl.constexpr(0x5800)
+FP16_CODE_SHIFT = tl.constexpr(3)
+FP32_CODE_BASE = tl.constexpr(0x4B000000)  # 2^23: a code in the low mantissa bits is 2^23 + code
+
+
+@triton.jit
+def dequant_codes(c, sc, mn, AXIS: tl.constexpr, DT: tl.constexpr):
+    """code * scale + min as DT, for int32 codes c [rows, cols] in [0, 128) and fp32 (scale, min)
+    vectors along AXIS (0: one per column, keys; 1: one per row, values), DT fp16 or fp32 (the
+    pool's fp16 params are exact in both; bf16 would round them: channel_attend.DQ_DT). fp16 (the extend's
+    operands on CUDA): packed half math, two elements an instruction (sm_90 HADD2 / HFMA2): 128 +
+    code from the exponent trick, minus 128 exactly, times the scale plus the min rounded once to
+    2^-11; no int-to-float or fp32-to-half conversions per element. fp32 (the interpreter's, and
+    channel_dequant's pieces on CUDA): 2^23 + code from the fp32 exponent trick (one lop, no
+    int-to-float conversion), minus 2^23 exactly, times the scale (exact) plus the min, rounded
+    once to fp32."""
+    if DT == tl.float16:
+        x = ((c << FP16_CODE_SHIFT) | FP16_CODE_BASE).to(tl.int16).to(tl.float16, bitcast=True)
+        s16 = sc.to(DT)
+        m16 = mn.to(DT)
+        if AXIS == 0:
+            r = (x - 128.0) * s16[None, :] + m16[None, :]
+        else:
+            r = (x - 128.0) * s16[:, None] + m16[:, None]
+    else:
+        x = (c | FP32_CODE_BASE).to(tl.float32, bitcast=True) - 8388608.0
+        if AXIS == 0:
+            r = x * sc[None, :] + mn[None, :]
+        else:
+            r = x * sc[:, None] + mn[:, None]
+    return r

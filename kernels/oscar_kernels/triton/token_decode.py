@@ -116,9 +116,8 @@ def _p_times_scale(pt, vpw, alpha, b_mn, DT: tl.constexpr):
     """p^T * V scale per key (the V MMAs' operand, in DT), the per-row sum(p*mn) rescaled by alpha
     (added to the accumulators once, after the loop), and this tile's sum(p*sc) [1, rows] of the
     rounded operand: the code operands' offsets times it are taken off each accumulator before the
-    tile's MMA adds them. (Taken off once after the loop, as before 2026-11-26, they left fp32 sums
-    64-128x the output to cancel: an error growing with the keys per split, 3.3e-2 relative at 32K
-    keys in one split here, up to 4.4 in the per-channel decode; H100.)"""
+    tile's MMA adds them (taken off once after the loop they would leave fp32 sums 64-128x the
+    output to cancel: an error growing with the keys per split, tests/gpu/test_long_decode.py)."""
     vsc, vmn = unpack_params(vpw)
     pst = (pt * vsc[:, None]).to(DT)
     b_mn = b_mn * alpha + tl.sum(pt * vmn[:, None], 0)
