@@ -2,7 +2,6 @@
 random slots, BF16 sink/ring rows, with the cases that cross every source boundary. Side-buffer
 entries the source rule must never read hold huge garbage."""
 import torch
-import triton.language as tl
 
 from oscar_kernels import Int2Format
 from oscar_kernels import reference as ref

@@ -4,7 +4,6 @@ PTX operand idioms of its body emulated bit for bit (the interpreter never runs 
 Pool, oracle and bound: tests/kernels/channel_case.py.
 """
 import inspect
-import math
 
 import pytest
 import torch

@@ -16,8 +16,8 @@ from oscar_kernels import reference as ref
 from oscar_kernels.format import code_bytes
 from oscar_kernels.hadamard import hadamard
 
-from .channel_case import S, channel_fmt
-from .pool_case import DEV, REL_TOL, rel_err, request_rows, rotated_kv
+from .channel_case import GARBAGE, S, channel_fmt
+from .pool_case import DEV, REL_TOL, rel_err, rotated_kv
 from .test_channel_extend import check_extend
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -15,7 +15,6 @@ block).
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 

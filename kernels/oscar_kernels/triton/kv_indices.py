@@ -9,7 +9,6 @@ filled by up to MAX_PIECES programs.
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 

@@ -40,7 +40,7 @@ from .core import (FUSED_MERGE_MAX_SPLITS, INT2_STAGES, LN2, LOG2E, as_param_wor
                    cap_and_scale, check_pool, empty_softmax_state, load_q_quarters, merge_if_last,
                    merge_splits, num_splits_of, plan_decode, pool_launch_args, pv_dtype, sm_count,
                    source_ranges, split_ranges, split_arrivals, use_asm)
-from .core_codes import (V_OFS, WORD_OFS, WORDS_MIN_DIM, k_scale, quarter_k, quarter_v, unpack_params, v_scale,
+from .core_codes import (V_OFS, WORDS_MIN_DIM, k_scale, quarter_k, quarter_v, unpack_params, v_scale,
                          word_code, word_dims, word_ofs, words_of_quarter)
 from .token_attend import launch_attend
 
