@@ -214,7 +214,7 @@ def decode_attention_channel(
       v_codes  uint8   [N, H, Dv / 4]          2-bit values, per-token groups of v_group dims
       v_params float16 [N, H, Dv / v_group, 2]
     sink / ring / kv_indptr / kv_indices / req_rows / own_start / sink_start, q, o, the scratch and
-    the split arguments as decode_attention (base kernel's split plan: BF16 splits + body splits,
+    the split arguments as decode_attention (the generic kernel's split plan: BF16 splits + body splits,
     merged by the same stage 2; max_kv_splits None: decode_splits_channel's count). Body keys of a
     request are its complete blocks outside the sink and ring; blocks are aligned to position 0
     and are the request's pages. Head dims 64 and 128; keys 2, 3 or 4 bits; B in (32, 64); W >= B.

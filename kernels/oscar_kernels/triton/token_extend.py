@@ -288,7 +288,7 @@ def extend_kernel(
 
 def supports(q, k_codes, v_codes, k_group, v_group) -> bool:
     """Shapes this kernel handles: D, Dv in {64, 128} (any group size the format allows), 16-bit
-    queries. D = 256 keeps the base kernel (a 128 x 256 fp32 accumulator does not fit 8 warps)."""
+    queries. D = 256 keeps the generic kernel (a 128 x 256 fp32 accumulator does not fit 8 warps)."""
     D, Dv = k_codes.shape[-1] * 4, v_codes.shape[-1] * 4
     # every quarter inside one group (G >= D/4): true of every group size the format allows here
     return (D in (64, 128) and Dv in (64, 128) and D % k_group == 0 and Dv % v_group == 0
