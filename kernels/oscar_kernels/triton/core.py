@@ -60,7 +60,8 @@ def num_splits_of(n_int2, b, num_kv_splits, HAS_NSPLITS: tl.constexpr, MAX_SPLIT
 
 @triton.jit
 def source_ranges(kv_len, own, sink_own, S: tl.constexpr, W: tl.constexpr):
-    """(sink_lo, sink_hi, ring_lo, n_int2) for a reader of kv_len keys; see module docstring.
+    """(sink_lo, sink_hi, ring_lo, n_int2) for a reader of kv_len keys, by the rule of
+    reference.source_masks (token_attend.py's docstring draws the ranges).
 
     own: first position whose ring copy the row holds; sink_own: first whose sink copy it holds."""
     sink_lo = tl.minimum(sink_own, kv_len)
