@@ -1,7 +1,8 @@
-"""Deprecated module name, kept so that `from oscar_kernels.triton.attend_channel import
-PLANES_MIN_DIM` (the runtime's start-up check of the removed kernel switches) still imports;
-the per-channel kernels are channel_attend / channel_decode / channel_extend. Remove it once
-nothing imports it."""
-from .channel_decode import PLANES_MIN_DIM
+"""Deprecated name of channel_decode, kept while the runtime still imports it (its start-up
+check of the removed kernel switches reads PLANES_MIN_DIM here): importing this module gives
+channel_decode itself. Remove it once nothing imports oscar_kernels.triton.attend_channel."""
+import sys
 
-__all__ = ["PLANES_MIN_DIM"]
+from . import channel_decode
+
+sys.modules[__name__] = channel_decode
