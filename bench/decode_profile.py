@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 from bench import _results
 from oscar_sglang.runtime.kv_format import DEFAULT_KV_FORMAT  # noqa: E402 (the served default)
 
-KERNEL = "attend_channel_kernel"
+KERNEL = "channel_kernel"
 LINE_REASON_MIN_PCT = 3.0
 
 

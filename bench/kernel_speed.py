@@ -18,7 +18,7 @@ Usage (H100, from the project root):
 The JSON (bench/_results.py: date, device, model, command, one row per decode shape / store size /
 extend shape) goes to bench/results/kernels/<UTC date_time>.json when --json is not given.
 Options: --tune (also sweep BLOCK_N / num_stages / split count), --quick (two shapes), --no-fast
-(skip the fast INT2 decode variant, attend_fast.py, timed by default next to the base kernel),
+(skip the G = head_dim INT2 decode kernel, token_decode.py, timed by default next to the generic one),
 --skip-store-extend (decode only), --flashinfer (FlashInfer's BF16 paged decode as a second
 baseline, where its JIT build works; see --help for the rest).
 """
@@ -42,9 +42,10 @@ from bench._timing import bench_graph  # noqa: E402
 from oscar_kernels import Int2Format, KVFormat, ops  # noqa: E402
 from oscar_kernels.format import code_bytes  # noqa: E402
 from oscar_kernels import reference as ref  # noqa: E402
-from oscar_kernels.triton import attend_channel  # noqa: E402
-from oscar_kernels.triton import attend_fast as int2_fast  # noqa: E402
-from oscar_kernels.triton import decode as int2_decode  # noqa: E402
+from oscar_kernels.triton import channel_decode, channel_extend  # noqa: E402
+from oscar_kernels.triton import core as int2_core  # noqa: E402
+from oscar_kernels.triton import token_decode as int2_fast  # noqa: E402
+from oscar_kernels.triton import token_decode as int2_decode  # noqa: E402 (its generic kernel: *_base)
 from oscar_sglang.runtime.kv_format import DEFAULT_KV_FORMAT  # noqa: E402 (the served default)
 
 HQ, HKV, D = 32, 8, 128
@@ -150,17 +151,12 @@ def check_correctness(group: int, lens=(3000, 700, 150, 1), owns=(0, 40, 2000, 0
         log(f"  D={d} G={group} {name} rel. error vs float64 per request: {[f'{e:.1e}' for e in errs]}")
         assert max(errs) < 2e-2
 
-    check_decode("decode", int2_decode.decode_attention)
-    if int2_fast.supports(d, d, group, group, HQ // HKV):
+    check_decode("decode", int2_decode.decode_attention_base)
+    if int2_fast.supports(d, d, group, group):
         check_decode("FAST decode", int2_fast.decode_attention_fast)
         for fused in (True, False):  # both merges, whatever the default picks at this batch
             check_decode(f"FAST decode fused_merge={fused}",
                          lambda *a, **k: int2_fast.decode_attention_fast(*a, fused_merge=fused, **k))
-        for words in (True, False):  # codes read as 16-bit words or bytes, BF16 keys spread or not
-            for spread in (True, False):
-                check_decode(f"FAST decode words={words} bf16_spread={spread}",
-                             lambda *a, **k: int2_fast.decode_attention_fast(*a, words=words, bf16_spread=spread,
-                                                                             **k))
 
         # the fused merge under CUDA-graph replays (its arrival counters must return to zero)
         out = torch.full((B, HQ, d), float("nan"), device=DEV)
@@ -270,9 +266,9 @@ class Int2Case:
         return tuple(t.contiguous() for t in (self.k_codes, self.k_params, self.v_codes, self.v_params))
 
     def fn(self, max_kv_splits=None, kind="base", row_major=False, **kw):
-        splits_of = int2_fast.default_max_splits if kind == "fast" else int2_decode.default_max_splits
+        splits_of = int2_fast.default_max_splits if kind == "fast" else int2_decode.base_max_splits
         kc, kp, vc, vp = self.row_major() if row_major else (self.k_codes, self.k_params, self.v_codes, self.v_params)
-        decode = int2_fast.decode_attention_fast if kind == "fast" else int2_decode.decode_attention
+        decode = int2_fast.decode_attention_fast if kind == "fast" else int2_decode.decode_attention_base
         ms = max_kv_splits or splits_of(self.B, HKV, torch.device(DEV))
         logits = torch.empty(self.B, HQ, ms, D, dtype=torch.float32, device=DEV)
         lse = torch.empty(self.B, HQ, ms, dtype=torch.float32, device=DEV)
@@ -336,7 +332,7 @@ class ChannelCase:
         def run():
             c = state[0] = (state[0] + 1) % self.copies
             # tuning knobs (num_warps, num_stages, ...) exist on the Triton launcher only
-            (attend_channel.decode_attention_channel if kw else ops.decode_attention_channel)(
+            (channel_decode.decode_attention_channel if kw else ops.decode_attention_channel)(
                 self.q[c], self.o, self.k_codes, self.k_params, self.v_codes, self.v_params,
                 self.sink_k, self.sink_v, self.ring_k, self.ring_v, self.indptr, self.indices[c],
                 self.rows[c], self.own, k_bits=f.k_bits, k_block=f.k_group, v_group=f.v_group,
@@ -507,20 +503,18 @@ def bench_store_channel(T, fmt):
 # (prefix, new tokens), one request; 32K + 128: a chat's next turn, where the per-channel extend's
 # grid is under a wave and its prefix split applies
 EXTEND_SHAPES = ((32768, 4096), (8192, 512), (32768, 128))
-# extend_fast settings also timed with --tune-extend (defaults: dequant asm, block_m 128, block_n 128,
-# 8 warps, 2 stages for the BF16 loops, attend.INT2_STAGES for the INT2 loop). int2_stages=2
-# is the INT2 loop's schedule before 2026-11-22 14:00 UTC (each tile's loads waited for right after
-# issue); dequant / stage / tile sweeps of the kernel's first version: bench/results/extend_fast_h100
-EXTEND_TUNE = (dict(int2_stages=2), dict(int2_stages=3), dict(int2_stages=7), dict(int2_stages=5, block_n=64),
-               dict(dequant="join"))
+# token_extend settings also timed with --tune-extend (defaults: block_m 128, block_n 128, 8 warps,
+# 2 stages for the BF16 loops, core.INT2_STAGES for the INT2 loop; int2_stages=2: each tile's loads
+# waited for right after issue)
+EXTEND_TUNE = (dict(int2_stages=2), dict(int2_stages=3), dict(int2_stages=7), dict(int2_stages=5, block_n=64))
 
 
 def check_extend(group, lens=(3000, 700, 150, 40), owns=(0, 40, 2000, 0), sinks=(0, 40, 0, 0), E=(64, 16, 3, 5)):
-    """Both extend-prefix kernels (fast: extend_fast.py, base: extend_prefix.py) vs float64 on a pool
+    """Both extend-prefix kernels (fast: token_extend's, base: the generic token_attend one) vs float64 on a pool
     written with reference.quantize (heavy-tailed channels, low-norm sink tokens) and side buffers
     filled by the source rule (garbage where the rule must not read); ragged requests cross the sink /
     ring / radix-hit boundaries. Bound: rel. error <= 2e-2, |lse error| <= 1e-2 (bf16 operands)."""
-    from oscar_kernels.triton import extend_fast, extend_prefix
+    from oscar_kernels.triton import token_extend
 
     gen = torch.Generator(device=DEV).manual_seed(4321 + group)
     fmt = Int2Format(D, group)
@@ -554,14 +548,13 @@ def check_extend(group, lens=(3000, 700, 150, 40), owns=(0, 40, 2000, 0), sinks=
     kw = dict(k_group=group, v_group=group, sm_scale=sm, max_len_extend=max(E), sink_start=sink_start)
     wrong = []
     variants = [("fast", {}), ("base", None)]
-    variants += [(f"fast dequant={d}", dict(dequant=d)) for d in ("gather", "join", "asm") if d != extend_fast.DEQUANT]
     for name, extra in variants:
         o = torch.full((sum(E), HQ, D), float("nan"), device=DEV)
         lse = torch.full((sum(E), HQ), float("nan"), device=DEV)
         if extra is None:
-            extend_prefix.extend_prefix_attention(*args, **kw, o=o, lse=lse)
+            token_extend.extend_prefix_attention_base(*args, **kw, o=o, lse=lse)
         else:
-            extend_fast.extend_prefix_attention_fast(*args, **kw, o=o, lse=lse, **extra)
+            token_extend.extend_prefix_attention_fast(*args, **kw, o=o, lse=lse, **extra)
         errs, lerr = [], 0.0
         for b in range(B):
             sl = slots[kv_indptr[b]:kv_indptr[b + 1]]
@@ -595,26 +588,24 @@ def extend_args(c, q, qo):
 
 def bench_extend(prefix, E, tune=False, skip=()):
     """One request: E new tokens over a cached prefix of `prefix` keys. Times (ms, median, L2 flushed):
-    base = extend_prefix.py (the old kernel), fast = extend_fast.py (ops' default), and, as the
+    base = the generic token_attend kernel, fast = token_extend's (ops' choice here), and, as the
     same-run baseline, SGLang's BF16 Triton extend kernel over the same prefix held in BF16
     (skip_extend=True: prefix part only, like ours; and the whole call, prefix + causal new tokens)."""
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
-    from oscar_kernels.triton import extend_fast, extend_prefix
+    from oscar_kernels.triton import token_extend
 
     c = Int2Case(1, prefix)
     q, qo, o, lse = extend_io(E)
     args = extend_args(c, q, qo)
     kw = dict(k_group=GROUP, v_group=GROUP, sm_scale=D ** -0.5, max_len_extend=E, o=o, lse=lse)
     r = dict(prefix=prefix, E=E, flops=4 * E * HQ * prefix * D)
-    r["base_ms"] = bench(lambda: extend_prefix.extend_prefix_attention(*args, **kw))
-    r["fast_ms"] = bench(lambda: extend_fast.extend_prefix_attention_fast(*args, **kw))
+    r["base_ms"] = bench(lambda: token_extend.extend_prefix_attention_base(*args, **kw))
+    r["fast_ms"] = bench(lambda: token_extend.extend_prefix_attention_fast(*args, **kw))
     r["tune"] = {}
     for cfg in EXTEND_TUNE if tune else ():
-        if f"fast dequant={cfg.get('dequant')}" in skip:
-            continue
         try:
-            r["tune"][str(cfg)] = t = bench(lambda: extend_fast.extend_prefix_attention_fast(*args, **kw, **cfg))
+            r["tune"][str(cfg)] = t = bench(lambda: token_extend.extend_prefix_attention_fast(*args, **kw, **cfg))
             log(f"  tune-extend prefix={prefix} E={E} {cfg}: {t:.2f} ms ({r['flops'] / t / 1e9:.0f} TFLOP/s)")
         except Exception as e:  # a config that does not compile/fit: report, go on
             log(f"  tune-extend {cfg} failed: {type(e).__name__}: {str(e)[:200]}")
@@ -624,8 +615,8 @@ def bench_extend(prefix, E, tune=False, skip=()):
     c = Int2Case(1, prefix, group=32)
     args32 = extend_args(c, q, qo)
     kw32 = dict(kw, k_group=32, v_group=32)
-    r["base_g32_ms"] = bench(lambda: extend_prefix.extend_prefix_attention(*args32, **kw32))
-    r["fast_g32_ms"] = bench(lambda: extend_fast.extend_prefix_attention_fast(*args32, **kw32))
+    r["base_g32_ms"] = bench(lambda: token_extend.extend_prefix_attention_base(*args32, **kw32))
+    r["fast_g32_ms"] = bench(lambda: token_extend.extend_prefix_attention_fast(*args32, **kw32))
     log(f"  G=32 prefix={prefix} E={E}: base {r['base_g32_ms']:.2f} ms, fast {r['fast_g32_ms']:.2f} ms "
         f"({r['flops'] / r['fast_g32_ms'] / 1e9:.0f} TFLOP/s)")
     del c
@@ -778,8 +769,8 @@ def prefix_flashinfer_run(c, fmt, q, E, prefix, o, lse):
 def bench_channel_extend(prefix, E, formats, variants):
     """Per-channel extend-prefix (ops.extend_prefix_attention_channel) on the served layouts
     (formats: {name: KVFormat}, page blocks, sink / ring of the format), one request, E new tokens over
-    `prefix` keys, every body variant (attend_channel.CHANNEL_EXTEND_VARIANTS) after checking its
-    output against the first variant's on the same inputs. ms (median, L2 flushed) and TFLOP/s by
+    `prefix` keys, every launch variant after checking its output against the first variant's on
+    the same inputs. ms (median, L2 flushed) and TFLOP/s by
     the same count as bench_extend, so the rows sit next to its SGLang BF16 baseline."""
     out = {}
     flops = 4 * E * HQ * prefix * D
@@ -790,7 +781,7 @@ def bench_channel_extend(prefix, E, formats, variants):
         kw = dict(k_bits=fmt.k_bits, k_block=fmt.k_group, v_group=fmt.v_group, sm_scale=D ** -0.5,
                   max_len_extend=E, o=o, lse=lse)
         res, first = {}, None
-        for v in variants:  # "body[:ROWS][+split]" (the launcher's block_m knob; +split: the prefix
+        for v in variants:  # "default[:ROWS][+split]" (the launcher's block_m knob; +split: the prefix
             # length given, so the launcher may split the prefix, as the backend does); "flashinfer":
             # OSCAR_PREFIX_ATTENTION=flashinfer's pieces (planned once, outside the timing: per forward)
             if v == "flashinfer":
@@ -803,9 +794,10 @@ def bench_channel_extend(prefix, E, formats, variants):
             else:
                 spec, plus, _ = v.partition("+split")
                 body, _, rows = spec.partition(":")
-                extra = dict(extend_variant=body, **({"block_m": int(rows)} if rows else {}),
-                             **({"max_len_prefix": prefix} if plus else {}))
-                run = lambda: attend_channel.extend_prefix_attention_channel(*args, **kw, **extra)  # noqa: E731
+                if body != "default":
+                    raise SystemExit(f"--channel-extend-variants: {v!r} is not default[:ROWS][+split] or flashinfer")
+                extra = dict(**({"block_m": int(rows)} if rows else {}), **({"max_len_prefix": prefix} if plus else {}))
+                run = lambda: channel_extend.extend_prefix_attention_channel(*args, **kw, **extra)  # noqa: E731
             run()
             if first is None:
                 first = o.clone()
@@ -839,17 +831,9 @@ def main():
     ap.add_argument("--quick", action="store_true", help="two shapes only")
     ap.add_argument("--shapes", help="comma list of BxL, e.g. 8x32768,64x32768 (default: all)")
     ap.add_argument("--fast", action=argparse.BooleanOptionalAction, default=True,
-                    help="also time the fast INT2 decode kernel (attend_fast.py, OSCAR_INT2_DECODE_KERNEL=fast)")
+                    help="also time the G = head_dim INT2 decode kernel (token_decode.py, ops' choice here)")
     ap.add_argument("--tune-channel", action="store_true", help="also time the per-channel decode at a few "
                     "num_warps / body-loop pipeline depths / register caps")
-    ap.add_argument("--channel-3bit-variant", default="", help="comma list of 3-bit per-channel decode "
-                    "variants (packed, planes; attend_channel.CHANNEL_3BIT_VARIANTS) also timed for every 3-bit "
-                    "format of --channel-formats, same run, after checking each against packed's output "
-                    "(the main column uses OSCAR_CHANNEL_DECODE_3BIT, default planes)")
-    ap.add_argument("--channel-code-reads", default="bytes", help="comma list of per-channel decode code "
-                    "reads (bytes, words; attend_channel.CHANNEL_CODE_READS) also timed for every --channel-formats "
-                    "format, same run, after checking each against the main column's output (the main column "
-                    "uses OSCAR_CHANNEL_DECODE_READS, default words; '' = none)")
     ap.add_argument("--channel-max-splits", default="", help="comma list: also time the per-channel decode "
                     "at these max_kv_splits (BF16 splits + body splits) for every shape")
     ap.add_argument("--sglang-splits", action="store_true", help="also time the per-channel decode at "
@@ -864,10 +848,10 @@ def main():
                     "(SGLang Triton vs FlashInfer ragged prefill) and the LSE merge")
     ap.add_argument("--extend-shapes", default=",".join(f"{p}x{e}" for p, e in EXTEND_SHAPES),
                     help="extend-prefix shapes, comma list of PREFIXxNEW (e.g. 131072x8192)")
-    ap.add_argument("--tune-extend", action="store_true", help="also time a few extend_fast tile settings")
-    ap.add_argument("--channel-extend-variants", default="codes,dequant,dequant:64,codes+split,dequant+split",
-                    help="per-channel extend-prefix bodies (attend_channel.CHANNEL_EXTEND_VARIANTS, BODY or "
-                    "BODY:ROWS for a block_m other than the launcher's, +split to let the launcher split the "
+    ap.add_argument("--tune-extend", action="store_true", help="also time a few token_extend tile settings")
+    ap.add_argument("--channel-extend-variants", default="default,default:64,default+split",
+                    help="per-channel extend-prefix launches ('default', or "
+                    "default:ROWS for a block_m other than the launcher's, +split to let the launcher split the "
                     "prefix as served; 'flashinfer': OSCAR_PREFIX_ATTENTION=flashinfer's BF16 pieces through "
                     "FlashInfer) timed for every --channel-formats format at every extend shape, same "
                     "run, each checked against the first ('' = none)")
@@ -905,12 +889,6 @@ def main():
     # total splits (the format's BF16 splits + body splits): the in-kernel plan then gives every
     # request of these shapes that many (their bodies hold >= min_chunk keys per split)
     channel_splits = [int(v) for v in args.channel_max_splits.split(",") if v]
-    k3_variants = [v for v in args.channel_3bit_variant.split(",") if v]
-    for v in k3_variants:
-        attend_channel.channel_3bit_variant(v)  # a bad name fails before anything is timed
-    code_reads = [v for v in args.channel_code_reads.split(",") if v]
-    for v in code_reads:
-        attend_channel.channel_code_reads(v)
     bf_splits = [int(s) for s in args.bf16_splits.split(",")]
     rows, raw = [], {"copy_gbs": copy_gbs, "device": dev_name, "decode": [], "tune": []}
     for B, L in shapes:
@@ -938,12 +916,9 @@ def main():
         if args.tune_fast:
             base = int2_fast.default_max_splits(B, HKV, torch.device(DEV))  # INT2 splits, BF16 keys spread
             slots = min(128, int2_fast.PROGRAMS_PER_SM * int2_decode.sm_count(DEV) // (B * HKV))
-            # the session-5 kernel (byte codes, 2 BF16-only splits started last, one INT2 program
-            # per program slot), then one change at a time from the defaults. Earlier sweeps:
-            # bench/results/kernels_fast_h100/README.md
-            for cfg in (dict(words=False, bf16_spread=False, max_kv_splits=slots + 2),
-                        dict(words=False), dict(bf16_spread=False, max_kv_splits=base + 2),
-                        dict(max_kv_splits=max(2, base * 3 // 4)), dict(max_kv_splits=base * 3 // 2),
+            # one change at a time from the defaults
+            for cfg in (dict(max_kv_splits=slots), dict(max_kv_splits=max(2, base * 3 // 4)),
+                        dict(max_kv_splits=base * 3 // 2),
                         dict(fused_merge=base > int2_fast.FUSED_MERGE_MAX_SPLITS), dict(block_b=16),
                         dict(int2_stages=3), dict(block_n=128)):
                 try:
@@ -958,8 +933,8 @@ def main():
             raw["tune"].append({"B": B, "L": L, "fast": f"max_kv_splits={ms}", "ms": t})
         tuned = {}
         if args.tune:
-            base = int2_decode.default_max_splits(B, HKV, torch.device(DEV))
-            nb16 = int2_decode.bf16_splits(SINK, WINDOW, base)
+            base = int2_decode.base_max_splits(B, HKV, torch.device(DEV))
+            nb16 = int2_core.bf16_splits(SINK, WINDOW, base)
             more = (base - nb16) * 2 + nb16
             cfgs = [dict(block_n=bn, num_stages=st, num_warps=nw)
                     for bn, st, nw in ((128, 2, 4), (128, 2, 2), (128, 3, 2), (64, 3, 2))]
@@ -984,18 +959,6 @@ def main():
                               speedup_vs_bf16=bf[best_s] / t)
             log(f"  channel {name} B={B} L={L}: {t * 1e3:.1f} us, {cc.bytes / 1e6:.1f} MB, "
                 f"{chan[name]['gbs']:.0f} GB/s ({chan[name]['pct_copy']:.0f}% of copy), {bf[best_s] / t:.2f}x SGLang BF16")
-            # variants timed next to the main column, each checked against a reference body first:
-            # (result key, knob, its values, the reference's knobs, the error's key)
-            for key, knob, values, ref_kw, err_key in (
-                    ("k3_variants", "k3_variant", k3_variants if channel_formats[name].k_bits == 3 else (),
-                     dict(k3_variant="packed"), "rel_err_vs_packed"),
-                    ("code_reads", "code_reads", code_reads, {}, "rel_err_vs_default")):
-                for v in values:
-                    res = time_channel_variant(cc, ref_kw, {knob: v}, copy_gbs)
-                    chan[name].setdefault(key, {})[v] = {**res, err_key: res.pop("rel_err")}
-                    if res["ms"] is not None:
-                        log(f"  channel {name} {knob}={v} B={B} L={L}: {res['ms'] * 1e3:.1f} us "
-                            f"({res['pct_copy']:.0f}% of copy), {err_key} {chan[name][key][v][err_key]:.1e}")
             for knobs in channel_tune:
                 try:
                     tt = bench_graph(cc.fn(**knobs), cc.copies)
@@ -1122,15 +1085,6 @@ def main():
             md.append(f"| {r['B']} | {r['L'] // 1024}K | " + " | ".join(
                 f"{c['ms'] * 1e3:.1f} us | {c['gbs']:.0f} | {c['pct_copy']:.0f}% | {c['speedup_vs_bf16']:.2f}x"
                 for c in (r["channel"][n] for n in channel_formats)) + " |")
-        for r in rows:  # the variants timed next to the main column (same inputs, output checked)
-            for n in channel_formats:
-                c = r["channel"][n]
-                for kind, res in (("3-bit", c.get("k3_variants") or {}), ("reads", c.get("code_reads") or {})):
-                    md += [f"- `{n}` B={r['B']} L={r['L'] // 1024}K, {kind} `{v}`: {x['ms'] * 1e3:.1f} us "
-                           f"({x['pct_copy']:.0f}% of copy; main column {c['ms'] * 1e3:.1f} us)" if x["ms"] is not None
-                           else f"- `{n}` B={r['B']} L={r['L'] // 1024}K, {kind} `{v}`: not timed, its output "
-                           f"differs from the reference body's by {x.get('rel_err_vs_default', x.get('rel_err_vs_packed')):.1e}"
-                           for v, x in res.items()]
     fi_rows = [r for r in rows if r.get("flashinfer_ms")]
     if fi_rows:  # the second BF16 baseline, same run
         md += ["", "| B | L | FlashInfer BF16 decode (best of CUDA-core / tensor-core) | FlashInfer GB/s | "
@@ -1147,8 +1101,8 @@ def main():
         md.append(f"| {what}T={s['T']} tokens{', in-kernel rotation' if s['rotate'] else ''} | {s['ms'] * 1e3:.1f} us "
                   f"| {s['gbs']:.0f}{pct} |")
     if ex:
-        md += ["", "| extend-prefix (1 request, Hq=32, Hkv=8, D=128, G=128) | INT2 base (extend_prefix.py) "
-               "| INT2 fast (extend_fast.py, default) | fast vs base | SGLang BF16 Triton extend, prefix part "
+        md += ["", "| extend-prefix (1 request, Hq=32, Hkv=8, D=128, G=128) | INT2 base (generic kernel) "
+               "| INT2 fast (token_extend.py, ops' choice) | fast vs base | SGLang BF16 Triton extend, prefix part "
                "| fast vs SGLang BF16 | SGLang BF16 whole call (+ causal new tokens) | its new-token part alone |",
                "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for e in ex:

@@ -64,10 +64,13 @@ def store_kv(
     radix cache can carry the copies over (pass them for one layer per forward; the entries are
     the same for every layer).
     """
-    args = dict(locals())  # before the import below adds a local
-    from .triton import store as _store
+    from .triton import token_store
 
-    return _store.store_kv(**args)
+    return token_store.store_kv(
+        k, v, loc, k_codes, k_params, v_codes, v_params, k_group=k_group, v_group=v_group, k_clip=k_clip,
+        v_clip=v_clip, k_rot=k_rot, v_rot=v_rot, positions=positions, token_rows=token_rows,
+        token_seq_lens=token_seq_lens, sink_k=sink_k, sink_v=sink_v, ring_k=ring_k, ring_v=ring_v,
+        slot_entry=slot_entry, entry_owner=entry_owner)
 
 
 def decode_attention(
@@ -102,25 +105,26 @@ def decode_attention(
     is read once per KV head. attn_logits [B, Hq, max_kv_splits, Dv] f32 and
     attn_lse [B, Hq, max_kv_splits] f32 are scratch (allocated if None; pass them under CUDA graphs).
 
-    Splits: with the fast kernel (G = head_dim, the default there) every split of a request reads
-    an equal share of its INT2 body and of its BF16 sink + ring; with the base kernel the first
-    splits read the BF16 keys (decode.bf16_splits) and the others share the INT2 body.
-    num_kv_splits [B] int32: n per request, clamped to [1, max_kv_splits] (fast) or
-    [BF16 splits + 1, max_kv_splits] (base); None (recommended): n is derived in-kernel from the
-    request length (>= 256 INT2 keys per split), no host sync.
+    Kernels (picked by shape): where G = head_dim, token_decode's kernel, every split of a request
+    reading an equal share of its INT2 body and of its BF16 sink + ring; for other group sizes the
+    generic kernel, whose first splits read the BF16 keys (core.bf16_splits) and the others share
+    the INT2 body.
+    num_kv_splits [B] int32: n per request, clamped to [1, max_kv_splits] (G = head_dim) or
+    [BF16 splits + 1, max_kv_splits] (other groups); None (recommended): n is derived in-kernel
+    from the request length (>= 256 INT2 keys per split), no host sync.
     max_kv_splits: None = attn_logits.shape[2] if given, else a default that gives every SM a few
-    programs for this batch size (attend_fast.default_max_splits: 128 at B=1, Hkv=8 on an H100;
-    decode.default_max_splits for the base kernel).
+    programs for this batch size (token_decode.default_max_splits: 128 at B=1, Hkv=8 on 132 SMs;
+    token_decode.base_max_splits for other groups).
     Small batches need many splits to fill the GPU: size the scratch with max_kv_splits >= 33 for
-    B * Hkv <= 16. (Changed compatibly: the default was 16.)
+    B * Hkv <= 16.
     """
-    args = dict(locals())  # before the import below adds a local
-    from .triton import attend_fast as _fast, decode as _decode
+    from .triton import token_decode
 
-    # default: the fast kernel where it applies (G = head_dim); OSCAR_INT2_DECODE_KERNEL=base opts out
-    if _fast.selected(q, k_codes, v_codes, k_group, v_group):
-        return _fast.decode_attention_fast(**args)
-    return _decode.decode_attention(**args)
+    return token_decode.decode_attention(
+        q, o, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v, kv_indptr, kv_indices,
+        req_rows, own_start, k_group=k_group, v_group=v_group, sm_scale=sm_scale, sink_start=sink_start,
+        num_kv_splits=num_kv_splits, max_kv_splits=max_kv_splits, attn_logits=attn_logits, attn_lse=attn_lse,
+        logit_cap=logit_cap)
 
 
 def extend_prefix_attention(
@@ -154,15 +158,16 @@ def extend_prefix_attention(
     request b = kv_indptr[b]:kv_indptr[b+1] (its length is the reader's len for the source rule).
     Returns (o [T, Hq, Dv] float32, lse [T, Hq] float32, natural log); a request with an empty
     prefix gets o = 0, lse = -inf, so the caller can merge with attention over the new tokens.
-    o / lse (optional, added compatibly): preallocated float32 outputs to write into.
+    o / lse (optional): preallocated float32 outputs to write into.
+    Kernels (picked by shape): token_extend's large-tile kernel where D, Dv in {64, 128} and q is
+    bf16 / fp16, the generic kernel otherwise.
     """
-    args = dict(locals())  # before the import below adds a local
-    from .triton import extend_fast as _fast, extend_prefix as _ext
+    from .triton import token_extend
 
-    # default: the fast kernel where it applies (D, Dv <= 128); OSCAR_INT2_EXTEND_KERNEL=base opts out
-    if _fast.selected(q, k_codes, v_codes, k_group, v_group):
-        return _fast.extend_prefix_attention_fast(**args)
-    return _ext.extend_prefix_attention(**args)
+    return token_extend.extend_prefix_attention(
+        q, qo_indptr, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v, kv_indptr,
+        kv_indices, req_rows, own_start, k_group=k_group, v_group=v_group, sm_scale=sm_scale,
+        max_len_extend=max_len_extend, sink_start=sink_start, logit_cap=logit_cap, o=o, lse=lse)
 
 
 # --------------------------------------------------------------------------------------------
@@ -198,9 +203,6 @@ def decode_attention_channel(
     attn_lse: torch.Tensor | None = None,
     logit_cap: float = 0.0,
     min_chunk: int | None = None,
-    k3_variant: str | None = None,
-    code_reads: str | None = None,
-    key_operands: str | None = None,
 ) -> torch.Tensor:
     """decode_attention for per-channel keys: one query token per request over sink + body + ring.
 
@@ -212,37 +214,30 @@ def decode_attention_channel(
       v_codes  uint8   [N, H, Dv / 4]          2-bit values, per-token groups of v_group dims
       v_params float16 [N, H, Dv / v_group, 2]
     sink / ring / kv_indptr / kv_indices / req_rows / own_start / sink_start, q, o, the scratch and
-    the split arguments as decode_attention (base kernel's split plan: BF16 splits + body splits,
+    the split arguments as decode_attention (the generic kernel's split plan: BF16 splits + body splits,
     merged by the same stage 2; max_kv_splits None: decode_splits_channel's count). Body keys of a
     request are its complete blocks outside the sink and ring; blocks are aligned to position 0
     and are the request's pages. Head dims 64 and 128; keys 2, 3 or 4 bits; B in (32, 64); W >= B.
-    min_chunk: fewest body keys per derived split (default attend_channel.DECODE_MIN_CHUNK, 64).
-    k3_variant: how 3-bit keys are decoded, 'packed' (32-bit code
-    assembly) or 'planes' (a 2-bit and a 1-bit plane, two MMAs; head_dim >= 128, else packed);
-    None = OSCAR_CHANNEL_DECODE_3BIT (unset or empty: 'planes'). code_reads: how codes are read,
-    'bytes' or 'words' (value codes and 2-bit key codes as 16-bit code words, as the per-token fast
-    kernel, where the dim is >= 128); None = OSCAR_CHANNEL_DECODE_READS (unset or empty: 'words').
-    key_operands: the body's q * s and key code MMA operands, 'fp16-subnormal' (exact fp16
-    subnormal code operands for 3- and 4-bit keys), 'fp16-paired' ('fp16' with the 3-bit planes'
-    offsets cancelling), 'fp16', 'bf16' (coarser q * s, the default until 2026-11-27),
-    'fp16-shifted' or 'int8' (see attend_channel.CHANNEL_KEY_OPERANDS); None =
-    OSCAR_CHANNEL_DECODE_KEYS (unset or empty: 'fp16-subnormal').
-    All read the same pool and give the same result up to rounding. Returns o (rotated V space,
-    like decode_attention).
+    min_chunk: fewest body keys per derived split (default channel_decode.DECODE_MIN_CHUNK, 64).
+    How the body is decoded follows from the key width and head dim (channel_decode's docstring);
+    every path reads the same pool. Returns o (rotated V space, like decode_attention).
     """
-    args = dict(locals())  # before the import below adds a local
-    from .triton import attend_channel as _ch
+    from .triton import channel_decode
 
-    return _ch.decode_attention_channel(**args)
+    return channel_decode.decode_attention_channel(
+        q, o, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v, kv_indptr, kv_indices,
+        req_rows, own_start, k_bits=k_bits, k_block=k_block, v_group=v_group, sm_scale=sm_scale,
+        sink_start=sink_start, num_kv_splits=num_kv_splits, max_kv_splits=max_kv_splits,
+        attn_logits=attn_logits, attn_lse=attn_lse, logit_cap=logit_cap, min_chunk=min_chunk)
 
 
 def decode_splits_channel(batch: int, kv_heads: int, sink: int, window: int, device) -> int:
     """max_kv_splits that decode_attention_channel picks for a batch of `batch` requests when
     neither it nor the scratch is given (BF16 splits for a sink + ring of sink + window keys, and
     body splits for about 8 programs per SM): size attn_logits / attn_lse with it."""
-    from .triton import attend_channel as _ch
+    from .triton import channel_decode
 
-    return _ch.decode_splits(batch, kv_heads, sink, window, device)
+    return channel_decode.decode_splits(batch, kv_heads, sink, window, device)
 
 
 def extend_prefix_attention_channel(
@@ -270,7 +265,6 @@ def extend_prefix_attention_channel(
     logit_cap: float = 0.0,
     o: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
-    extend_variant: str | None = None,
     max_len_prefix: int | None = None,
     num_splits: int | None = None,
     extend_lens: Sequence[int] | None = None,
@@ -286,21 +280,22 @@ def extend_prefix_attention_channel(
     tokens of a request with an empty prefix get o = 0, lse = -inf, so the caller can merge with
     attention over the new tokens. o / lse (optional): preallocated float32 outputs to write into.
     Call it before storing the new tokens: the prefix's last W positions are read from the ring.
-    extend_variant: 'dequant' (the page's keys and values dequantised once per tile; 2.5x faster on
-    the H100) or 'codes' (MMAs on the codes, key scales folded into q); None = OSCAR_CHANNEL_EXTEND
-    (unset or empty: 'dequant'). Both give the same result up to rounding. max_len_prefix: the
-    longest prefix of the batch (host int, optional): when the grid is under a wave of the GPU,
-    each prefix is split into chunks walked by separate programs and merged by LSE
-    (attend_channel.extend_prefix_splits; None: never split); num_splits forces a split count.
+    Each page's keys and values are dequantised once per tile. max_len_prefix: the longest prefix
+    of the batch (host int, optional): when the grid is under a wave of the GPU, each prefix is
+    split into chunks walked by separate programs and merged by LSE
+    (channel_extend.extend_prefix_splits; None: never split); num_splits forces a split count.
     extend_lens: each request's new-token count (host ints, optional; SGLang's
     extend_seq_lens_cpu): where the batch ends in a run of one-token extends (the decodes that
     --enable-mixed-chunk folds into a prefill batch) those get a launch with small query tiles
-    (attend_channel.SHORT_EXTEND_ROWS); the result is the same.
+    (channel_extend.SHORT_EXTEND_ROWS); the result is the same.
     """
-    args = dict(locals())  # before the import below adds a local
-    from .triton import attend_channel as _ch
+    from .triton import channel_extend
 
-    return _ch.extend_prefix_attention_channel(**args)
+    return channel_extend.extend_prefix_attention_channel(
+        q, qo_indptr, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v, kv_indptr,
+        kv_indices, req_rows, own_start, k_bits=k_bits, k_block=k_block, v_group=v_group, sm_scale=sm_scale,
+        max_len_extend=max_len_extend, sink_start=sink_start, logit_cap=logit_cap, o=o, lse=lse,
+        max_len_prefix=max_len_prefix, num_splits=num_splits, extend_lens=extend_lens)
 
 
 def store_kv_channel(
@@ -354,10 +349,12 @@ def store_kv_channel(
     tokens (a decode step); the store then runs as one launch instead of two (with several tokens
     of a request the second launch may overwrite ring entries a completing block still reads).
     """
-    args = dict(locals())  # before the import below adds a local
-    from .triton import store_channel as _st
+    from .triton import channel_store
 
-    return _st.store_kv_channel(**args)
+    return channel_store.store_kv_channel(
+        k, v, loc, positions, token_rows, token_seq_lens, k_codes, k_params, v_codes, v_params, sink_k, sink_v,
+        ring_k, ring_v, k_bits=k_bits, k_block=k_block, v_group=v_group, v_clip=v_clip, slot_entry=slot_entry,
+        entry_owner=entry_owner, rot_k=rot_k, q=q, q_out=q_out, one_token_per_request=one_token_per_request)
 
 
 def merge_attention_states(
@@ -418,13 +415,15 @@ def dequant_prefix_channel(
     [piece_lo[b], piece_lo[b] + n_b), n_b = out_indptr[b + 1] - out_indptr[b], piece_lo[b] a
     multiple of k_block, written to rows out_indptr[b] .. of out_k [N, H, D] / out_v [N, H, Dv]
     (bf16); max_piece_len >= every n_b (host int, sizes the grid). Each position comes from its
-    source (BF16 sink / ring copy, or the quantised body dequantised as the extend's 'dequant' body
+    source (BF16 sink / ring copy, or the quantised body dequantised as the extend
     does, in bf16 on CUDA). Returns (out_k, out_v).
     """
-    args = dict(locals())  # before the import below adds a local
-    from .triton import dequant_channel as _dq
+    from .triton import channel_dequant
 
-    return _dq.dequant_prefix_channel(**args)
+    return channel_dequant.dequant_prefix_channel(
+        k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v, kv_indptr, kv_indices, req_rows,
+        own_start, piece_lo, out_indptr, out_k, out_v, k_bits=k_bits, k_block=k_block, v_group=v_group,
+        max_piece_len=max_piece_len, sink_start=sink_start)
 
 
 def fill_kv_indices(

@@ -8,7 +8,7 @@ from tests import ROOT
 
 from bench import decode_profile as dp
 
-SRC = ROOT / "kernels" / "oscar_kernels" / "triton" / "attend_channel.py"
+SRC = ROOT / "kernels" / "oscar_kernels" / "triton" / "channel_attend.py"
 TRITON_SRC = "/opt/venv/lib/python3.12/site-packages/triton/language/standard.py"
 REASONS = ("selected", "wait", "long_scoreboard", "math_pipe_throttle")
 
@@ -29,8 +29,8 @@ def _tree(rng):
     first, second = lines[:25], lines[20:]  # lines 20-24 in both contexts
     node = lambda part, t: {"frame": {"name": dp.KERNEL}, "metrics": {"time (ns)": t, "count": 5},  # noqa: E731
                             "children": [_line(p, ln, dp.KERNEL, n, s) for p, ln, n, s in part]}
-    merge = {"frame": {"name": "_merge_splits_kernel"}, "metrics": {"time (ns)": 700},
-             "children": [_line(SRC, 9, "_merge_splits_kernel", 33, {"wait": 3})]}
+    merge = {"frame": {"name": "merge_splits_kernel"}, "metrics": {"time (ns)": 700},
+             "children": [_line(SRC, 9, "merge_splits_kernel", 33, {"wait": 3})]}
     tree = {"frame": {"name": "ROOT"}, "metrics": {},
             "children": [node(first, 1000), {"frame": {"name": "scope"}, "metrics": {},
                                               "children": [node(second, 2000), merge]},
@@ -56,13 +56,13 @@ def test_summarise_sums_the_kernels_lines_and_reads_their_sources():
     for r in REASONS:
         assert row["stall_reason_pct"][r] == round(100 * sum(e[r] for e in expect.values()) / total, 1)
     assert row["kernels"] == {dp.KERNEL: {"time_ns": 3000, "samples": total},
-                              "_merge_splits_kernel": {"time_ns": 700, "samples": 33}}
+                              "merge_splits_kernel": {"time_ns": 700, "samples": 33}}
     # the ten lines with most samples, most first, each with its own share and states >= 3%
     ranked = sorted(expect.items(), key=lambda kv: -kv[1]["n"])[:10]
     assert [t["pct_samples"] for t in row["top_lines"]] == [round(100 * e["n"] / total, 2) for _, e in ranked]
     for t, ((p, ln), e) in zip(row["top_lines"], ranked):
         if p == SRC:
-            assert t["line"] == f"kernels/oscar_kernels/triton/attend_channel.py:{ln}"
+            assert t["line"] == f"kernels/oscar_kernels/triton/channel_attend.py:{ln}"
             assert t["source"] == SRC.read_text().splitlines()[ln - 1].strip()
         else:  # a triton file not on this machine: named from triton/, no text
             assert t["line"] == f"triton/language/standard.py:{ln}" and t["source"] == ""
@@ -72,7 +72,7 @@ def test_summarise_sums_the_kernels_lines_and_reads_their_sources():
 
 def test_summarise_refuses_a_profile_without_the_kernel():
     doc, *_ = _tree(random.Random())
-    with pytest.raises(ValueError, match="no samples of attend_channel_kernel.*_merge_splits_kernel"):
+    with pytest.raises(ValueError, match="no samples of channel_kernel.*merge_splits_kernel"):
         dp.summarise([{"frame": {"name": "ROOT"}, "children": [doc[0]["children"][1]["children"][1]]}, {}])
 
 

@@ -15,31 +15,14 @@ def test_rows_for_every_kernel_within_fp32_error(tmp_path):
     out = tmp_path / "e.json"
     assert ke.main(["--formats", "k3c32-v2t32-s4-w32", *SMALL, "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert {"date", "device", "model", "command", "rows", "seed", "kernel_defaults"} <= set(doc)
-    assert doc["kernel_defaults"] == {"code_reads": "words", "key_operands": "fp16-subnormal", "k3_variant": "planes",
-                                      "extend_variant": "dequant"}
+    assert {"date", "device", "model", "command", "rows", "seed"} <= set(doc)
     got = {(r["kernel"], r["variant"]) for r in doc["rows"]}
-    opt_in = {("decode", "packed 3-bit body"), ("decode", "bf16 key operands"), ("decode", "fp16-shifted key operands"),
-              ("decode", "fp16 key operands"), ("decode", "int8 key operands"), ("decode", "fp16-paired key operands"),
-              ("decode", "bytes reads"), ("decode", "bytes reads, fewest splits"),
-              ("decode", "flat q, fewest splits, bytes reads"), ("extend", "codes"), ("extend", "codes, short tail")}
-    assert got == opt_in | {("decode", "default splits"), ("decode", "fewest splits"), ("decode", "fp16-subnormal key operands"),
-                            ("decode", "flat q, fewest splits, words reads"),
-                            ("extend", "dequant"), ("extend", "dequant, prefix split"), ("extend", "dequant, short tail"),
-                            ("prefix_pieces", "pieces of 4096"), ("bf16_baseline", ke.BASELINE),
-                            ("bf16_baseline", ke.BASELINE + "; flat q"), ("arith_emulation", ke.EMULATION)}
+    assert got == {("decode", "default splits"), ("decode", "fewest splits"), ("decode", "flat q, fewest splits"),
+                   ("extend", "one launch"), ("extend", "prefix split"), ("extend", "short tail"),
+                   ("prefix_pieces", "pieces of 4096"), ("bf16_baseline", ke.BASELINE),
+                   ("bf16_baseline", ke.BASELINE + "; flat q"), ("arith_emulation", ke.EMULATION)}
     for r in doc["rows"]:
         assert r["format"] == "k3c32-v2t32-s4-w32"
-        if r["kernel"] in ("decode", "extend"):
-            assert r["default_config"] == ((r["kernel"], r["variant"]) not in opt_in), r
-        if r["variant"] == "int8 key operands":
-            # q * s rounded to int8 per row and block, emulated in the interpreter too: int8's error,
-            # over the tests' tolerance (the row says so; opt-in, so the exit status stays 0). On
-            # these outlier inputs it reaches ~0.2 (0.22 on the H200, bench/results/kernels/
-            # 2026-11-28_1814_kernel-error-int8_h200.json; 0.214 in one CPU seed, where a bound of
-            # 0.1 failed 1 of 30 local runs): the upper bound only says the output is not garbage
-            assert 1e-4 < r["rel_err_max"] < 0.5 and not r["within_test_tolerance"], r
-            continue
         if r["kernel"] == "decode" and not r["variant"].startswith("flat q"):
             assert 1e-4 < r["rel_diff_vs_arith_emulation"] < 1e-1, r  # fp32 kernel vs bf16-rounded model
         if r["kernel"] in ("bf16_baseline", "arith_emulation"):
@@ -56,8 +39,7 @@ def test_rows_for_every_kernel_within_fp32_error(tmp_path):
             # the interpreter truncates to bf16: under one ulp (CUDA rounds: 0.5)
             assert 0 < r["max_ulps"] <= 1.0 and 0 < r["rel_err"] < 1e-2
         else:
-            # fp32 operands in the interpreter (every key operand variant too): far under the
-            # tests' 1e-4 (an error there is a bug)
+            # fp32 operands in the interpreter: far under the tests' 1e-4 (an error there is a bug)
             assert 0 <= r["rel_err_max"] < 1e-5 and r["within_test_tolerance"], r
     assert all(r["lse_err_max"] < 1e-4 and r["lse_ref_abs_max"] > 0 for r in doc["rows"] if r["kernel"] == "extend")
 
@@ -141,26 +123,6 @@ def test_a_kernel_that_errs_is_reported(tmp_path, monkeypatch):
     assert rc == 1 and dec and all(not r["within_test_tolerance"] and abs(r["rel_err_max"] - 0.03) < 1e-3 for r in dec)
     assert all(r["within_test_tolerance"] for r in rows if r["kernel"] == "extend")
     assert json.loads(out.read_text())["seed"] == 7
-
-
-def test_an_opt_in_variant_over_the_tolerance_is_reported_not_failed(tmp_path, monkeypatch):
-    """Only rows of the kernels' default configuration decide the exit status: a non-default key
-    operand variant 3% off is flagged in its row and the log, and the run still exits 0."""
-    real = ke.ops.decode_attention_channel
-
-    def bf16_off(q, o, *a, **kw):
-        real(q, o, *a, **kw)
-        if kw.get("key_operands") == "bf16":
-            o.mul_(1.03)
-        return o
-
-    monkeypatch.setattr(ke.ops, "decode_attention_channel", bf16_off)
-    out = tmp_path / "e.json"
-    rc = ke.main(["--formats", "k2c32-v2t32-s4-w32", *SMALL, "--out", str(out)])
-    rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"] if r["kernel"] == "decode"}
-    assert rc == 0
-    assert not rows["bf16 key operands"]["within_test_tolerance"] and not rows["bf16 key operands"]["default_config"]
-    assert all(r["within_test_tolerance"] for v, r in rows.items() if v != "bf16 key operands")
 
 
 def test_a_token_layout_format_is_refused(tmp_path):

@@ -19,7 +19,7 @@ from oscar_kernels import reference as ref
 from oscar_sglang.runtime.new_tokens import workspace_bytes
 from oscar_sglang.runtime.prefix_flashinfer import FlashInferPrefix
 
-from ..kernels.test_channel_kernels import ChannelPool, channel_fmt
+from ..kernels.channel_case import ChannelPool, channel_fmt
 
 NAMES = ("k_codes", "k_params", "v_codes", "v_params", "sink_k", "sink_v", "ring_k", "ring_v", "kv_indptr",
          "kv_indices", "req_rows", "own_start")

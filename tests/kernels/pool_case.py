@@ -2,14 +2,13 @@
 random slots, BF16 sink/ring rows, with the cases that cross every source boundary. Side-buffer
 entries the source rule must never read hold huge garbage."""
 import torch
-import triton.language as tl
 
 from oscar_kernels import Int2Format
 from oscar_kernels import reference as ref
-from oscar_kernels.triton.attend import PV_DTYPE
+
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-REL_TOL = 1e-4 if PV_DTYPE == tl.float32 else 2e-2
+REL_TOL = 1e-4 if DEV == "cpu" else 2e-2  # the interpreter computes in fp32
 S, W = 4, 8  # tiny sink / ring so short requests cross every boundary
 GARBAGE = 1e4
 

@@ -6,16 +6,16 @@ import time whether a kernel is compiled or interpreted. Each launch is captured
 make it, its arguments turned into an ASTSource signature (pointers and multiples of 16 get the
 runtime's divisibility specialisation, ints equal to 1 become constants), then compiled.
 
-    python -m tests.kernels.sm90 decode [--int2-stages N] [--fused-merge]   # fast decode, B=8, L=4096
-    python -m tests.kernels.sm90 extend                                    # extend_fast, 32K + 4096
+    python -m tests.kernels.sm90 decode [--int2-stages N] [--fused-merge]   # token decode, B=8, L=4096
+    python -m tests.kernels.sm90 extend                                    # token extend, 32K + 4096
     python -m tests.kernels.sm90 fit                                       # every (head_dim, group)
-    python -m tests.kernels.sm90 channel [--bits 3] [--batch 64] [--num-warps N] [--num-stages N]
-                                         [--k3-variant packed|planes] [--code-reads bytes|words]
-                                         [--key-operands fp16|bf16|fp16-shifted|fp16-paired|fp16-subnormal]
-                                         # channel-key decode (D=128, GQA 4, L=32K) + ptxas spills
+    python -m tests.kernels.sm90 channel [--bits 3] [--batch 64] [--D 128] [--num-warps N] [--num-stages N]
+                                         # channel-key decode (GQA 4, L=32K) + ptxas spills
     python -m tests.kernels.sm90 channel-extend [--bits 3] [--block-m 64] [--num-warps N]
-                                                [--variant codes|dequant]
                                          # channel-key extend-prefix (8K new tokens over 24K)
+
+The ops pick compiled (GPU) or interpreter launch parameters from the tensors' device; the CPU
+stand-in tensors here would pick the interpreter's, so `_as_gpu` makes them pick the GPU's.
 
 Each prints one JSON object.
 """
@@ -31,6 +31,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 HQ, HKV, SINK, WINDOW = 32, 8, 64, 256
 H100_SMEM_PER_BLOCK = 232448  # bytes (227 KB opt-in maximum)
+
+
+def _as_gpu() -> None:
+    """Launch as on CUDA tensors (bf16 operands, PTX code unpacking) from the CPU stand-ins."""
+    from oscar_kernels.triton import channel_store, core, token_extend
+
+    for m in (core, token_extend, channel_store):
+        m.compiled = lambda t: True
 
 
 def run(*args: str, timeout: int = 900) -> dict:
@@ -188,7 +196,7 @@ def decode(int2_stages=None, fused_merge=False) -> dict:
     """The fast decode's stage-1 kernel at the benchmark shape (D=128, G=128, B=8, L=4096)."""
     import torch
 
-    from oscar_kernels.triton import attend_fast, decode as dec
+    from oscar_kernels.triton import core, token_decode
 
     D, G, B, L, ms = 128, 128, 8, 4096, 34
     meta = dict(kv_indptr=torch.arange(0, B * L + 1, L, dtype=torch.int32),
@@ -198,20 +206,20 @@ def decode(int2_stages=None, fused_merge=False) -> dict:
     if fused_merge:
         kw["fused_merge"] = True
     q = torch.zeros(B, HQ, D, dtype=torch.bfloat16)
-    calls = _capture(lambda: attend_fast.decode_attention_fast(
+    calls = _capture(lambda: token_decode.decode_attention_fast(
         q, torch.zeros_like(q), *_pool(B * L + 1, D, G, B + 1).values(), *meta.values(), k_group=G, v_group=G,
         sm_scale=D ** -0.5, max_kv_splits=ms, attn_logits=torch.zeros(B, HQ, ms, D),
-        attn_lse=torch.zeros(B, HQ, ms), **kw), [(attend_fast, "attend_fast_kernel"), (dec, "_merge_splits_kernel")])
-    (fn, a, k), = [c for c in calls if c[0] is not dec._merge_splits_kernel]
+        attn_lse=torch.zeros(B, HQ, ms), **kw), [(token_decode, "decode_kernel"), (core, "merge_splits_kernel")])
+    (fn, a, k), = [c for c in calls if c[0] is not core.merge_splits_kernel]
     c = _compile(fn, a, k)
     return {**_report(c), "loops": _sass_loops(c)[:3]}
 
 
 def extend() -> dict:
-    """extend_fast_kernel as ops.extend_prefix_attention launches it (D=128, G=128, 32K + 4096)."""
+    """token_extend.extend_kernel as ops.extend_prefix_attention launches it (D=128, G=128, 32K + 4096)."""
     import torch
 
-    from oscar_kernels.triton import extend_fast as ef
+    from oscar_kernels.triton import token_extend as ef
 
     D, G, L, E = 128, 128, 32768, 4096
     meta = [torch.tensor([0, L], dtype=torch.int32), torch.arange(1, L + 1, dtype=torch.int32),
@@ -220,7 +228,7 @@ def extend() -> dict:
     (fn, a, k), = _capture(lambda: ef.extend_prefix_attention_fast(
         q, torch.tensor([0, E], dtype=torch.int32), *_pool(L + 1, D, G, 2).values(), *meta, k_group=G, v_group=G,
         sm_scale=D ** -0.5, max_len_extend=E, o=torch.zeros(E, HQ, D), lse=torch.zeros(E, HQ)),
-        [(ef, "extend_fast_kernel")])
+        [(ef, "extend_kernel")])
     c = _compile(fn, a, k)
     return {**_report(c), "loops": _sass_loops(c)[:2], "block_m": k.get("BLOCK_M"), "num_warps": k.get("num_warps")}
 
@@ -231,10 +239,10 @@ def fit() -> dict:
     import torch
 
     from oscar_kernels import ops
-    from oscar_kernels.triton import attend, attend_fast, decode as dec, extend_fast
+    from oscar_kernels.triton import core, token_attend, token_decode, token_extend
 
-    targets = [(attend, "attend_kernel"), (attend_fast, "attend_fast_kernel"),
-               (extend_fast, "extend_fast_kernel"), (dec, "_merge_splits_kernel")]
+    targets = [(token_attend, "attend_kernel"), (token_decode, "decode_kernel"),
+               (token_extend, "extend_kernel"), (core, "merge_splits_kernel")]
     L, E, out = 4096, 64, []
     for D in (64, 128, 256):
         for G in (g for g in (32, 64, 128) if g <= D and D % g == 0):
@@ -249,7 +257,7 @@ def fit() -> dict:
                              ("extend-prefix", lambda: ops.extend_prefix_attention(
                                  qe, torch.tensor([0, E], dtype=torch.int32), **p, **meta, max_len_extend=E, **kw))):
                 for fn, a, k in _capture(call, targets):
-                    if fn is dec._merge_splits_kernel:
+                    if fn is core.merge_splits_kernel:
                         continue
                     c = _compile(fn, a, k)
                     out.append({"D": D, "G": G, "op": op, "kernel": fn.fn.__name__, "smem": int(c.metadata.shared)})
@@ -276,7 +284,7 @@ def channel(bits=3, batch=64, L=32768, D=128, block=64, v_group=64, **knobs) -> 
     default split plan; `knobs` go to the launcher (num_warps, num_stages, ...)."""
     import torch
 
-    from oscar_kernels.triton import attend_channel as ch, decode as dec
+    from oscar_kernels.triton import channel_decode as ch, core
 
     B, N = batch, batch * L + block
     pool = _channel_pool(N, B + 1, bits, D, block, v_group)
@@ -287,8 +295,8 @@ def channel(bits=3, batch=64, L=32768, D=128, block=64, v_group=64, **knobs) -> 
     o = torch.zeros(B, HQ, D, dtype=torch.float32)
     calls = _capture(lambda: ch.decode_attention_channel(
         q, o, **pool, **meta, k_bits=bits, k_block=block, v_group=v_group, sm_scale=D ** -0.5,
-        max_kv_splits=18, **knobs), [(ch, "attend_channel_kernel"), (dec, "_merge_splits_kernel")])
-    (fn, a, k), = [c for c in calls if c[0] is not dec._merge_splits_kernel]
+        max_kv_splits=18, **knobs), [(ch, "channel_kernel"), (core, "merge_splits_kernel")])
+    (fn, a, k), = [c for c in calls if c[0] is not core.merge_splits_kernel]
     warps, planes, words = k["num_warps"], k["PLANES"], (k["VWORDS"], k["KWORDS"])
     c = _compile(fn, a, k)
     return {**_report(c), **_ptxas_spills(c), "planes": planes, "words": words, "loops": _sass_loops(c)[:3],
@@ -296,13 +304,13 @@ def channel(bits=3, batch=64, L=32768, D=128, block=64, v_group=64, **knobs) -> 
             "num_warps": warps, "knobs": {k_: str(v) for k_, v in knobs.items()}}
 
 
-def channel_extend(bits=3, E=8192, L=32768, D=128, block=64, v_group=64, variant="codes", **knobs) -> dict:
+def channel_extend(bits=3, E=8192, L=32768, D=128, block=64, v_group=64, **knobs) -> dict:
     """ops.extend_prefix_attention_channel as a chunked prefill launches it: one request, E new
     tokens over a prefix of L - E (Llama-8B heads, sink 64, ring 256); `knobs` go to the launcher
     (block_m, num_warps, num_stages)."""
     import torch
 
-    from oscar_kernels.triton import attend_channel as ch
+    from oscar_kernels.triton import channel_extend as ch
 
     N = L + block
     pool = _channel_pool(N, 2, bits, D, block, v_group)
@@ -312,13 +320,13 @@ def channel_extend(bits=3, E=8192, L=32768, D=128, block=64, v_group=64, variant
     q = torch.zeros(E, HQ, D, dtype=torch.bfloat16)
     calls = _capture(lambda: ch.extend_prefix_attention_channel(
         q, torch.tensor([0, E], dtype=torch.int32), **pool, **meta, k_bits=bits, k_block=block,
-        v_group=v_group, sm_scale=D ** -0.5, max_len_extend=E, extend_variant=variant, **knobs),
-        [(ch, "attend_channel_kernel")])
+        v_group=v_group, sm_scale=D ** -0.5, max_len_extend=E, **knobs),
+        [(ch, "channel_kernel")])
     (fn, a, k), = calls
-    warps, block_m, dq = k["num_warps"], k["BLOCK_M"], k["EXT_DQ"]
+    warps, block_m = k["num_warps"], k["BLOCK_M"]
     c = _compile(fn, a, k)
     return {**_report(c), **_ptxas_spills(c), "loops": _sass_loops(c)[:3], "bits": bits, "block_m": block_m,
-            "num_warps": warps, "dequant": dq, "knobs": {k_: str(v) for k_, v in knobs.items()}}
+            "num_warps": warps, "knobs": {k_: str(v) for k_, v in knobs.items()}}
 
 
 def main(argv: list[str]) -> int:
@@ -327,6 +335,7 @@ def main(argv: list[str]) -> int:
         return 0
     os.environ.pop("TRITON_INTERPRET", None)  # compile for real (before anything imports triton)
     what, rest = argv[0], argv[1:]
+    _as_gpu()
     if what == "decode":
         stages = int(rest[rest.index("--int2-stages") + 1]) if "--int2-stages" in rest else None
         res = decode(stages, "--fused-merge" in rest)
@@ -335,12 +344,10 @@ def main(argv: list[str]) -> int:
     elif what == "fit":
         res = fit()
     elif what == "channel":
-        opt = {rest[i][2:].replace("-", "_"): rest[i + 1] if rest[i] in ("--k3-variant", "--code-reads", "--key-operands") else int(rest[i + 1])
-               for i in range(0, len(rest), 2)}
+        opt = {rest[i][2:].replace("-", "_"): int(rest[i + 1]) for i in range(0, len(rest), 2)}
         res = channel(**opt)
     elif what == "channel-extend":
-        res = channel_extend(**{rest[i][2:].replace("-", "_"): rest[i + 1] if rest[i] == "--variant" else int(rest[i + 1])
-                                for i in range(0, len(rest), 2)})
+        res = channel_extend(**{rest[i][2:].replace("-", "_"): int(rest[i + 1]) for i in range(0, len(rest), 2)})
     else:
         raise SystemExit(f"unknown: {what}")
     print(json.dumps(res))

@@ -22,10 +22,12 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 @pytest.fixture(autouse=True)
-def _base_decode_kernel(monkeypatch):
-    """These tests cover the base decode kernel (attend.py); test_decode_fast.py the fast one,
-    which ops.decode_attention picks by default where it applies."""
-    monkeypatch.setenv("OSCAR_INT2_DECODE_KERNEL", "base")
+def _generic_decode_kernel(monkeypatch):
+    """These tests cover the generic decode kernel (token_attend.py) at every shape, also those
+    where ops.decode_attention picks token_decode's G = head_dim kernel (test_token_decode.py)."""
+    from oscar_kernels.triton import token_decode
+
+    monkeypatch.setattr(token_decode, "supports", lambda *a: False)
 
 CASES = [  # (D, G, gqa)
     (128, 128, 4),
@@ -70,22 +72,19 @@ def test_decode_matches_reference(seed, D, G, gqa, splits):
 
 def test_decode_small_tiles_many_splits(seed):
     """BLOCK_N=16, in-kernel split count, 3 BF16 splits: several tiles and splits per source."""
-    from oscar_kernels.triton import decode as dec
+    from oscar_kernels.triton import core, token_decode
 
     D, G, hkv, gqa = 64, 64, 1, 4
     lens, owns = [100, 37], [0, 10]
     pool = Pool(lens, owns, hkv, D, G)
     q = torch.randn(2, hkv * gqa, D).bfloat16()
     o = torch.full((2, hkv * gqa, D), float("nan"), device=DEV)
-    old = dec.MIN_CHUNK, dec.BF16_KEYS_PER_SPLIT
-    dec.MIN_CHUNK = 16  # in-kernel split derivation: ceil(n_int2 / 16) splits, capped
-    dec.BF16_KEYS_PER_SPLIT = 4  # S + W = 12 BF16 keys -> 3 BF16 splits
-    try:
-        assert dec.bf16_splits(S, W, 7) == 3
-        dec.decode_attention(q.to(DEV), o, *pool.tensors(), *pool.meta(), k_group=G, v_group=G,
-                             sm_scale=0.125, max_kv_splits=7, block_n=16)
-    finally:
-        dec.MIN_CHUNK, dec.BF16_KEYS_PER_SPLIT = old
+    # in-kernel split derivation: ceil(n_int2 / 16) splits, capped; S + W = 12 BF16 keys at 4 a
+    # split -> 3 BF16 splits
+    assert core.bf16_splits(S, W, 7, 4) == 3
+    token_decode.decode_attention_base(q.to(DEV), o, *pool.tensors(), *pool.meta(), k_group=G, v_group=G,
+                                       sm_scale=0.125, max_kv_splits=7, block_n=16, min_chunk=16,
+                                       bf16_keys_per_split=4)
     for b in range(2):
         K, V = pool.request_kv(b)
         o_ref, _ = ref.attention(q[b:b + 1].float(), K, V, sm_scale=0.125)

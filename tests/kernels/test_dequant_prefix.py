@@ -1,6 +1,6 @@
 """ops.dequant_prefix_channel vs the reader's view of the reference pool (TRITON_INTERPRET on CPU).
 
-The pool (tests/kernels/test_channel_kernels.ChannelPool: shuffled pages, sink / ring rows with huge
+The pool (tests/kernels/channel_case.ChannelPool: shuffled pages, sink / ring rows with huge
 garbage wherever the source rule must not read, NaN params on pages without a complete block)
 holds a request with an incomplete last block, one whose own ring starts late (own_start 40), one
 shorter than the ring, and a radix hit whose sink and ring copies were not carried (sink_start =
@@ -15,7 +15,7 @@ import torch
 from oscar_kernels import ops
 
 from .pool_case import DEV
-from .test_channel_kernels import ChannelPool, channel_fmt
+from .channel_case import ChannelPool, channel_fmt
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -41,7 +41,7 @@ def test_pieces_of_the_prefix_match_the_readers_view(seed, bits):
             s, e = int(indptr[b]), int(indptr[b + 1])
             for got, ref in ((out_k, want[b][0]), (out_v, want[b][1])):
                 r = ref[lo:lo + n[b]].float()
-                # one rounding to bf16 of the fp32 code * scale + min (attend_channel._dequant's
+                # one rounding to bf16 of the fp32 code * scale + min (channel_attend.dequant_codes'
                 # fp32 branch): half an ulp, 2^-8 relative (the interpreter truncates: 2^-7), plus
                 # the fp32 rounding's 2^-24 of |min| where code * scale and min cancel (slack). The
                 # bf16 arithmetic before 2026-11-27 needed 2^-6 of the block's channel maximum

@@ -1,4 +1,4 @@
-"""decode.merge_splits (stage 2 of every INT2 decode) vs a float64 LSE merge (TRITON_INTERPRET on CPU).
+"""core.merge_splits (stage 2 of every INT2 decode) vs a float64 LSE merge (TRITON_INTERPRET on CPU).
 
 Each request uses its own number of splits (num_kv_splits, clamped to [NB16 + 1, max_kv_splits] as
 stage 1 does); the merge reads them all at once (a small grid) or walks 1 to 5 chunks of them (a
@@ -10,7 +10,8 @@ over tens of nats.
 import pytest
 import torch
 
-from oscar_kernels.triton import decode
+from oscar_kernels.triton import core
+from oscar_kernels.triton.token_decode import BASE_MIN_CHUNK
 
 from .pool_case import DEV
 
@@ -18,10 +19,10 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 @pytest.mark.parametrize("out_dtype,chunk", [(torch.float32, None), (torch.bfloat16, None),
-                                             (torch.float32, decode.MERGE_CHUNK), (torch.bfloat16, 4)])
+                                             (torch.float32, core.MERGE_CHUNK), (torch.bfloat16, 4)])
 def test_merge_walks_each_requests_splits_in_chunks(seed, out_dtype, chunk):
-    Hq, Dv, max_splits, nb16 = 4, 64, 2 * decode.MERGE_CHUNK + 3, 2
-    want_splits = [1, 3, decode.MERGE_CHUNK, decode.MERGE_CHUNK + 1, max_splits, 100]
+    Hq, Dv, max_splits, nb16 = 4, 64, 2 * core.MERGE_CHUNK + 3, 2
+    want_splits = [1, 3, core.MERGE_CHUNK, core.MERGE_CHUNK + 1, max_splits, 100]
     B = len(want_splits)
     n = [min(max(w, nb16 + 1), max_splits) for w in want_splits]  # what stage 1 used
     part = torch.full((B, Hq, max_splits, Dv), float("nan"))
@@ -49,8 +50,8 @@ def test_merge_walks_each_requests_splits_in_chunks(seed, out_dtype, chunk):
     rows = torch.arange(B, dtype=torch.int64, device=DEV)
     zeros = torch.zeros(B, dtype=torch.int32, device=DEV)
     num_kv_splits = torch.tensor(want_splits, dtype=torch.int32, device=DEV)
-    decode.merge_splits(o, part.to(DEV), lse.to(DEV), kv_indptr, rows, zeros, zeros, num_kv_splits,
-                        max_splits, nb16, decode.MIN_CHUNK, 4, 128, chunk=chunk)
+    core.merge_splits(o, part.to(DEV), lse.to(DEV), kv_indptr, rows, zeros, zeros, num_kv_splits,
+                        max_splits, nb16, BASE_MIN_CHUNK, 4, 128, chunk=chunk)
     got = o.cpu().double()
     assert torch.isfinite(got).all()
     assert torch.equal(got[1], torch.zeros(Hq, Dv, dtype=torch.float64))
@@ -60,8 +61,8 @@ def test_merge_walks_each_requests_splits_in_chunks(seed, out_dtype, chunk):
 
 
 def test_merge_chunk_reads_everything_at_once_only_in_small_grids():
-    sms = decode.sm_count("cpu")
-    small = decode.MERGE_ONE_SHOT_PROGRAMS_PER_SM * sms
-    assert decode.merge_chunk(1, small, 66, "cpu") == 128
-    assert decode.merge_chunk(2, small, 66, "cpu") == decode.MERGE_CHUNK
-    assert decode.merge_chunk(512, 32, 3, "cpu") == 4  # never more than the splits allowed
+    sms = core.sm_count("cpu")
+    small = core.MERGE_ONE_SHOT_PROGRAMS_PER_SM * sms
+    assert core.merge_chunk(1, small, 66, "cpu") == 128
+    assert core.merge_chunk(2, small, 66, "cpu") == core.MERGE_CHUNK
+    assert core.merge_chunk(512, 32, 3, "cpu") == 4  # never more than the splits allowed

@@ -1,11 +1,19 @@
-"""Triton implementations of the ops in ``oscar_kernels.ops`` (one module per op).
+"""Triton implementations of the ops in ``oscar_kernels.ops``.
 
-* ``store``: rotate (optional) + clip + quantise + pack + scatter, and the BF16 sink/ring writes.
-* ``attend``: the shared stage-1 kernel "query rows x cached keys of one request" that reads each
-  key position from the BF16 sink, the BF16 ring or the INT2 pool (three separate loops).
-* ``decode``: split-K decode (stage 1 = ``attend``, stage 2 = LSE merge of the splits).
-* ``extend_prefix``: E new tokens per request against the cached prefix, returns (o, lse).
-* ``attend_channel`` / ``store_channel``: decode stage 1 + extend-prefix (one kernel, as
-  ``attend``) and store for per-channel keys over page blocks (KVFormat k_layout="channel";
-  docs/format.md "KVFormat"), not served yet.
+Common core (both formats):
+* ``core``: source rule, split plan, online softmax, the BF16 sink + ring loop, split merges,
+  launch helpers (compiled on CUDA tensors, the Triton interpreter on CPU ones).
+* ``core_codes``: packed codes -> tensor-core operands, (scale, min) parameter words.
+* ``merge``: LSE merge of two partial attentions (prefix + new tokens); ``kv_indices``: SGLang's
+  kv_indices fill.
+
+The per-token recipe (KVFormat k_layout="token"):
+* ``token_store``: rotate (optional) + clip + quantise + pack + scatter, and the BF16 sink/ring.
+* ``token_decode``: split-K decode (G = head_dim kernel, or the generic one for other groups).
+* ``token_extend``: extend-prefix (large-tile kernel, or the generic one for other shapes).
+* ``token_attend``: the generic kernel of both modes.
+
+Per-channel keys over page blocks (KVFormat k_layout="channel", the served default):
+* ``channel_store``, ``channel_decode``, ``channel_extend``, ``channel_dequant``, on the kernel of
+  ``channel_attend``.
 """

@@ -2,19 +2,17 @@
 
 kv_indices[kv_indptr[b] + p] = req_to_token[req_pool_indices[b], p] for p < seq_lens[b]: the same
 table SGLang's create_flashinfer_kv_indices_triton fills, but that kernel runs one program per
-request, which walks the request's slots 512 at a time: 141.8 us a step for one 128K request on
-the H100 (the served step profile of 2026-11-27 13:58, docs/benchmarks.md), paid outside the CUDA
-graph every decode step. Here each request's positions are cut into equal pieces, one program
+request, which walks the request's slots 512 at a time: slow for one long request, and paid
+outside the CUDA graph every decode step (docs/design.md "Kernel design choices"). Here each request's positions are cut into equal pieces, one program
 each (kv_indices_pieces: more pieces the smaller the batch), so a batch of one long request is
 filled by up to MAX_PIECES programs.
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from .decode import sm_count
+from .core import sm_count
 
 BLOCK = 1024  # positions a program copies per step
 TARGET_PROGRAMS_PER_SM = 4  # programs per SM over the batch (a batch of 1 gets the most pieces)

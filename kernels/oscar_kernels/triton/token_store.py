@@ -16,7 +16,7 @@ BLOCK_T = 16
 
 
 @triton.jit
-def _store_rows(
+def store_rows(
     pid, h,
     X, stride_xt, stride_xh,
     Rot, stride_rh, stride_rk,
@@ -98,7 +98,7 @@ def _store_rows(
 
 
 @triton.jit
-def _record_side_slots(
+def record_side_slots(
     pid, Loc, Pos, Rows, SeqLens, SlotEntry, EntryOwner, T, n_rows,
     S: tl.constexpr, W: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
@@ -139,20 +139,20 @@ def _store_kv_kernel(
     h = tl.program_id(1)
     if HAS_MAP:
         if (h == 0) and (tl.program_id(2) == 0):
-            _record_side_slots(pid, Loc, Pos, Rows, SeqLens, SlotEntry, EntryOwner, T, n_rows, S, W, BLOCK_T)
+            record_side_slots(pid, Loc, Pos, Rows, SeqLens, SlotEntry, EntryOwner, T, n_rows, S, W, BLOCK_T)
     if tl.program_id(2) == 0:
-        _store_rows(pid, h, XK, sxk_t, sxk_h, RotK, srk_h, srk_k, Loc, CK, sck_n, sck_h,
+        store_rows(pid, h, XK, sxk_t, sxk_h, RotK, srk_h, srk_k, Loc, CK, sck_n, sck_h,
                     PK, spk_n, spk_h, spk_g, Pos, Rows, SeqLens, SinkK, ssk_r, ssk_p, ssk_h,
                     RingK, srgk_r, srgk_p, srgk_h, T, clip_k, DK, GK, S, W, ROT_K, CLIP_K, HAS_SIDE,
                     BLOCK_T, min(32, DK))
     else:
-        _store_rows(pid, h, XV, sxv_t, sxv_h, RotV, srv_h, srv_k, Loc, CV, scv_n, scv_h,
+        store_rows(pid, h, XV, sxv_t, sxv_h, RotV, srv_h, srv_k, Loc, CV, scv_n, scv_h,
                     PV, spv_n, spv_h, spv_g, Pos, Rows, SeqLens, SinkV, ssv_r, ssv_p, ssv_h,
                     RingV, srgv_r, srgv_p, srgv_h, T, clip_v, DV, GV, S, W, ROT_V, CLIP_V, HAS_SIDE,
                     BLOCK_T, min(32, DV))
 
 
-def _tensor_args(x, codes, params, group, clip, rot, sink, ring):
+def tensor_args(x, codes, params, group, clip, rot, sink, ring):
     """Checked per-tensor (K or V) kernel arguments and constexprs."""
     T, H, D = x.shape
     fmt = Int2Format(D, group)
@@ -201,8 +201,8 @@ def store_kv(
     T, H = k.shape[:2]
     if T == 0:
         return
-    k_args, (dk, gk, rot_k, clip_k) = _tensor_args(k, k_codes, k_params, k_group, k_clip, k_rot, sink_k, ring_k)
-    v_args, (dv, gv, rot_v, clip_v) = _tensor_args(v, v_codes, v_params, v_group, v_clip, v_rot, sink_v, ring_v)
+    k_args, (dk, gk, rot_k, clip_k) = tensor_args(k, k_codes, k_params, k_group, k_clip, k_rot, sink_k, ring_k)
+    v_args, (dv, gv, rot_v, clip_v) = tensor_args(v, v_codes, v_params, v_group, v_clip, v_rot, sink_v, ring_v)
     has_side = sink_k is not None
     has_map = slot_entry is not None
     if has_map and (not has_side or entry_owner is None or slot_entry.dtype != torch.int32

@@ -1,12 +1,11 @@
-"""Extend-prefix attention with large query tiles ("fast" variant of extend_prefix.py).
-
-Same semantics and outputs as extend_prefix.extend_prefix_attention: the E_b new query tokens of
+"""Extend-prefix attention of the per-token recipe: the E_b new query tokens of
 request b against its whole cached prefix (no mask), keys from the BF16 sink, the BF16 ring and
-the INT2 body by the rule of reference.source_masks (attend.source_ranges), o float32
+the INT2 body by the rule of reference.source_masks (core.source_ranges), o float32
 [T, Hq, Dv] normalised and its natural-log LSE [T, Hq] (o = 0, lse = -inf for an empty prefix).
 
-Why a second kernel: prefill is compute bound (every INT2 key is read by E_b * GQA query rows),
-and the generic attend kernel is shaped for decode (quarter-split dot products of K = D/4, 64
+extend_kernel (here) where supports() holds (D, Dv in {64, 128}, 16-bit queries; the others run
+token_attend.attend_kernel in extend mode). Prefill is compute bound (every INT2 key is read by
+E_b * GQA query rows), and the generic attend kernel is shaped for decode (quarter-split dot products of K = D/4, 64
 rows, 4 warps: mma v2 on the H100). Here one program takes BLOCK_M = 128 (token, query head)
 rows of one KV head and runs the textbook flash-attention loop with full-width tiles:
   * each INT2 K / V tile is dequantised once to a [BLOCK_N, D] fp16 tile (code * scale + min),
@@ -14,38 +13,36 @@ rows of one KV head and runs the textbook flash-attention loop with full-width t
   * one tl.dot(q, k^T) with K = D and one tl.dot(p, v), 8 warps: on sm_90 Triton emits wgmma
     (HGMMA; offline sm_90 compile, docs/design.md has the instruction mix);
   * the INT2 loop runs unmasked full tiles and one masked tail tile.
-Dequantisation ("asm", the default): the quarter-split bytes (format.py: byte i of a row holds dims
+Dequantisation: the quarter-split bytes (format.py: byte i of a row holds dims
 i + j * D/4, j = 0..3, at bits 2j) are unpacked by one PTX block into four [BLOCK_N, D/4] quarter
-tiles and joined in registers to a [BLOCK_N, D] tile whose column 4i + j is dim j * D/4 + i. That
+tiles (plain Triton arithmetic in the interpreter) and joined in registers to a [BLOCK_N, D] tile whose column 4i + j is dim j * D/4 + i. That
 column order costs nothing: q is loaded in the same order (q . k is order-free) and V's columns
 come out of p @ v in that order, so o is stored with the inverse permutation.
 MMA operands are fp16, not bf16: the parameters are fp16 already, so code * scale + min is one
-fp16 fma with one rounding (2^-11 relative); bf16 K tiles cost ~0.1 of LSE accuracy on
-heavy-tailed data (H100 check, bench/kernels.py). BF16 queries and sink / ring rows convert to fp16
+fp16 fma with one rounding (2^-11 relative); bf16 K tiles lose LSE accuracy on heavy-tailed
+data. BF16 queries and sink / ring rows convert to fp16
 exactly within its range and saturate at +-65504 beyond it.
-
-ops.extend_prefix_attention uses this kernel where it applies (supports(): D, Dv in {64, 128},
-16-bit queries); OSCAR_INT2_EXTEND_KERNEL=base selects the original one.
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-from .attend import (INT2_STAGES, LOG2E, PV_DTYPE, _cap_and_scale, _unpack_params,
-                     as_param_words, check_pool, kernel_choice, pool_launch_args, source_ranges)
-from .extend_prefix import extend_outputs
+from .core import (INT2_STAGES, LN2, LOG2E, as_param_words, cap_and_scale, check_pool, compiled, extend_outputs,
+                   pool_launch_args, source_ranges)
+from .core_codes import unpack_params
+from .token_attend import launch_attend
 
-LN2 = tl.constexpr(0.6931471805599453)
 BLOCK_M = 128  # (token, query head) rows per program
-# keys per tile: 128 (H100, 2026-11-22 11:53 UTC, bench/kernels.py --tune-extend, prefix 32K + 4096
-# new tokens: 7.56 ms vs 9.51 ms at 64 and 14.05 ms at 32; 54 vs 61 warp-instructions per key)
-BLOCK_N = 128
+BLOCK_N = 128  # keys per tile (the fastest tile measured, docs/design.md)
 BLOCK_B = 64  # keys per BF16 sink / ring tile
 NUM_WARPS = 8
 NUM_STAGES = 2
-# INT2 dequantisation (see extend_prefix_attention_fast); the interpreter (CPU) runs "join" for "asm"
-DEQUANT = "asm"
+# the generic kernel's extend mode (D = 256, or fp32 queries)
+BASE_BLOCK_M = 64
+BASE_BLOCK_N = 64
+BASE_BLOCK_B = 64
 
 
 @triton.jit
@@ -64,9 +61,9 @@ def _softmax_tile(qk, kmask, m_i, l_i, sm_scale_log2, logit_cap, LOGIT_CAP: tl.c
 
     The scale is applied inside the exponent (one FFMA per score) and to the row max, instead of
     to every score first: sm_scale is not folded into q, whose 16-bit rounding would shift the
-    LSE (folding it cost ~0.01 of LSE accuracy on heavy-tailed data, bench/kernels.py check)."""
+    LSE on heavy-tailed data."""
     if LOGIT_CAP:
-        s = _cap_and_scale(qk, sm_scale_log2, logit_cap, LOGIT_CAP)
+        s = cap_and_scale(qk, sm_scale_log2, logit_cap, LOGIT_CAP)
         c = 1.0
     else:
         s = qk
@@ -78,25 +75,6 @@ def _softmax_tile(qk, kmask, m_i, l_i, sm_scale_log2, logit_cap, LOGIT_CAP: tl.c
     p = tl.exp2(s * c - m_new[:, None])
     l_new = l_i * alpha + tl.sum(p, 1)
     return p, alpha, m_new, l_new
-
-
-@triton.jit
-def _dequant_tile(Cb, Pb, slot, stride_cn, stride_pn,
-                  D: tl.constexpr, G: tl.constexpr, DT: tl.constexpr):
-    """INT2 rows at `slot` [N] of one KV head -> [N, D] code * scale + min, cast to DT."""
-    QD: tl.constexpr = D // 4
-    d = tl.arange(0, D)
-    c = tl.load(Cb + slot[:, None] * stride_cn + (d % QD)[None, :]).to(tl.int32)
-    code = (c >> (2 * (d // QD))[None, :]) & 3
-    # int -> float without the slow I2F: 0x4B000000 | c is the float 2^23 + c (exact)
-    cf = (code | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-    if G == D:  # one (scale, min) per row
-        sc, mn = _unpack_params(tl.load(Pb + slot * stride_pn))
-        x = cf * sc[:, None] + mn[:, None]
-    else:
-        sc, mn = _unpack_params(tl.load(Pb + slot[:, None] * stride_pn + (d // G)[None, :]))
-        x = cf * sc + mn
-    return x.to(DT)
 
 
 # PTX, per 4 code bytes (4 elements of the [N, D/4] byte tile; $8) -> 4 values per quarter j (outputs
@@ -156,13 +134,13 @@ def _dequant_join(Cb, Pb, slot, stride_cn, stride_pn, D: tl.constexpr, G: tl.con
         k0, k1, k2, k3 = k0.to(DT), k1.to(DT), k2.to(DT), k3.to(DT)
     else:
         ci = c.to(tl.int32)
-        sc, mn = _unpack_params(w0)
+        sc, mn = unpack_params(w0)
         k0 = ((ci & 3).to(tl.float32) * sc[:, None] + mn[:, None]).to(DT)
-        sc, mn = _unpack_params(w1)
+        sc, mn = unpack_params(w1)
         k1 = (((ci >> 2) & 3).to(tl.float32) * sc[:, None] + mn[:, None]).to(DT)
-        sc, mn = _unpack_params(w2)
+        sc, mn = unpack_params(w2)
         k2 = (((ci >> 4) & 3).to(tl.float32) * sc[:, None] + mn[:, None]).to(DT)
-        sc, mn = _unpack_params(w3)
+        sc, mn = unpack_params(w3)
         k3 = (((ci >> 6) & 3).to(tl.float32) * sc[:, None] + mn[:, None]).to(DT)
     # join adds a new last dim: [n, i, b, a] = (k0, k2 | k1, k3)[a][b] = quarter 2b + a -> column 4i + 2b + a
     return tl.reshape(tl.join(tl.join(k0, k2), tl.join(k1, k3)), [BLOCK_N, D])
@@ -192,9 +170,9 @@ def _bf16_tile(p0, hi, Kb, Vb, stride_kp, stride_vp, dk, dv, q, m_i, l_i, acc, s
 def _int2_tile(i0, i_hi, sink_lo, hole, idx_base, KCh, KPh, VCh, VPh,
                stride_kcn, stride_kpn, stride_vcn, stride_vpn, q, m_i, l_i, acc, sm_scale_log2, logit_cap,
                MASKED: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, GK: tl.constexpr, GV: tl.constexpr,
-               BLOCK_N: tl.constexpr, LOGIT_CAP: tl.constexpr, DT: tl.constexpr, PERM: tl.constexpr,
+               BLOCK_N: tl.constexpr, LOGIT_CAP: tl.constexpr, DT: tl.constexpr,
                USE_ASM: tl.constexpr):
-    """INT2 keys i0 .. i0 + BLOCK_N - 1 of the virtual INT2 index range (see attend.py)."""
+    """INT2 keys i0 .. i0 + BLOCK_N - 1 of the virtual INT2 index range (see token_attend.py)."""
     ii = i0 + tl.arange(0, BLOCK_N)
     pos = ii + tl.where(ii >= sink_lo, hole, 0)
     if MASKED:  # tail tile: lanes past i_hi read slot 0 (a valid row) and get -inf scores
@@ -203,16 +181,10 @@ def _int2_tile(i0, i_hi, sink_lo, hole, idx_base, KCh, KPh, VCh, VPh,
     else:
         kmask = ii >= 0  # all valid (not read when MASKED is False)
         slot = tl.load(idx_base + pos).to(tl.int64)
-    if PERM:
-        k = _dequant_join(KCh, KPh, slot, stride_kcn, stride_kpn, D, GK, DT, USE_ASM, BLOCK_N)
-    else:
-        k = _dequant_tile(KCh, KPh, slot, stride_kcn, stride_kpn, D, GK, DT)
+    k = _dequant_join(KCh, KPh, slot, stride_kcn, stride_kpn, D, GK, DT, USE_ASM, BLOCK_N)
     pr, alpha, m_i, l_i = _softmax_tile(tl.dot(q, tl.trans(k)), kmask, m_i, l_i, sm_scale_log2, logit_cap,
                                         LOGIT_CAP, MASKED)
-    if PERM:
-        v = _dequant_join(VCh, VPh, slot, stride_vcn, stride_vpn, DV, GV, DT, USE_ASM, BLOCK_N)
-    else:
-        v = _dequant_tile(VCh, VPh, slot, stride_vcn, stride_vpn, DV, GV, DT)
+    v = _dequant_join(VCh, VPh, slot, stride_vcn, stride_vpn, DV, GV, DT, USE_ASM, BLOCK_N)
     acc = tl.dot(pr.to(DT), v, acc * alpha[:, None])
     return m_i, l_i, acc
 
@@ -220,7 +192,7 @@ def _int2_tile(i0, i_hi, sink_lo, hole, idx_base, KCh, KPh, VCh, VPh,
 # num_mb (query blocks per KV head) follows the longest new-token run of the batch: a runtime
 # argument, not a constexpr (that compiled a new kernel for every new chunk length in serving)
 @triton.jit(do_not_specialize=["num_mb"])
-def extend_fast_kernel(
+def extend_kernel(
     Q, stride_qt, stride_qh,
     Out, stride_ot, stride_oh,
     Lse, stride_lt, stride_lh,
@@ -237,7 +209,7 @@ def extend_fast_kernel(
     GQA: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, GK: tl.constexpr, GV: tl.constexpr,
     S: tl.constexpr, W: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-    LOGIT_CAP: tl.constexpr, DT: tl.constexpr, PERM: tl.constexpr, USE_ASM: tl.constexpr,
+    LOGIT_CAP: tl.constexpr, DT: tl.constexpr, USE_ASM: tl.constexpr,
     INT2_STAGES: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -265,9 +237,9 @@ def extend_fast_kernel(
     tok = (tok0 + t).to(tl.int64)
     dk = tl.arange(0, D)
     dv = tl.arange(0, DV)
-    if PERM:  # interleaved column order of _dequant_join: column 4 * i + j = dim j * D/4 + i
-        dk = (dk % 4) * (D // 4) + dk // 4
-        dv = (dv % 4) * (DV // 4) + dv // 4
+    # interleaved column order of _dequant_join: column 4 * i + j = dim j * D/4 + i
+    dk = (dk % 4) * (D // 4) + dk // 4
+    dv = (dv % 4) * (DV // 4) + dv // 4
     q = tl.load(Q + tok[:, None] * stride_qt + hq[:, None] * stride_qh + dk[None, :],
                 mask=rmask[:, None], other=0.0)
     q = _to_mma(q, DT)
@@ -299,11 +271,11 @@ def extend_fast_kernel(
     for i0 in tl.range(0, n_full, BLOCK_N, num_stages=INT2_STAGES):  # see INT2_STAGES
         m_i, l_i, acc = _int2_tile(i0, n_int2, sink_lo, hole, idx_base, KCh, KPh, VCh, VPh,
                                    stride_kcn, stride_kpn, stride_vcn, stride_vpn, q, m_i, l_i, acc,
-                                   sm_scale_log2, logit_cap, False, D, DV, GK, GV, BLOCK_N, LOGIT_CAP, DT, PERM, USE_ASM)
+                                   sm_scale_log2, logit_cap, False, D, DV, GK, GV, BLOCK_N, LOGIT_CAP, DT, USE_ASM)
     if n_full < n_int2:
         m_i, l_i, acc = _int2_tile(n_full, n_int2, sink_lo, hole, idx_base, KCh, KPh, VCh, VPh,
                                    stride_kcn, stride_kpn, stride_vcn, stride_vpn, q, m_i, l_i, acc,
-                                   sm_scale_log2, logit_cap, True, D, DV, GK, GV, BLOCK_N, LOGIT_CAP, DT, PERM, USE_ASM)
+                                   sm_scale_log2, logit_cap, True, D, DV, GK, GV, BLOCK_N, LOGIT_CAP, DT, USE_ASM)
 
     # ---- normalised output + natural-log LSE -------------------------------------------------
     has = l_i > 0
@@ -316,38 +288,70 @@ def extend_fast_kernel(
 
 def supports(q, k_codes, v_codes, k_group, v_group) -> bool:
     """Shapes this kernel handles: D, Dv in {64, 128} (any group size the format allows), 16-bit
-    queries. D = 256 keeps the base kernel (a 128 x 256 fp32 accumulator does not fit 8 warps)."""
-    import torch
-
+    queries. D = 256 keeps the generic kernel (a 128 x 256 fp32 accumulator does not fit 8 warps)."""
     D, Dv = k_codes.shape[-1] * 4, v_codes.shape[-1] * 4
     # every quarter inside one group (G >= D/4): true of every group size the format allows here
     return (D in (64, 128) and Dv in (64, 128) and D % k_group == 0 and Dv % v_group == 0
             and k_group >= D // 4 and v_group >= Dv // 4 and q.dtype in (torch.bfloat16, torch.float16))
 
 
-def selected(q, k_codes, v_codes, k_group, v_group) -> bool:
-    """ops.extend_prefix_attention uses this kernel unless OSCAR_INT2_EXTEND_KERNEL=base
-    (default: fast) and where supports() holds."""
-    return kernel_choice("OSCAR_INT2_EXTEND_KERNEL") == "fast" and supports(q, k_codes, v_codes, k_group, v_group)
+def extend_prefix_attention(
+    q, qo_indptr, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
+    kv_indptr, kv_indices, req_rows, own_start, *, k_group, v_group, sm_scale, max_len_extend,
+    sink_start=None, logit_cap=0.0, o=None, lse=None,
+):
+    """See ops.extend_prefix_attention: extend_kernel where supports() holds, else the generic kernel."""
+    args = (q, qo_indptr, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
+            kv_indptr, kv_indices, req_rows, own_start)
+    kw = dict(k_group=k_group, v_group=v_group, sm_scale=sm_scale, max_len_extend=max_len_extend,
+              sink_start=sink_start, logit_cap=logit_cap, o=o, lse=lse)
+    if supports(q, k_codes, v_codes, k_group, v_group):
+        return extend_prefix_attention_fast(*args, **kw)
+    return extend_prefix_attention_base(*args, **kw)
+
+
+def extend_prefix_attention_base(
+    q, qo_indptr, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
+    kv_indptr, kv_indices, req_rows, own_start, *, k_group, v_group, sm_scale, max_len_extend,
+    sink_start=None, logit_cap=0.0, o=None, lse=None, block_m=None, num_warps=4, num_stages=2,
+):
+    """extend_prefix_attention with the generic kernel (any head dim and group size)."""
+    check_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_group, v_group)
+    T, Hq, D = q.shape
+    B = qo_indptr.shape[0] - 1
+    Hkv = k_codes.shape[1]
+    gqa = Hq // Hkv
+    o, lse = extend_outputs(q, qo_indptr, kv_indptr, v_codes, o, lse)
+    if T == 0 or B == 0:
+        return o, lse
+    bm = block_m or BASE_BLOCK_M
+    bm = max(bm, 16, triton.next_power_of_2(gqa))
+    num_mb = triton.cdiv(max(1, int(max_len_extend)) * gqa, bm)
+    launch_attend(
+        (B, Hkv * num_mb, 1), q, o, lse, k_codes, k_params, v_codes, v_params,
+        sink_k, sink_v, ring_k, ring_v, kv_indptr, kv_indices, qo_indptr, req_rows, own_start,
+        sink_start, None, out_split_stride=0, lse_split_stride=0,
+        k_group=k_group, v_group=v_group, sm_scale=sm_scale, logit_cap=logit_cap,
+        num_mb=num_mb, block_m=bm, block_n=BASE_BLOCK_N, block_b=BASE_BLOCK_B, split=False,
+        max_splits=1, min_chunk=1, num_warps=num_warps, num_stages=num_stages,
+    )
+    return o, lse
 
 
 def extend_prefix_attention_fast(
     q, qo_indptr, k_codes, k_params, v_codes, v_params, sink_k, sink_v, ring_k, ring_v,
     kv_indptr, kv_indices, req_rows, own_start, *, k_group, v_group, sm_scale, max_len_extend,
     sink_start=None, logit_cap=0.0, o=None, lse=None, block_m=None, block_n=None, num_warps=None,
-    num_stages=None, dequant=None, int2_stages=None,
+    num_stages=None, int2_stages=None,
 ):
-    """extend_prefix.extend_prefix_attention with this kernel (same arguments, same results);
-    block_m / block_n / num_warps / num_stages / dequant override the defaults (benchmark sweeps).
-
-    dequant: "gather" (fp32 dequantisation, natural column order, MMA in the queries' dtype),
-    "join" (quarters joined in registers, interleaved column order, plain Triton arithmetic) or
-    "asm" (join + the fp16 PTX dequantisation; MMA in fp16, sm_scale * log2(e) folded into q; CUDA
-    only, the interpreter runs "join")."""
+    """extend_prefix_attention with extend_kernel; block_m / block_n / num_warps / num_stages /
+    int2_stages override the defaults (benchmark sweeps). The quarters are joined in registers
+    (interleaved column order), dequantised by PTX in fp16 where compiled, by plain Triton
+    arithmetic in fp32 in the interpreter."""
     check_pool(q, k_codes, k_params, v_codes, v_params, sink_k, ring_k, k_group, v_group)
     if not supports(q, k_codes, v_codes, k_group, v_group):
-        raise ValueError("extend_fast supports D, Dv in {64, 128} and bf16/fp16 queries; "
-                         "use extend_prefix.extend_prefix_attention (OSCAR_INT2_EXTEND_KERNEL=base)")
+        raise ValueError("extend_prefix_attention_fast supports D, Dv in {64, 128} and bf16/fp16 queries; "
+                         "extend_prefix_attention picks the generic kernel for the others")
     T, Hq, D = q.shape
     B = qo_indptr.shape[0] - 1
     Hkv = k_codes.shape[1]
@@ -360,14 +364,10 @@ def extend_prefix_attention_fast(
     bm = block_m or BLOCK_M
     num_mb = triton.cdiv(max(1, int(max_len_extend)) * gqa, bm)
     kp, vp = as_param_words(k_params), as_param_words(v_params)
-    dequant = dequant or DEQUANT
-    if dequant not in ("gather", "join", "asm"):
-        raise ValueError(f"dequant must be 'gather', 'join' or 'asm', got {dequant!r}")
-    # MMA operands in fp16 (see MMA_DTYPE); the Triton interpreter's 16-bit tl.dot is wrong: fp32 there
-    interp = PV_DTYPE == tl.float32
-    use_asm = dequant == "asm" and not interp
-    dt = tl.float32 if interp else tl.float16
-    extend_fast_kernel[(B, Hkv * num_mb)](
+    # MMA operands in fp16 (module docstring); the Triton interpreter's 16-bit tl.dot is wrong: fp32 there
+    asm = compiled(q)
+    dt = tl.float16 if asm else tl.float32
+    extend_kernel[(B, Hkv * num_mb)](
         q, q.stride(0), q.stride(1),
         o, o.stride(0), o.stride(1),
         lse, lse.stride(0), lse.stride(1),
@@ -376,9 +376,7 @@ def extend_prefix_attention_fast(
         sm_scale * LOG2E, float(logit_cap),
         GQA=gqa, D=D, DV=Dv, GK=k_group, GV=v_group, S=sink_k.shape[1], W=ring_k.shape[1],
         num_mb=num_mb, BLOCK_M=bm, BLOCK_N=block_n or BLOCK_N, BLOCK_B=BLOCK_B,
-        LOGIT_CAP=logit_cap > 0, DT=dt, PERM=dequant != "gather", USE_ASM=use_asm,
-        # "gather" (a comparison variant) stages fp32 tiles: 5 stages overflow shared memory at G < 128
-        INT2_STAGES=int2_stages or (2 if dequant == "gather" else INT2_STAGES),
+        LOGIT_CAP=logit_cap > 0, DT=dt, USE_ASM=asm, INT2_STAGES=int2_stages or INT2_STAGES,
         num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES,
     )
     return o, lse

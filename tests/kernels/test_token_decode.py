@@ -1,4 +1,4 @@
-"""Fast INT2 decode kernel (triton/attend_fast.py) vs the float64 reference on the same pool.
+"""The per-token decode kernel for G = head_dim (triton/token_decode.py) vs the float64 reference.
 
 Same pool, oracle and error bound as tests/kernels/test_attention.py (whose Pool it reuses):
 ||o - o_ref|| / ||o_ref|| per request <= 1e-4 with fp32 tensor-core operands (Triton
@@ -13,7 +13,7 @@ import torch
 
 from oscar_kernels import ops
 from oscar_kernels import reference as ref
-from oscar_kernels.triton import attend_fast
+from oscar_kernels.triton import core, core_codes, token_decode
 
 from .pool_case import DEV, LENS, OWNS, REL_TOL, SINKS, Pool, rel_err
 
@@ -26,7 +26,7 @@ def run_fast(pool, q, G, **kw):
     ms = kw.pop("max_kv_splits", 4)
     logits = torch.full((B, Hq, ms, D), float("nan"), device=DEV)
     lse = torch.full((B, Hq, ms), float("nan"), device=DEV)
-    attend_fast.decode_attention_fast(
+    token_decode.decode_attention_fast(
         q.to(DEV), o, *pool.tensors(), *pool.meta(), **pool.kw(), k_group=G, v_group=G,
         sm_scale=kw.pop("sm_scale", 1 / math.sqrt(D)),
         max_kv_splits=ms, attn_logits=logits, attn_lse=lse, **kw)
@@ -55,18 +55,15 @@ def test_fast_decode_matches_reference(seed, D, gqa, splits):
     assert_matches_reference(pool, q, o)
 
 
-@pytest.mark.parametrize("bf16_last,block_b", [(False, 32), (True, 16), (True, 32)])
-def test_fast_decode_program_order_and_bf16_tile(seed, bf16_last, block_b):
-    """BF16-only splits (bf16_spread=False) whose programs start first or last (bf16_last), either
-    BF16 tile: same attention."""
+@pytest.mark.parametrize("block_b", [16, 32])
+def test_fast_decode_bf16_tile(seed, block_b):
+    """Either BF16 tile (default_block_b picks 32 when the grid fits one wave): same attention."""
     D, hkv, gqa = 64, 2, 4
     pool = Pool(LENS, OWNS, hkv, D, D, sinks=SINKS)
     q = (torch.randn(len(LENS), hkv * gqa, D) * 2).bfloat16()
-    # 3 BF16 splits (12 sink + ring keys, 5 per split) and 1-4 INT2 splits per request
     nsplit = torch.tensor([4, 5, 6, 7, 5], dtype=torch.int32, device=DEV)
     for nks in (None, nsplit):
-        o = run_fast(pool, q, D, num_kv_splits=nks, bf16_last=bf16_last, block_b=block_b,
-                     bf16_keys_per_split=5, max_kv_splits=7, bf16_spread=False)
+        o = run_fast(pool, q, D, num_kv_splits=nks, block_b=block_b, max_kv_splits=7)
         assert_matches_reference(pool, q, o, nks is None)
 
 
@@ -84,24 +81,17 @@ def test_fast_decode_merge_fused_or_kernel(seed, fused):
             o = run_fast(pool, q, D, fused_merge=fused, max_kv_splits=5, **kw)
             assert_matches_reference(pool, q, o, fused, kw.keys())
     assert not arrived.any()
-    assert not attend_fast.split_arrivals(DEV, 1).any()
+    assert not core.split_arrivals(DEV, 1).any()
 
 
 @pytest.mark.parametrize("D", [64, 128], ids=["bytes", "words"])
 def test_fast_decode_small_tiles_many_splits(seed, D):
     """BLOCK_N=16, in-kernel split count: several INT2 tiles per split, masked tail tiles."""
-    from oscar_kernels.triton import decode as dec
-
     hkv, gqa = 1, 4
     lens, owns = [100, 37], [0, 10]
     pool = Pool(lens, owns, hkv, D, D)
     q = torch.randn(2, hkv * gqa, D).bfloat16()
-    old = dec.MIN_CHUNK
-    dec.MIN_CHUNK = 16
-    try:
-        o = run_fast(pool, q, D, max_kv_splits=7, block_n=16, sm_scale=0.125)
-    finally:
-        dec.MIN_CHUNK = old
+    o = run_fast(pool, q, D, max_kv_splits=7, block_n=16, min_chunk=16, sm_scale=0.125)
     assert_matches_reference(pool, q, o, sm_scale=0.125)
 
 
@@ -141,19 +131,14 @@ def test_fast_decode_logit_cap(seed, D):
     assert rel_err(o[0], o_ref[0]) <= REL_TOL
 
 
-@pytest.mark.parametrize("env,use_fast", [(None, True), ("fast", True), ("base", False)])
-def test_ops_switch_selects_fast(seed, monkeypatch, env, use_fast):
-    """ops.decode_attention uses the fast kernel by default and with OSCAR_INT2_DECODE_KERNEL=fast,
-    the base one with =base, and the base one for group sizes the fast one does not handle."""
+def test_ops_picks_the_kernel_by_group_size(seed, monkeypatch):
+    """ops.decode_attention uses this kernel where G = head_dim and the generic one for the
+    group sizes it does not handle; both match the reference."""
     calls = []
-    real = attend_fast.decode_attention_fast
-    monkeypatch.setattr(attend_fast, "decode_attention_fast", lambda *a, **k: calls.append(1) or real(*a, **k))
-    if env is None:
-        monkeypatch.delenv("OSCAR_INT2_DECODE_KERNEL", raising=False)
-    else:
-        monkeypatch.setenv("OSCAR_INT2_DECODE_KERNEL", env)
+    real = token_decode.decode_attention_fast
+    monkeypatch.setattr(token_decode, "decode_attention_fast", lambda *a, **k: calls.append(1) or real(*a, **k))
     D, hkv, gqa = 64, 1, 4
-    for G, expect in ((64, int(use_fast)), (32, 0)):
+    for G, expect in ((64, 1), (32, 0)):
         calls.clear()
         pool = Pool([30], [0], hkv, D, G)
         q = torch.randn(1, hkv * gqa, D).bfloat16()
@@ -166,18 +151,15 @@ def test_ops_switch_selects_fast(seed, monkeypatch, env, use_fast):
         assert rel_err(o[0].cpu(), o_ref[0]) <= REL_TOL
 
 
-@pytest.mark.parametrize("words", [True, False], ids=["words", "bytes"])
-@pytest.mark.parametrize("spread", [True, False], ids=["bf16_spread", "bf16_splits"])
 @pytest.mark.parametrize("splits", ["auto", "given"])
-def test_fast_decode_code_words_and_bf16_spread(seed, words, spread, splits):
-    """head_dim 128: codes read as 16-bit words (the default there) or as bytes, BF16 sink + ring
-    keys spread over every split (default) or in splits of their own: same attention, with split
-    counts derived in-kernel or given per request (1 = one split reads everything)."""
+def test_fast_decode_code_words(seed, splits):
+    """head_dim 128: codes read as 16-bit words, BF16 sink + ring keys spread over every split,
+    with split counts derived in-kernel or given per request (1 = one split reads everything)."""
     D, hkv, gqa = 128, 2, 4
     pool = Pool(LENS, OWNS, hkv, D, D, sinks=SINKS)
     q = (torch.randn(len(LENS), hkv * gqa, D) * 2).bfloat16()
     nsplit = torch.tensor([1, 3, 4, 2, 3], dtype=torch.int32, device=DEV) if splits == "given" else None
-    o = run_fast(pool, q, D, words=words, bf16_spread=spread, num_kv_splits=nsplit)
+    o = run_fast(pool, q, D, num_kv_splits=nsplit)
     assert_matches_reference(pool, q, o)
 
 
@@ -188,30 +170,28 @@ def test_fast_decode_one_split_per_request(seed):
     D, hkv, gqa = 128, 2, 4
     pool = Pool(LENS, OWNS, hkv, D, D, sinks=SINKS)
     q = (torch.randn(len(LENS), hkv * gqa, D) * 2).bfloat16()
-    assert attend_fast.default_max_splits(4096, 8, "cuda" if DEV == "cuda" else "cpu") == 1
+    assert token_decode.default_max_splits(4096, 8, "cuda" if DEV == "cuda" else "cpu") == 1
     o = run_fast(pool, q, D, max_kv_splits=1)
     assert_matches_reference(pool, q, o)
-    with pytest.raises(ValueError, match="max_kv_splits >= 2"):
-        run_fast(pool, q, D, max_kv_splits=1, bf16_spread=False)
 
 
-def test_fast_decode_code_words_need_head_dim_128():
-    pool = Pool([30], [0], 1, 64, 64)
+def test_fast_decode_refuses_other_group_sizes():
+    pool = Pool([30], [0], 1, 64, 32)
     q = torch.randn(1, 4, 64).bfloat16()
-    with pytest.raises(ValueError, match="head_dim >= 128"):
-        run_fast(pool, q, 64, words=True)
+    with pytest.raises(ValueError, match="group size == head_dim"):
+        run_fast(pool, q, 32)
 
 
 def _emulate_word_code(p, lo, hi):
-    """attend_fast._word_code's PTX on registers holding two 16-bit code words (lo | hi << 16),
+    """core_codes.word_code's PTX on registers holding two 16-bit code words (lo | hi << 16),
     bit for bit: the shift, then lop3 0xEA = (w & mask) | exponent; the two fp16 halves."""
     import numpy as np
 
     reg = lo.astype(np.uint32) | (hi.astype(np.uint32) << 16)
-    op, _, amount = attend_fast.WORD_SRC[p].partition("$1")
+    op, _, amount = core_codes.WORD_SRC[p].partition("$1")
     shift = int(amount.strip(" ,;") or 0)
     w = (reg << shift) & 0xFFFFFFFF if op.startswith("shl") else reg >> shift
-    out = (w & int(attend_fast.WORD_MASK[p], 16)) | int(attend_fast.WORD_EXP[p], 16)
+    out = (w & int(core_codes.WORD_MASK[p], 16)) | int(core_codes.WORD_EXP[p], 16)
     halves = np.stack([out & 0xFFFF, out >> 16], -1).astype(np.uint16)
     return halves.view(np.float16).astype(np.float64)
 
@@ -226,7 +206,7 @@ def test_word_code_extractions_are_offset_plus_code():
     hi = np.random.default_rng(0).permutation(lo)
     for p in range(8):
         bit = 8 * (p // 4) + 2 * (p % 4)
-        want = attend_fast.WORD_OFS[p] + np.stack([(lo >> bit) & 3, (hi >> bit) & 3], -1)
+        want = core_codes.WORD_OFS[p] + np.stack([(lo >> bit) & 3, (hi >> bit) & 3], -1)
         assert np.array_equal(_emulate_word_code(p, lo, hi), want), p
 
 
@@ -244,7 +224,7 @@ def test_word_dims_follow_the_quarter_split():
         words = np.ascontiguousarray(packed).view("<u2").astype(np.int64)  # byte 2w | byte 2w+1 << 8
         dims = []
         for p in range(8):
-            d = 2 * np.arange(QW) + p // 4 + 2 * QW * (p % 4)  # attend_fast._word_dims
+            d = 2 * np.arange(QW) + p // 4 + 2 * QW * (p % 4)  # core_codes.word_dims
             bit = 8 * (p // 4) + 2 * (p % 4)
             assert np.array_equal((words >> bit) & 3, codes[:, d]), (D, p)
             dims += list(d)

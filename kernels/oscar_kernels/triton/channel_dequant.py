@@ -7,20 +7,19 @@ positions [lo[b], lo[b] + n_b) with n_b = out_indptr[b + 1] - out_indptr[b], at 
 out_indptr[b] ..; lo[b] is a multiple of the key block, so a program's BLK positions are one page.
 
 One program = one page block of one request and KV head: the keys' four quarters dequantised with
-the page's per-channel (scale, min) (attend_channel._dequant), the values with their per-token group
+the page's per-channel (scale, min) (core_codes.dequant_codes), the values with their per-token group
 params; sink / ring positions copied from the BF16 buffers. The arithmetic is fp32 from the pool's
-fp16 params, rounded once to the output dtype: until 2026-11-27 it ran in bf16 with the params
-rounded to bf16 first, an error of 2^-9 of |code * scale| + |min|, which for a key channel spans
-its largest value in the block (the CUDA test needed 2^-6 of the block's channel maximum as slack).
+fp16 params, rounded once to the output dtype (bf16 arithmetic would round the params first, an
+error of 2^-9 of |code * scale| + |min|, which for a key channel spans its largest value in the
+block).
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from .attend import _unpack_params, as_param_words, source_ranges
-from .attend_channel import _dequant, _key_quarter
+from .core import as_param_words, source_ranges
+from .core_codes import dequant_codes, key_quarter, unpack_params
 
 
 @triton.jit
@@ -74,12 +73,12 @@ def _dequant_prefix_kernel(
     okb = OK + out_row[:, None] * stride_okn + h * stride_okh
     ovb = OV + out_row[:, None] * stride_ovn + h * stride_ovh
     for j in tl.static_range(4):
-        sc, mn = _unpack_params(tl.load(KP + page * stride_kpn + h * stride_kph + j * QD + dq))
-        kj = _dequant(_key_quarter(kc, kc2, hb, j, BITS, QD), sc, mn, 0, tl.float32)
+        sc, mn = unpack_params(tl.load(KP + page * stride_kpn + h * stride_kph + j * QD + dq))
+        kj = dequant_codes(key_quarter(kc, kc2, hb, j, BITS, QD), sc, mn, 0, tl.float32)
         tl.store(okb + j * QD + dq[None, :], kj.to(OK.dtype.element_ty), mask=body[:, None])
         w = tl.load(VP + slot * stride_vpn + h * stride_vph + (j * QDV) // GV, mask=body, other=0)
-        vsc, vmn = _unpack_params(w)
-        vj = _dequant((vc >> (2 * j)) & 3, vsc, vmn, 1, tl.float32)
+        vsc, vmn = unpack_params(w)
+        vj = dequant_codes((vc >> (2 * j)) & 3, vsc, vmn, 1, tl.float32)
         tl.store(ovb + j * QDV + dv[None, :], vj.to(OV.dtype.element_ty), mask=body[:, None])
     # BF16 copies: the sink at position p, the ring at p % W
     dk = tl.arange(0, D)
@@ -104,7 +103,7 @@ def dequant_prefix_channel(k_codes, k_params, v_codes, v_params, sink_k, sink_v,
                            kv_indptr, kv_indices, req_rows, own_start, piece_lo, out_indptr, out_k, out_v,
                            *, k_bits, k_block, v_group, max_piece_len, sink_start=None):
     """See ops.dequant_prefix_channel."""
-    from .attend_channel import check_channel_pool
+    from .channel_attend import check_channel_pool
 
     check_channel_pool(out_k[:0].new_empty((0, k_codes.shape[1], out_k.shape[-1])), k_codes, k_params,
                        v_codes, v_params, sink_k, ring_k, k_bits, k_block, v_group)

@@ -14,7 +14,7 @@ Two launches, in this order on one stream (no host synchronisation, CUDA-graph s
    that call. This runs before launch 2 because a long chunk overwrites those ring entries.
    Every key enters the block statistics rounded to the ring's dtype, so a block's codes do not
    depend on where the chunks were cut (bf16 ring: codes of bf16(k); fp32 ring: of k).
-2. _tokens_kernel: values exactly as store.py (per-token groups, 2 bits, optional clip) with
+2. _tokens_kernel: values exactly as token_store.py (per-token groups, 2 bits, optional clip) with
    their BF16 sink/ring copies, the keys' BF16 sink/ring copies, and the slot -> side-entry map.
 
 With one_token_per_request (a decode step) launch 2 also does launch 1's work: a request's new
@@ -37,8 +37,8 @@ import triton
 import triton.language as tl
 
 from ..format import FP16_MAX, MIN_SCALE, PAGE_SIZES, code_bytes
-from .attend import PV_DTYPE
-from .store import BLOCK_T, _record_side_slots, _store_rows, _tensor_args
+from .core import compiled
+from .token_store import BLOCK_T, record_side_slots, store_rows, tensor_args
 
 CHANNEL_HEAD_DIMS = (64, 128)
 CHANNEL_KEY_BITS = (2, 3, 4)
@@ -68,16 +68,11 @@ def _rotate(x, R, stride_rk, D: tl.constexpr, DT: tl.constexpr):
 
 
 # Tokens a call must have for _key_blocks_kernel to give each program a window of BLK tokens
-# (prefill chunks) instead of one token (decode steps). With one token a program, an 8192-token
-# prefill chunk launched 8192 x 8 programs of which 1 in 64 completes a block: 88.6 us a layer
-# (H100 server profile at 64 x 8K prompts, bench/results/serving/
-# 2026-11-27_2255_batch64-step-profiles-fused-merge_h100.json), 2.6 ms of a 217 ms prefill step against
-# the per-token store's 1.0 ms. A window holds at most one completion per request in it, so a
-# decode step of requests in lockstep (all completing a block at the same step) keeps one token a
-# program: windows would quantise up to BLK blocks one after another in one program. H100, one
-# call (bench/results/kernels/2026-11-27_2314_channel-store-windows_h100.json, the whole store of
-# k3c64-v2t64-s4-w128, 8 KV heads): 8,192 tokens 82.6 -> 48.1 us, 16,384 157.0 -> 93.3 us,
-# 64 (one token a program either way) 10.5 us.
+# (prefill chunks) instead of one token (decode steps): with one token a program, a prefill chunk
+# launches a program per token of which 1 in BLK completes a block (docs/design.md "Kernel design
+# choices"). A window holds at most one completion per request in it, so a decode step of
+# requests in lockstep (all completing a block at the same step) keeps one token a program:
+# windows would quantise up to BLK blocks one after another in one program.
 KEY_BLOCK_WINDOWS_MIN_T = 1024
 
 
@@ -179,7 +174,7 @@ def _key_copies(
     D: tl.constexpr, S: tl.constexpr, W: tl.constexpr, BLOCK_T: tl.constexpr,
     HAS_ROT: tl.constexpr, DT: tl.constexpr,
 ):
-    """BF16 sink / ring copies of BLOCK_T keys (the rule of store.py's side-buffer writes)."""
+    """BF16 sink / ring copies of BLOCK_T keys (the rule of token_store.py's side-buffer writes)."""
     t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < T
     d = tl.arange(0, D)
@@ -234,7 +229,7 @@ def _tokens_kernel(
     KC, stride_cn, stride_ch, KP, stride_pn, stride_ph, stride_pd,
     HAS_Q: tl.constexpr, BLOCKS: tl.constexpr, BITS: tl.constexpr, BLK: tl.constexpr,
 ):
-    """Grid axis 2: 0 = key side copies (+ the slot map), 1 = values as store.py, then (with rot_k
+    """Grid axis 2: 0 = key side copies (+ the slot map), 1 = values as token_store.py, then (with rot_k
     and q) the rotated queries, then (BLOCKS: at most one token a request, a decode step) the
     key blocks the BLOCK_T tokens complete, as _key_blocks_kernel: no launch of their own."""
     pid = tl.program_id(0)
@@ -255,13 +250,13 @@ def _tokens_kernel(
     if role == 0:
         if HAS_MAP:
             if h == 0:
-                _record_side_slots(pid, Loc, Pos, Rows, SeqLens, SlotEntry, EntryOwner, T, n_rows,
+                record_side_slots(pid, Loc, Pos, Rows, SeqLens, SlotEntry, EntryOwner, T, n_rows,
                                    S, W, BLOCK_T)
         _key_copies(pid, h, XK, sxk_t, sxk_h, Pos, Rows, SeqLens, SinkK, ssk_r, ssk_p, ssk_h,
                     RingK, srgk_r, srgk_p, srgk_h, T, Rot, stride_roth, stride_rotk, DK, S, W, BLOCK_T,
                     HAS_ROT, DT)
     if role == 1:
-        _store_rows(pid, h, XV, sxv_t, sxv_h, RotV, srv_h, srv_k, Loc, CV, scv_n, scv_h,
+        store_rows(pid, h, XV, sxv_t, sxv_h, RotV, srv_h, srv_k, Loc, CV, scv_n, scv_h,
                     PV, spv_n, spv_h, spv_g, Pos, Rows, SeqLens, SinkV, ssv_r, ssv_p, ssv_h,
                     RingV, srgv_r, srgv_p, srgv_h, T, clip_v, DV, GV, S, W, False, CLIP_V, True,
                     BLOCK_T, min(32, DV))
@@ -312,8 +307,8 @@ def store_kv_channel(
         return
     if k.stride(-1) != 1:
         k = k.contiguous()
-    # values: the INT2 row quantiser of store.py (checks shapes / group / clip)
-    v_args, (dv, gv, _, clip_v) = _tensor_args(v, v_codes, v_params, v_group, v_clip, None, sink_v, ring_v)
+    # values: the INT2 row quantiser of token_store.py (checks shapes / group / clip)
+    v_args, (dv, gv, _, clip_v) = tensor_args(v, v_codes, v_params, v_group, v_clip, None, sink_v, ring_v)
     # 1. complete blocks: read the ring before launch 2 overwrites it; with one token a request
     # launch 2 writes only ring entries no block of this call reads, and quantises them itself
     blocks = dict(KC=k_codes, stride_cn=k_codes.stride(0), stride_ch=k_codes.stride(1), KP=k_params,
@@ -352,7 +347,7 @@ def _rotation_args(k, rot_k, q, q_out):
         raise ValueError(f"store_kv_channel: rot_k must be [{D}, {D}] or [{H}, {D}, {D}] with a "
                          f"contiguous last dim, got {tuple(rot_k.shape)}")
     # the GEMM it replaces multiplies in k's dtype; the interpreter's bf16 tl.dot is not usable
-    dt = tl.float32 if PV_DTYPE == tl.float32 else {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}.get(k.dtype)
+    dt = tl.float32 if not compiled(k) else {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}.get(k.dtype)
     if dt is None:
         raise ValueError(f"store_kv_channel: rot_k needs bf16 or fp16 keys, got {k.dtype}")
     if rot_k.dtype != k.dtype:

@@ -1,4 +1,4 @@
-"""Fast extend-prefix kernel (triton/extend_fast.py) vs the float64 reference on the same pool.
+"""The per-token extend-prefix kernels (triton/token_extend.py) vs the float64 reference on the same pool.
 
 Same pool, oracle and error bound as tests/kernels/test_attention.py (whose Pool it reuses: INT2
 codes/params at random slots, heavy-tailed channels, low-norm sink tokens, side-buffer entries the
@@ -17,7 +17,7 @@ import torch
 
 from oscar_kernels import ops
 from oscar_kernels import reference as ref
-from oscar_kernels.triton import extend_fast, extend_prefix
+from oscar_kernels.triton import token_attend, token_extend
 
 from .pool_case import DEV, REL_TOL, Pool, rel_err
 
@@ -46,30 +46,26 @@ def indptr(lens):
     return torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
 
 
-# (D, G, gqa, block_m, block_n, dequant): default tiles, and small tiles (several query blocks per
-# request, several full INT2 tiles per request plus a masked tail; GQA 3 splits tokens across
-# blocks); both column orders ("gather": natural, "join": interleaved; "asm" is "join" on the CPU)
+# (D, G, gqa, block_m, block_n): default tiles, and small tiles (several query blocks per request,
+# several full INT2 tiles per request plus a masked tail; GQA 3 splits tokens across blocks)
 CASES = [
-    (128, 128, 4, None, None, "join"),
-    (128, 128, 4, None, None, "gather"),
-    (128, 64, 8, 16, 16, "join"),
-    (128, 32, 1, None, 32, "join"),
-    (128, 32, 1, None, 32, "gather"),
-    (64, 32, 3, 16, 16, "join"),
-    (64, 32, 3, 16, 16, "gather"),
-    (64, 64, 4, 32, 16, "join"),
+    (128, 128, 4, None, None),
+    (128, 64, 8, 16, 16),
+    (128, 32, 1, None, 32),
+    (64, 32, 3, 16, 16),
+    (64, 64, 4, 32, 16),
 ]
 
 
-@pytest.mark.parametrize("D,G,gqa,block_m,block_n,dequant", CASES)
-def test_extend_fast_matches_reference(seed, D, G, gqa, block_m, block_n, dequant):
+@pytest.mark.parametrize("D,G,gqa,block_m,block_n", CASES)
+def test_extend_fast_matches_reference(seed, D, G, gqa, block_m, block_n):
     hkv = 2
     pool = Pool(PREFIX, OWNS, hkv, D, G, n_rows=8, sinks=SINKS)
     qo = indptr(EXT)
     T = sum(EXT)
     q = (torch.randn(T, hkv * gqa, D) * 2).bfloat16()
-    o, lse = run(extend_fast.extend_prefix_attention_fast, pool, q, qo, G, max(EXT),
-                 block_m=block_m, block_n=block_n, dequant=dequant)
+    o, lse = run(token_extend.extend_prefix_attention_fast, pool, q, qo, G, max(EXT),
+                 block_m=block_m, block_n=block_n)
     for b in range(len(EXT)):
         t0, t1 = int(qo[b]), int(qo[b + 1])
         if PREFIX[b] == 0:
@@ -82,15 +78,15 @@ def test_extend_fast_matches_reference(seed, D, G, gqa, block_m, block_n, dequan
 
 
 def test_extend_fast_logit_cap_and_equals_base(seed):
-    """tanh logit cap (SGLang's rule) vs float64; and the same result as the base kernel."""
+    """tanh logit cap (SGLang's rule) vs float64; and the same result as the generic kernel."""
     D, G, hkv, gqa, cap, sm = 64, 32, 1, 2, 5.0, 0.125
     prefix, owns, ext = [40, 90], [0, 70], [3, 2]
     pool = Pool(prefix, owns, hkv, D, G)
     qo = indptr(ext)
     q = (torch.randn(sum(ext), hkv * gqa, D) * 4).bfloat16()
-    o, lse = run(extend_fast.extend_prefix_attention_fast, pool, q, qo, G, max(ext), sm_scale=sm,
+    o, lse = run(token_extend.extend_prefix_attention_fast, pool, q, qo, G, max(ext), sm_scale=sm,
                  logit_cap=cap, block_n=16)
-    o_base, lse_base = run(extend_prefix.extend_prefix_attention, pool, q, qo, G, max(ext), sm_scale=sm,
+    o_base, lse_base = run(token_extend.extend_prefix_attention_base, pool, q, qo, G, max(ext), sm_scale=sm,
                            logit_cap=cap)
     for b in range(len(ext)):
         t0, t1 = int(qo[b]), int(qo[b + 1])
@@ -105,20 +101,15 @@ def test_extend_fast_logit_cap_and_equals_base(seed):
     assert (lse - lse_base).abs().max() <= 2 * REL_TOL
 
 
-@pytest.mark.parametrize("env,use_fast", [(None, True), ("fast", True), ("base", False)])
-def test_ops_switch_selects_extend_fast(seed, monkeypatch, env, use_fast):
-    """ops.extend_prefix_attention uses the fast kernel by default and with
-    OSCAR_INT2_EXTEND_KERNEL=fast, the base one with =base and for D = 256."""
+def test_ops_picks_the_extend_kernel_by_shape(seed, monkeypatch):
+    """ops.extend_prefix_attention uses the large-tile kernel where D, Dv <= 128 and the generic
+    one for D = 256; both match the reference."""
     calls = []
-    real = extend_fast.extend_prefix_attention_fast
-    monkeypatch.setattr(extend_fast, "extend_prefix_attention_fast",
+    real = token_extend.extend_prefix_attention_fast
+    monkeypatch.setattr(token_extend, "extend_prefix_attention_fast",
                         lambda *a, **k: calls.append(1) or real(*a, **k))
-    if env is None:
-        monkeypatch.delenv("OSCAR_INT2_EXTEND_KERNEL", raising=False)
-    else:
-        monkeypatch.setenv("OSCAR_INT2_EXTEND_KERNEL", env)
     hkv, gqa, G = 1, 2, 32
-    for D, expect in ((64, int(use_fast)), (256, 0)):
+    for D, expect in ((64, 1), (256, 0)):
         calls.clear()
         pool = Pool([20], [0], hkv, D, G)
         qo = indptr([2])
@@ -131,19 +122,10 @@ def test_ops_switch_selects_extend_fast(seed, monkeypatch, env, use_fast):
         assert (lse.double() - lse_ref).abs().max() <= REL_TOL
 
 
-def test_ops_switch_rejects_unknown_kernel(seed, monkeypatch):
-    monkeypatch.setenv("OSCAR_INT2_EXTEND_KERNEL", "fastest")
-    pool = Pool([5], [0], 1, 64, 64)
-    with pytest.raises(ValueError, match="OSCAR_INT2_EXTEND_KERNEL"):
-        run(ops.extend_prefix_attention, pool, torch.randn(1, 1, 64).bfloat16(), indptr([1]), 64, 1)
-
-
 def test_extend_kernels_do_not_recompile_per_chunk_length():
     """Values that follow the batch's new-token counts are runtime arguments of the extend kernels:
     as constexprs every new chunk length compiled a new kernel in the server (seconds of TTFT)."""
-    from oscar_kernels.triton import attend, extend_fast
-
-    for kernel in (extend_fast.extend_fast_kernel, attend.attend_kernel):
+    for kernel in (token_extend.extend_kernel, token_attend.attend_kernel):
         # the interpreter wraps the function; the compiled path is a JITFunction (GPU machines)
         fn = getattr(kernel, "fn", kernel)
         num_mb = inspect.signature(fn).parameters["num_mb"]
