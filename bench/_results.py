@@ -1,6 +1,6 @@
 """The JSON every benchmark writes: date, device, model, command, commit and one row per configuration.
 
-Runs kept in the repository live under bench/results/ (RESULTS); docs/benchmarks.md names the file
+Runs kept in the repository live under bench/results/ (RESULTS); docs/performance.md, docs/accuracy.md and CHANGELOG.md name the file
 each table was made from.
 """
 from __future__ import annotations

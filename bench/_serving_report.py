@@ -1,8 +1,8 @@
 """Render bench/serving.py results (results.json) as markdown tables and PNG plots.
 
 One responsibility: presentation. Tables are written between the markers
-`<!-- serving:auto:start -->` and `<!-- serving:auto:end -->` inside the "## Serving" section of
-docs/benchmarks.md, so hand-written analysis around them survives a re-render.
+`<!-- serving:auto:start -->` and `<!-- serving:auto:end -->` of the document given with
+--update-doc, so hand-written analysis around them survives a re-render.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ the project or to triton, the line's text, its share, and its states >= 3% of it
     python -m bench.decode_profile                                      # GPU: the default format, 8 x 32K
     python -m bench.decode_profile --formats k3c64-v2t64-s4-w128,k4c64-v2t64-s4-w128 --json $OUT/p.json
 
-First run 2026-11-29 on an H200 (docs/benchmarks.md, "where the 3-bit body's time goes"): the body
+First run 2026-11-29 on an H200 (CHANGELOG.md, "where the 3-bit body's time goes"): the body
 issues and waits on its own ALU work, memory is 3.5% of the samples; the 3-bit planes' key operands
 take 17.6% of them against 8.2% for 4-bit nibbles (that run was a probe whose calls this script
 repeats; the probe took ~40 s on a started machine).

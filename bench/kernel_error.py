@@ -140,7 +140,7 @@ def arith_emulation(st, b, q, sm_scale, rnd=None):
     body shares across keys modelled and everything else exact: each body block's q * s rounded
     to bf16 once for its 64 keys (codes exact, q . m exact), and each body token's p * value
     scale rounded to bf16 for its group (as the default byte reads do); sink and ring exact.
-    docs/benchmarks.md (2026-11-27 10:29) suspects that shared rounding of most of the decode's
+    CHANGELOG.md (2026-11-27 10:29) suspects that shared rounding of most of the decode's
     error on outlier inputs; this row, next to the kernel's, checks it on the GPU. The rounding
     points are the default 3-bit body's ("planes": q * s / place value, the softmax scale applied
     after); the other bodies fold the softmax scale into q first (same statistics, other bits).

@@ -1034,23 +1034,23 @@ def main():
     nt = [bench_new_tokens(lens) for lens in
           (NEW_TOKEN_BATCHES if args.new_tokens_only or not args.skip_store_extend else ())]
 
-    # acceptance checks: issue 2's (the per-token layout's kernels) and issue 18's (each per-channel
-    # format's decode at 8 x 32K); each check names its issue
+    # acceptance checks: the per-token layout's kernels, and each per-channel format's decode at
+    # 8 x 32K
     acc = []
     for r in rows:  # acceptance on the faster INT2 kernel of this run (both are in the table)
         r["best_ms"] = min(r["int2_ms"], r.get("fast_ms") or float("inf"))
         r["best_speedup"] = r["bf16_ms"] / r["best_ms"]
         r["best_gbs"] = r["int2_bytes"] / r["best_ms"] / 1e6
     ok1 = all(r["best_speedup"] >= 4 for r in rows if r["L"] >= 32768 and r["B"] >= 8)
-    acc.append(("issue 2: per-token INT2 >= 4x SGLang BF16 at every L >= 32K with B >= 8", ok1))
+    acc.append(("per-token INT2 >= 4x SGLang BF16 at every L >= 32K with B >= 8", ok1))
     ok2 = all(r["best_speedup"] > 1 for r in rows if r["B"] == 1 and r["L"] >= 8192)
-    acc.append(("issue 2: per-token INT2 faster than SGLang BF16 at B=1 for every L >= 8K", ok2))
+    acc.append(("per-token INT2 faster than SGLang BF16 at B=1 for every L >= 8K", ok2))
     ok3 = all(r["best_gbs"] >= 0.75 * copy_gbs for r in rows if r["B"] * r["L"] >= 262144)
-    acc.append(("issue 2: per-token INT2 >= 75% of copy bandwidth on its bytes when B*L >= 256K", ok3))
-    for name in channel_formats:  # issue 18: the served per-channel layout keeps the bandwidth
+    acc.append(("per-token INT2 >= 75% of copy bandwidth on its bytes when B*L >= 256K", ok3))
+    for name in channel_formats:  # the served per-channel layout keeps the bandwidth
         at = [r["channel"][name]["pct_copy"] >= 80 for r in rows if (r["B"], r["L"]) == (8, 32768)]
         if at:
-            acc.append((f"issue 18: {name} decode >= 80% of copy bandwidth at B=8, L=32K", all(at)))
+            acc.append((f"per-channel {name} decode >= 80% of copy bandwidth at B=8, L=32K", all(at)))
     acc = [] if args.extend_only else acc
     for name, ok in acc:
         log(f"ACCEPTANCE {'PASS' if ok else 'FAIL'}: {name}")

@@ -30,7 +30,7 @@ prints the total. Carry .devkit/sgl_bundle.tar.xz, .devkit/device-env.sh and
 Run on the GPU machine from the project root (see ../shared/devkit/README.md):
 
     source .devkit/device-env.sh && python -m bench.serving run --configs bf16,int2 --out $OUT/serving
-    python -m bench.serving report $OUT/serving/results.json --update-doc docs/benchmarks.md
+    python -m bench.serving report $OUT/serving/results.json   # tables + plots; --update-doc FILE writes them between its markers
 """
 
 from __future__ import annotations

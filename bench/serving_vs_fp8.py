@@ -45,8 +45,9 @@ copy that file from $OUT to bench/results/ before the next call:
       server per unit, one unit per GPU at a time; rows record side_by_side, the number of servers
       run at once, since they share the host's CPUs).
 
-Then: python -m bench.serving_vs_fp8 report --update-doc docs/benchmarks.md (reads
-bench/results/serving_vs_fp8_h100.json; writes the table and docs/img/serving_vs_fp8_h100.png).
+Then: python -m bench.serving_vs_fp8 report (reads bench/results/serving_vs_fp8_h100.json; prints the
+table and writes docs/img/serving_vs_fp8_h100.png); docs/performance.md's tables are regenerated
+from the JSON by python -m bench.render_docs.
 """
 from __future__ import annotations
 

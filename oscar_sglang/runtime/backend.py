@@ -56,7 +56,7 @@ _WARMED_UP = {"done": False}
 # decodes that --enable-mixed-chunk folds into a prefill batch have one each: writing out their whole
 # caches every layer cost int2-mixed-chunk 13-42% of its throughput in the H100 table of
 # 2026-11-27 00:08; with this rule the 02:53 table had it back to 3,168 / 5,457 / 5,940 / 1,282
-# output tok/s from 2,284 / 5,244 / 3,830 / 1,098 (two runs, docs/benchmarks.md).
+# output tok/s from 2,284 / 5,244 / 3,830 / 1,098 (two runs, CHANGELOG.md).
 PREFIX_FI_MIN_ROWS_PER_KEY = 64
 
 

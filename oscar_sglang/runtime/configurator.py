@@ -144,7 +144,7 @@ def cover_rows_with_decode_graphs(server_args, rows: int) -> bool:
     them (--cuda-graph-max-bs / --cuda-graph-bs / --cuda-graph-config). SGLang's default stops at
     256 on an H100, sized for BF16 / FP8 concurrency; int2 runs ~640 requests at once on
     Llama-3.1-8B, and a batch above the largest graph decodes eagerly: on the H100 at 512 rows the
-    GPU was busy 60% of each eager decode step (docs/benchmarks.md). Larger graphs cost start-up
+    GPU was busy 60% of each eager decode step (CHANGELOG.md). Larger graphs cost start-up
     time and graph memory, which SGLang's post-capture sizing takes from the KV pool. Returns
     whether the sizes changed. Idempotent (SGLang may finalize the pool config more than once)."""
     from sglang.srt.server_args import ServerArgs
@@ -267,7 +267,7 @@ def prepare_model(runner) -> None:
     if torch.cuda.is_available():
         # SGLang sizes the KV pool from the free memory after this: give the fold's float32
         # temporaries back. (The cuBLAS context the fold's GEMMs create stays: 0.3-0.4% fewer
-        # KV tokens, H100 05:47 / 06:06 UTC, docs/benchmarks.md.)
+        # KV tokens, H100 05:47 / 06:06 UTC, CHANGELOG.md.)
         torch.cuda.empty_cache()
     if why is None:
         logger.info("OSCAR INT2: V rotation folded into the V and output projections of layers "

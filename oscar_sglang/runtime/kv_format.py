@@ -26,7 +26,7 @@ from ..common import settings
 # 4-bit keys per channel over pages of 64 + 2-bit values in one group per token and KV head (v2h:
 # v2t64 on 64-dim heads, v2t128 on 128-dim); 4 sink and 128 recent BF16 tokens per running request
 # (retrieval as with 64 / 256 at 0.41x the side-buffer memory). Why this one: docs/accuracy.md and
-# docs/benchmarks.md. Declared with its setting (common/settings.py); sink / recent defaults of
+# CHANGELOG.md. Declared with its setting (common/settings.py); sink / recent defaults of
 # OscarConfig come from this name (side_sizes).
 DEFAULT_KV_FORMAT = settings.KV_FORMAT.default
 TOKEN_RECIPE = "token"  # the OSCAR per-token recipe, group size as before

@@ -11,7 +11,7 @@ Two implementations, chosen by OSCAR_NEW_TOKEN_ATTENTION (config.NEW_TOKEN_ATTEN
 
 Why it matters: at 8K-token prefill chunks this part is ~20% of the prefill's FLOPs; on the H100
 FlashInfer's kernel is 2.5-3.0x the Triton one, and int2 serves 64 x (8K + 512) 15% faster with it
-(docs/benchmarks.md, 2026-11-26).
+(CHANGELOG.md, 2026-11-26).
 """
 from __future__ import annotations
 

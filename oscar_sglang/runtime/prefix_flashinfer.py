@@ -2,7 +2,7 @@
 (OSCAR_PREFIX_ATTENTION=flashinfer; per-channel key formats only).
 
 The INT2-aware prefix kernel runs its MMAs at ~180 TFLOP/s on the H100 where FlashInfer's prefill
-runs 540-670 (docs/benchmarks.md), and long prompts spend most of their prefill there. Here each
+runs 540-670 (CHANGELOG.md), and long prompts spend most of their prefill there. Here each
 layer's prefix is instead written out as BF16 rows (ops.dequant_prefix_channel: what the reader
 sees, sink / ring copies included) a bounded piece at a time, FlashInfer's ragged prefill attends
 over each piece (non-causal, LSE out), and the pieces are merged with the new tokens' part by LSE.

@@ -1,4 +1,4 @@
-"""bench/serving.py helpers that turn measurements into the numbers in docs/benchmarks.md:
+"""bench/serving.py helpers that turn measurements into the numbers of its report:
 the client-side split of a load's wall time into decoding vs prefill, and the report's merge of
 several results files (part by part, with pre-fix int2 runs relabelled)."""
 import json

@@ -259,7 +259,7 @@ def test_decode_splits_of_small_batches_use_the_backends_wider_scratch(backend_c
     1 plans 128 splits. Larger batches stay in SGLang's; a user's other split count caps the plan
     (no scratch of the backend's own)."""
     from oscar_kernels import ops
-    from oscar_kernels.triton import attend_channel as ch
+    from oscar_kernels.triton import channel_decode as ch
 
     from oscar_sglang.runtime.hooks import INT2_DEFAULT_KV_SPLITS
 

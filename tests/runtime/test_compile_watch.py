@@ -27,7 +27,7 @@ def watch(monkeypatch):
     rt.jit_cache_hook, rt.jit_post_compile_hook = saved
 
 
-def _compile(key, manual=False, name="_tokens_kernel", module="oscar_kernels.triton.store_channel", pause=0.0):
+def _compile(key, manual=False, name="_tokens_kernel", module="oscar_kernels.triton.channel_store", pause=0.0):
     """One in-process cache miss as Triton reports it: the cache hook, then (compiled, after
     `pause` seconds) the post hook."""
     import time
@@ -52,10 +52,10 @@ def test_only_compiles_after_the_first_forward_are_reported(watch, caplog):
         _compile(("serving", 8192))
         _compile(("warmup", 16), manual=True)  # a kernel's own .warmup(): not a request's wait
     got = watch.compiled_while_serving()
-    assert [e["kernel"] for e in got] == ["oscar_kernels.triton.store_channel._tokens_kernel"]
+    assert [e["kernel"] for e in got] == ["oscar_kernels.triton.channel_store._tokens_kernel"]
     assert got[0]["ms"] >= 0 and got[0]["after_start_s"] >= 0
     msgs = [r.getMessage() for r in caplog.records]
-    assert len(msgs) == 1 and "oscar_kernels.triton.store_channel._tokens_kernel while serving" in msgs[0]
+    assert len(msgs) == 1 and "oscar_kernels.triton.channel_store._tokens_kernel while serving" in msgs[0]
     assert "('serving', 8192)" in msgs[0]  # the signature says which specialisation it was
 
 
@@ -87,7 +87,7 @@ def test_server_info_lists_them(watch):
     watch.start()
     _compile(("serving", 1))
     assert [e["kernel"] for e in describe({})["compiled_while_serving"]] == [
-        "oscar_kernels.triton.store_channel._tokens_kernel"]
+        "oscar_kernels.triton.channel_store._tokens_kernel"]
 
 
 def test_the_backend_starts_the_watch_at_its_first_forward_after_capture(watch, monkeypatch):
@@ -107,7 +107,7 @@ def test_the_backend_starts_the_watch_at_its_first_forward_after_capture(watch, 
 
 def test_start_up_compiles_are_summed_per_kernel_and_logged_once(watch, caplog):
     watch.install()
-    dec = dict(name="attend_channel_kernel", module="oscar_kernels.triton.attend_channel")
+    dec = dict(name="channel_kernel", module="oscar_kernels.triton.channel_attend")
     _compile(("bs", 639), pause=0.03, **dec)
     _compile(("bs", 8), pause=0.03, **dec)
     _compile(("chunk", 16))
@@ -119,13 +119,13 @@ def test_start_up_compiles_are_summed_per_kernel_and_logged_once(watch, caplog):
     got = watch.compiled_at_start()
     assert got["variants"] == 3
     names = [k["kernel"] for k in got["kernels"]]
-    assert names == ["oscar_kernels.triton.attend_channel.attend_channel_kernel",
-                     "oscar_kernels.triton.store_channel._tokens_kernel"]  # slowest first
+    assert names == ["oscar_kernels.triton.channel_attend.channel_kernel",
+                     "oscar_kernels.triton.channel_store._tokens_kernel"]  # slowest first
     assert got["kernels"][0]["variants"] == 2 and got["kernels"][0]["s"] >= 0.05
     assert got["s"] >= got["kernels"][0]["s"]
     summary = [r.getMessage() for r in caplog.records if "during start-up" in r.getMessage()]
     assert len(summary) == 1 and "3 kernel variants" in summary[0]
-    assert summary[0].index("attend_channel_kernel (2 x") < summary[0].index("_tokens_kernel (1 x")
+    assert summary[0].index("channel_kernel (2 x") < summary[0].index("_tokens_kernel (1 x")
     from oscar_sglang.runtime.server_info import describe
 
     assert describe({})["compiled_at_start"] == got

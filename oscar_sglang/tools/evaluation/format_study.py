@@ -501,7 +501,7 @@ def markdown_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-# Capacity on the H100 (dummy Llama-3.1-8B, --mem-fraction-static 0.85, docs/benchmarks.md):
+# Capacity on the H100 (dummy Llama-3.1-8B, --mem-fraction-static 0.85, CHANGELOG.md):
 # the int2 server's KV budget and BF16 side buffers (05:47 UTC log: 51.57 GiB, 3.09 GiB for 78
 # running requests) and the measured BF16 / FP8 pools of the same day (423,494 / 846,988 tokens).
 LLAMA8B_KV_ELEMENTS = 2 * 32 * 8 * 128  # K and V, layers x KV heads x head_dim, per token
