@@ -1,13 +1,16 @@
-# Two entry points (see README):
+# Entry points (see README):
 #   make serve   set up .venv and serve the embedded default model with an INT2 KV cache (GPU)
 #                (extra SGLang arguments: make serve ARGS="--model-path Qwen/Qwen3-8B --tp-size 2")
-#   make test    set up .venv and run the test suite (CPU is enough; .ci/run runs exactly this)
+#   make test    set up .venv and run the whole test suite (CPU is enough; .ci/run runs exactly this)
+#   make test-fast  the same without the tests marked `slow` (under 3 minutes on 2 cores): a quick
+#                check of every area while changing code; `make test` stays the one that counts
+#   make image   build the Docker image and smoke-test it without a GPU (docker/build.sh)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: test serve venv clean image
+.PHONY: test test-fast serve venv clean image
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +24,9 @@ venv: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q tests
+
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q -m "not slow" tests
 
 serve: $(VENV)/.installed
 	$(VENV)/bin/oscar-sglang serve $(ARGS)

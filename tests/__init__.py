@@ -2,9 +2,20 @@
 deploy/ (launch recipes and Docker files). Shared fixtures live in conftest.py."""
 import random
 import socket
+import sys
 from pathlib import Path
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10 (the oldest pyproject allows): the same parser, from PyPI (the test extra)
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parents[1]  # the repository root
+
+
+def load_toml(path: Path = ROOT / "pyproject.toml") -> dict:
+    """A TOML file parsed (pyproject.toml by default), on every Python the package supports."""
+    return tomllib.loads(Path(path).read_text())
 
 
 def free_ports(n: int = 1) -> int:

@@ -9,10 +9,9 @@
 from __future__ import annotations
 
 import ast
-import tomllib
 from pathlib import Path
 
-from tests import ROOT
+from tests import ROOT, load_toml
 
 SOURCES = {"oscar_sglang": ROOT / "oscar_sglang", "oscar_kernels": ROOT / "kernels" / "oscar_kernels"}
 
@@ -81,7 +80,7 @@ def _reached(start: str) -> set[str]:
 
 
 def _entry_point() -> str:
-    eps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    eps = load_toml()["project"]["entry-points"]
     return eps["sglang.srt.plugins"]["oscar_int2"].split(":")[0]
 
 

@@ -135,6 +135,7 @@ def _light_config(tmp_path, seed, name, recipe="oscar"):
                              clip_grid=(1.0, 0.9), seed=seed, progress=False, filename=name)
 
 
+@pytest.mark.slow  # loads SmolLM2-135M and calibrates it twice: about a minute on 2 cores
 def test_calibrate_smollm2_deterministic(tmp_path, seed, monkeypatch):
     from oscar_sglang.tools.calibration import calibrate
     from oscar_sglang.common.rotations import hadamard_rotation_set, load_rotation_file

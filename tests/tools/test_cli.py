@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tomllib
 
 import pytest
 
 from oscar_sglang.tools.cli import COMMAND_MODULES
 
-from tests import ROOT
+from tests import ROOT, load_toml
 
 
 
@@ -20,7 +19,7 @@ def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 
 def test_console_script_points_at_the_cli():
-    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    scripts = load_toml()["project"]["scripts"]
     assert scripts["oscar-sglang"] == "oscar_sglang.tools.cli:main"
 
 

@@ -273,6 +273,7 @@ def test_clear_errors(stub, tmp_path, caplog):
     assert time.monotonic() - t0 < 30
 
 
+@pytest.mark.slow  # smollm2_tokenizer: converting the GGUF tokenizer costs ~10 s per session
 def test_chat_formatted_prompt_must_fit_the_context(stub, tmp_path, caplog, smollm2_tokenizer):
     """With a real tokenizer and chat template the prompt is measured as the server sees it:
     1024 + 16 fits a 1045-token context on paper, the templated prompt does not."""
@@ -290,6 +291,7 @@ def test_chat_formatted_prompt_must_fit_the_context(stub, tmp_path, caplog, smol
     assert 1024 - 64 < n1024 <= 1100 - 16 and n1024 - n512 == pytest.approx(512, abs=8)
 
 
+@pytest.mark.slow  # smollm2_tokenizer (see above)
 def test_auto_tokenizer_comes_from_the_server(stub, tmp_path, caplog, smollm2_tokenizer):
     caplog.set_level(logging.WARNING, logger="oscar_sglang.eval")
     a = args_for(stub["url"], tmp_path, tokenizer="auto", lengths=[512], depths=[0.5], trials=1)
@@ -575,7 +577,8 @@ ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 """
 
 
-@pytest.mark.parametrize("parallel", [1, 2])
+# the fast lane keeps the side-by-side run (2), which also covers starting and stopping servers
+@pytest.mark.parametrize("parallel", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_bench_main_end_to_end_with_stand_in_servers(tmp_path, monkeypatch, parallel):
     """main() with the server command swapped for a stdlib stand-in (no GPU here): servers are
     started, waited for, asked, stopped; the JSON and logs land where the device run puts them

@@ -26,12 +26,14 @@ def format_config(name, L, Hk, D, **kw):
     return fmt, EmulationConfig(recipe, rs, kv_format=fmt, **kw)
 
 
+# 2-3 s each on 2 cores (a float64 reference read per query): the fast lane keeps the first
 @pytest.mark.parametrize("name,layer", [
     ("k2c32-v2t64-tn-s4-w64", 0),
-    ("k3c32-v4t32-s0-w32", 0),
-    ("k2t32-v2t64-id-s4-w128", 0),
-    ("k2c32-v2t64-s4-w64@0,-1=k4v4", 2),  # layer 2 of 3 = -1: 4-bit K and V
-    ("k2c32-v2t64-s4-w64@0,-1=k4v4", 1),  # not overridden
+    pytest.param("k3c32-v4t32-s0-w32", 0, marks=pytest.mark.slow),
+    pytest.param("k2t32-v2t64-id-s4-w128", 0, marks=pytest.mark.slow),
+    # layer 2 of 3 = -1: 4-bit K and V
+    pytest.param("k2c32-v2t64-s4-w64@0,-1=k4v4", 2, marks=pytest.mark.slow),
+    pytest.param("k2c32-v2t64-s4-w64@0,-1=k4v4", 1, marks=pytest.mark.slow),  # not overridden
 ])
 def test_format_emulation_matches_per_query_reader(seed, name, layer):
     B, Hq, Hk, T, D = 1, 4, 2, 150, 64
@@ -373,6 +375,7 @@ def test_merge_checks_the_cases_are_the_files():
     assert out["niah"] == {"trials": 2, "prompts_sha256": "ab"} and base["niah"] == {"trials": 2}
 
 
+@pytest.mark.slow  # smollm2_tokenizer: converting the GGUF tokenizer costs ~10 s per session
 def test_study_cases_are_the_files(smollm2_tokenizer):
     """The cases rebuilt now are the ones bench/results/niah_cpu_formats.json was measured on:
     every row's stored answers score against them as the row says."""
