@@ -61,6 +61,7 @@ def poisoned_pool(N, R, hkv, dk, dv, gk, gv):
 
 def run_store(tok, pool, **kw):
     dev = {k: v.to(DEV) for k, v in pool.items()}
+    kw = {k: v.to(DEV) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}  # rotations too
     ops.store_kv(**{k: v.to(DEV) for k, v in tok.items()}, **dev, **kw)
     return {k: v.cpu() for k, v in dev.items()}
 

@@ -132,3 +132,13 @@ def test_extend_kernels_do_not_recompile_per_chunk_length():
         assert num_mb.annotation is inspect.Parameter.empty  # not tl.constexpr
         opts = getattr(kernel, "kwargs", None) or {"do_not_specialize": kernel.do_not_specialize}
         assert "num_mb" in opts["do_not_specialize"]
+
+
+def test_asm_dequant_needs_four_code_bytes_a_thread():
+    """The PTX dequantisation takes 4 code bytes a thread (pack=4): the default tiles fit at both
+    head dims; the tests' small tiles do not and use plain Triton arithmetic on a GPU too."""
+    warps = token_extend.NUM_WARPS
+    for d in (64, 128):
+        assert token_extend.asm_dequant_fits(token_extend.BLOCK_N, d, warps)
+        assert not token_extend.asm_dequant_fits(16, d, warps)
+    assert token_extend.asm_dequant_fits(32, 128, warps) and not token_extend.asm_dequant_fits(32, 64, warps)
