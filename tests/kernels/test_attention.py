@@ -136,7 +136,10 @@ def test_extend_prefix_matches_reference_and_merges(seed, D, G, gqa):
         K, V = pool.request_kv(b)
         o_ref, lse_ref = ref.attention(q[t0:t1].float(), K, V, sm_scale=sm)
         assert rel_err(o[t0:t1], o_ref) <= REL_TOL
-        assert (lse[t0:t1].double() - lse_ref).abs().max() <= REL_TOL
+        # bf16 operands (CUDA) round each logit relative to its size: at D = 256 the lse reaches
+        # ~12 and a 0.024 error was seen on an H200 (0.2%), so there the bound scales with |lse|
+        lse_tol = REL_TOL * (1.0 if DEV == "cpu" else max(1.0, float(lse_ref.abs().max())))
+        assert (lse[t0:t1].double() - lse_ref).abs().max() <= lse_tol
         # the caller's merge with causal attention over the new tokens = attention over everything
         kn, vn = torch.randn(t1 - t0, hkv, D), torch.randn(t1 - t0, hkv, D)
         o_new, lse_new = ref.attention(q[t0:t1].float(), kn, vn, sm_scale=sm, causal_offset=0)

@@ -38,6 +38,11 @@ BLOCK_M = 128  # (token, query head) rows per program
 BLOCK_N = 128  # keys per tile (the fastest tile measured, docs/design.md)
 BLOCK_B = 64  # keys per BF16 sink / ring tile
 NUM_WARPS = 8
+# Smallest INT2 tile the compiled kernel is known to compute right: with 16-key tiles (a size only
+# tests and sweeps ask for) it gave outputs off by a factor of ~2 on an H200 with either
+# dequantisation, before and after the 2026-12-01 consolidation; 32 and the default 128 matched the
+# float64 reference. The interpreter runs any size.
+MIN_COMPILED_BLOCK_N = 32
 NUM_STAGES = 2
 # the generic kernel's extend mode (D = 256, or fp32 queries)
 BASE_BLOCK_M = 64
@@ -94,15 +99,6 @@ _DEQ_ASM = tl.constexpr(
         for j in range(4))
     + "}"
 )
-
-
-def asm_dequant_fits(block_n: int, dim: int, num_warps: int) -> bool:
-    """Whether the PTX dequantisation can run on a [block_n, dim / 4] code tile: the asm takes 4
-    code bytes of a thread at once (pack=4), so every thread must hold at least 4 of them. On an
-    H200 tiles below that (block_n 16 at 8 warps) gave exactly twice the reference output; the
-    default tiles hold 8 to 16 a thread. Smaller tiles (tests, sweeps) dequantise with plain
-    Triton arithmetic instead."""
-    return block_n * (dim // 4) >= 4 * 32 * num_warps
 
 
 @triton.jit
@@ -371,13 +367,14 @@ def extend_prefix_attention_fast(
         return o, lse
     sink_start = own_start if sink_start is None else sink_start
     bm = block_m or BLOCK_M
+    if block_n is not None and block_n < MIN_COMPILED_BLOCK_N and compiled(q):
+        raise ValueError(f"block_n={block_n}: compiled, this kernel needs block_n >= "
+                         f"{MIN_COMPILED_BLOCK_N} (16 gave wrong outputs on an H200)")
     num_mb = triton.cdiv(max(1, int(max_len_extend)) * gqa, bm)
     kp, vp = as_param_words(k_params), as_param_words(v_params)
     # MMA operands in fp16 (module docstring); the Triton interpreter's 16-bit tl.dot is wrong: fp32 there
-    dt = tl.float16 if compiled(q) else tl.float32
-    bn = block_n or BLOCK_N
-    warps = num_warps or NUM_WARPS
-    asm = compiled(q) and asm_dequant_fits(bn, min(D, Dv), warps)
+    asm = compiled(q)
+    dt = tl.float16 if asm else tl.float32
     extend_kernel[(B, Hkv * num_mb)](
         q, q.stride(0), q.stride(1),
         o, o.stride(0), o.stride(1),
@@ -386,8 +383,8 @@ def extend_prefix_attention_fast(
         kv_indptr, kv_indices, qo_indptr, req_rows, own_start, sink_start,
         sm_scale * LOG2E, float(logit_cap),
         GQA=gqa, D=D, DV=Dv, GK=k_group, GV=v_group, S=sink_k.shape[1], W=ring_k.shape[1],
-        num_mb=num_mb, BLOCK_M=bm, BLOCK_N=bn, BLOCK_B=BLOCK_B,
+        num_mb=num_mb, BLOCK_M=bm, BLOCK_N=block_n or BLOCK_N, BLOCK_B=BLOCK_B,
         LOGIT_CAP=logit_cap > 0, DT=dt, USE_ASM=asm, INT2_STAGES=int2_stages or INT2_STAGES,
-        num_warps=warps, num_stages=num_stages or NUM_STAGES,
+        num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES,
     )
     return o, lse
