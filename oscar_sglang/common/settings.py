@@ -208,6 +208,12 @@ class PathSetting(Setting):
     def parse(self, value: str, var: str) -> str:
         return os.path.expanduser(value.strip())
 
+    def get(self, env: Mapping[str, str] | None = None) -> Any:
+        """The path, `~` expanded in the default as in a set value (a default of "~/.cache/..."
+        used as is made a folder named "~" in the working directory)."""
+        value = super().get(env)
+        return os.path.expanduser(value) if isinstance(value, str) else value
+
     def values_doc(self) -> str:
         return "path"
 

@@ -229,3 +229,12 @@ def test_string_scan_sees_fstrings_and_skips_comments(tmp_path):
     p.write_text('# OSCAR_IN_A_COMMENT\nx = f"set OSCAR_IN_FSTRING={1}"\ny = "SGLANG_OSCAR_K_CLIP_RATIO"\n')
     names = {n for lit in _string_literals(p) for n in NAME.findall(lit)}
     assert names == {"OSCAR_IN_FSTRING"}
+
+
+def test_a_path_default_is_home_expanded(monkeypatch, tmp_path):
+    """The cache default "~/.cache/oscar-sglang" names the home folder, never a folder "~" in the
+    working directory."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    got = S.CACHE_DIR.get({})
+    assert got == str(tmp_path / ".cache" / "oscar-sglang") and "~" not in got
+    assert S.CACHE_DIR.get({"OSCAR_SGLANG_CACHE": "~/x"}) == str(tmp_path / "x")
