@@ -6,7 +6,7 @@ import pytest
 
 from bench import decode_store as ds
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = pytest.mark.slow  # the module's cases take minutes on 2 cores: make test, not test-fast
 
 
 def test_split_and_fused_agree(tmp_path):

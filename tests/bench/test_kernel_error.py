@@ -6,7 +6,7 @@ import pytest
 
 from bench import kernel_error as ke
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = pytest.mark.slow  # the module's cases take minutes on 2 cores: make test, not test-fast
 SMALL = ["--head-dim", "128", "--kv-heads", "1", "--gqa", "4", "--decode-lens", "150,70,1",
          "--extend-case", "130:5,64:2,40:1,3:1"]
 

@@ -18,6 +18,8 @@ from tests import ROOT
 from tests.http_stub import JSONHandler
 
 from bench import serving_vs_fp8 as vs
+
+pytestmark = pytest.mark.slow  # the module's cases take minutes on 2 cores: make test, not test-fast
 report = vs.report
 
 TOTAL, CTX, MRR, SIDE = 100_000, 40_000, 8, 1 << 20

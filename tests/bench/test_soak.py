@@ -19,6 +19,8 @@ from tests.http_stub import JSONHandler
 
 from bench import soak
 
+pytestmark = pytest.mark.slow  # the module's cases take minutes on 2 cores: make test, not test-fast
+
 MRR, CTX, TOTAL = 4, 4096, 200_000
 
 

@@ -18,7 +18,7 @@ from oscar_kernels import reference as ref
 from .pool_case import DEV, LENS, OWNS, REL_TOL, S, SINKS, W, Pool, rel_err
 
 # the Triton interpreter trips a numpy deprecation on every scalar index
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = pytest.mark.slow  # the module's cases take minutes on 2 cores: make test, not test-fast
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,7 @@ from oscar_kernels import reference as ref
 from .channel_case import REQS_32, REQS_64, ChannelPool, channel_fmt, run_decode
 from .pool_case import DEV, REL_TOL, rel_err
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = pytest.mark.slow  # the module's cases take minutes on 2 cores: make test, not test-fast
 
 
 # every key width at both served head dims: at 128 3-bit keys run the planes, 2-bit keys and all

@@ -14,7 +14,7 @@ from oscar_kernels.triton.channel_attend import NOT_SPECIALIZED
 from .channel_case import ChannelPool, channel_fmt
 from .pool_case import DEV, REL_TOL, rel_err
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = pytest.mark.slow  # the module's cases take minutes on 2 cores: make test, not test-fast
 
 # (prefix len, own_start, sink_start, new tokens) with B = 32, S = 4, W = 32 (64 for B = 64):
 #   padding request, empty prefix (o = 0, lse = -inf); prefix shorter than the sink; prefix ending

@@ -20,7 +20,7 @@ from .channel_case import GARBAGE, S, channel_fmt
 from .pool_case import DEV, REL_TOL, rel_err, rotated_kv
 from .test_channel_extend import check_extend
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = pytest.mark.slow  # the module's cases take minutes on 2 cores: make test, not test-fast
 
 
 def store_requests(B):

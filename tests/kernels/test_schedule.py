@@ -12,6 +12,8 @@ import pytest
 
 from tests.kernels import sm90
 
+pytestmark = pytest.mark.slow  # the module's cases take minutes on 2 cores: make test, not test-fast
+
 
 @pytest.mark.parametrize("what", ["decode", "extend"], ids=["token_decode", "token_extend"])
 def test_int2_loop_overlaps_loads_with_compute(what):

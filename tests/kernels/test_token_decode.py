@@ -17,7 +17,7 @@ from oscar_kernels.triton import core, core_codes, token_decode
 
 from .pool_case import DEV, LENS, OWNS, REL_TOL, SINKS, Pool, rel_err
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = pytest.mark.slow  # the module's cases take minutes on 2 cores: make test, not test-fast
 
 
 def run_fast(pool, q, G, **kw):

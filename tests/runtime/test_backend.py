@@ -28,6 +28,8 @@ from oscar_kernels.format import Int2Format
 
 from .fake_flashinfer import fake_flashinfer_new_tokens
 
+pytestmark = pytest.mark.slow  # the module's cases take minutes on 2 cores: make test, not test-fast
+
 Hq, H, D, S, W = 4, 2, 64, 4, 8
 K_CLIP, V_CLIP = 0.9, 1.0
 

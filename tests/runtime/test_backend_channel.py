@@ -31,6 +31,8 @@ from .test_backend import (  # noqa: F401
     Hq, H, D, _close, _decode_batch, _heavy, _reference, _rot, _signed_perm, backend_cls,
 )
 
+pytestmark = pytest.mark.slow  # the module's cases take minutes on 2 cores: make test, not test-fast
+
 B, S, W = 32, 4, 32
 FMT = KVFormat(D, k_bits=3, k_layout="channel", k_group=B, v_group=32, sink=S, window=W)
 
