@@ -18,12 +18,11 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 
-from tests import ROOT
+from tests import ROOT, load_toml
 
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 CONSTRAINTS = ROOT / "docker" / "constraints.txt"
@@ -37,7 +36,7 @@ HEALTH_URL = f"http://127.0.0.1:{CONTAINER_PORT}/health"
 # --------------------------------------------------------------------------------- helpers
 
 def _pyproject() -> dict:
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return load_toml(ROOT / "pyproject.toml")
 
 
 def _norm(name: str) -> str:
