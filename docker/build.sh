@@ -245,7 +245,7 @@ print("pip freeze matches docker/constraints.txt")'
         -c 'gcc --version | head -1 && "$CUDA_HOME/bin/nvcc" --version'
     check pytest " passed" -- --network host -e PYTHONDONTWRITEBYTECODE=1 \
         -v "$ROOT/tests:/opt/oscar-sglang/tests:ro" -v "$ROOT/bench:/opt/oscar-sglang/bench:ro" \
-        --entrypoint bash "$TAG" -c "$PYTEST_SH"
+        -v "$ROOT/docs:/opt/oscar-sglang/docs:ro" --entrypoint bash "$TAG" -c "$PYTEST_SH"
 fi
 
 # ------------------------------------------------------------------ record
