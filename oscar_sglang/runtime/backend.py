@@ -93,6 +93,7 @@ class Int2ForwardMetadata:
     has_prefix: bool = True       # some request has cached tokens (else the new tokens are all)
     use_prefix_fi: bool = False   # the prefix goes through FlashInfer (prefix_worth_flashinfer)
     max_prefix: int | None = None  # the longest cached prefix, host-side (None: unknown)
+    verify: bool = False          # a speculative verify (TARGET_VERIFY: a chain of drafts a request)
 
 
 # a decode step's: nothing beyond SGLang's metadata (shared, never mutated: no allocation a step)
@@ -105,10 +106,14 @@ class OscarInt2TritonBackend(TritonAttnBackend):
     the per-token recipe; KVLayout's flags say what each supports). Refused at start, with what to
     do: another KV pool, sliding-window / MLA / decode context parallelism (__init__), FP8 KV
     scales other than 1 (refusals.kv_scale_problems), OSCAR_DECODE_STORE=fused or
-    OSCAR_PREFIX_ATTENTION=flashinfer with a layout without them; speculative decoding
-    (TARGET_VERIFY / DRAFT_EXTEND) at its first forward; layers sharing another layer's KV,
-    attention sinks and score_mod at their first call (_check). Server options the pool cannot
-    serve are refused before any weight loads (runtime/refusals.py)."""
+    OSCAR_PREFIX_ATTENTION=flashinfer with a layout without them; draft-model forward modes
+    (DRAFT_EXTEND: a draft model runs on its own BF16 pool and SGLang's Triton backend); layers
+    sharing another layer's KV, attention sinks and score_mod at their first call (_check).
+    Server options the pool cannot serve are refused before any weight loads
+    (runtime/refusals.py). TARGET_VERIFY (speculative decoding, chains of drafts, CUDA graphs
+    included) is served as an extend of N drafts a request over its cached prefix, causal among
+    the drafts (the chain's mask), with the ring entries the drafts overwrite saved first and
+    given back for rejected drafts after SGLang's accept step (runtime/draft_rollback.py)."""
 
     int2_md = _DECODE_MD  # replaced (never mutated) by each _prepare_forward
     _split_args = None  # (attn_logits, attn_lse, B, args): _decode_splits of the current step
@@ -153,6 +158,19 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         self._wide_scratch = self._wide_split_scratch(self.num_head, self.v_head_dim, self.device)
         self._new_tokens = self._make_new_token_attention(model_runner)
         self._prefix_fi = self._make_prefix_attention(model_runner)
+        # speculative verify: drafts attend to each other with SGLang's Triton extend kernel
+        # whatever OSCAR_NEW_TOKEN_ATTENTION says (FlashInfer's plan is host-side: no CUDA graph)
+        self._verify_new_tokens = TritonNewTokens(self.extend_attention_fwd, self._zero_kv_indptr)
+        self._verify_bufs = None  # (rows, seq_lens) per draft token, static for CUDA graphs
+        if self.num_draft_tokens:  # speculative decoding is on
+            from sglang.srt.runtime_context import get_spec
+
+            from .draft_rollback import activate
+            from .speculative import check_accept_hook
+
+            alg = get_spec().speculative_algorithm  # a name or SGLang's SpeculativeAlgorithm enum
+            check_accept_hook(str(getattr(alg, "name", None) or alg or ""))
+            activate(self.pool.enable_draft_rollback(int(self.num_draft_tokens)))
         if not _WARMED_UP["done"] and getattr(model_runner, "model", None) is not None:
             self.warm_up(model_runner.model, getattr(model_runner, "dtype", torch.bfloat16))
             _WARMED_UP["done"] = True
@@ -226,18 +244,26 @@ class OscarInt2TritonBackend(TritonAttnBackend):
     # ------------------------------------------------------------------ metadata
     def init_forward_metadata(self, forward_batch):
         mode = forward_batch.forward_mode
-        if mode.is_target_verify() or getattr(mode, "is_draft_extend_v2", lambda: False)():
-            raise RuntimeError("oscar_triton: speculative decoding is not supported")
+        if getattr(mode, "is_draft_extend_v2", lambda: False)() or getattr(mode, "is_draft_extend", lambda: False)():
+            raise RuntimeError("oscar_triton: draft-model forwards run on the draft's own BF16 pool "
+                               "(--speculative-draft-attention-backend triton), not on the INT2 pool")
         compile_watch.start()
         super().init_forward_metadata(forward_batch)
         self._prepare_forward(forward_batch)
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
-        # CUDA-graph capture / replay (decode): eager, before the graph runs.
+        # CUDA-graph capture / replay (decode, speculative verify): eager, before the graph runs.
         if not in_capture:
             compile_watch.start()
         super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
-        self._prepare_forward(forward_batch)
+        self._prepare_forward(forward_batch, graph=True)
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kwargs):
+        super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
+        # a verify graph's store reads each draft's request row and final length from these
+        # (filled eagerly before each replay by _prepare_verify)
+        self._verify_bufs = (torch.zeros(max_num_tokens, dtype=torch.int64, device=self.device),
+                             torch.zeros(max_num_tokens, dtype=torch.int64, device=self.device))
 
     def _fill_kv_indptr_and_indices(self, bs, seq_lens, req_pool_indices, kv_indices):
         """TritonAttnBackend's kv_indptr / kv_indices fill (decode steps, CUDA-graph buffers,
@@ -249,12 +275,40 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         ops.fill_kv_indices(self.req_to_token, req_pool_indices[:bs], seq_lens[:bs], kv_indptr, kv_indices)
         return kv_indptr
 
-    def _prepare_forward(self, fb) -> None:
+    def _prepare_forward(self, fb, graph: bool = False) -> None:
         """Eager per-forward bookkeeping on the forward stream, before any layer runs."""
         # rows handed out since the last forward trust no side buffer yet, except what their radix
         # hit's copies give them
         self.pool.apply_pending_resets(getattr(self, "req_to_token", None))
-        self.int2_md = self._prepare_extend(fb) if fb.forward_mode.is_extend() else _DECODE_MD
+        mode = fb.forward_mode
+        if getattr(mode, "is_target_verify", bool)():  # (is_extend() is true for it too)
+            self.int2_md = self._prepare_verify(fb, graph)
+        else:
+            self.int2_md = self._prepare_extend(fb) if mode.is_extend() else _DECODE_MD
+
+    def _prepare_verify(self, fb, graph: bool) -> Int2ForwardMetadata:
+        """A verify of N drafts a request at positions L .. L+N-1 (L = fb.seq_lens, the verified
+        length; fb.positions): each draft's row and final length L + N for the store (in static
+        buffers under CUDA graphs), the Triton new-token kernel's plan, and the ring entries the
+        store will overwrite saved for the rollback of rejected drafts."""
+        spec = getattr(fb, "spec_info", None)
+        n = int(getattr(spec, "draft_token_num", None) or self.num_draft_tokens)
+        rows = fb.req_pool_indices.to(torch.int64).repeat_interleave(n)
+        lens = (fb.seq_lens.to(torch.int64) + n).repeat_interleave(n)
+        if graph and self._verify_bufs is not None and rows.shape[0] <= self._verify_bufs[0].shape[0]:
+            t = rows.shape[0]
+            rows = self._verify_bufs[0][:t].copy_(rows)
+            lens = self._verify_bufs[1][:t].copy_(lens)
+        md = self.forward_metadata
+        self._verify_new_tokens.plan(md.qo_indptr, None, n)
+        if self.pool.drafts is None:
+            raise RuntimeError("oscar_triton: a speculative verify without the draft rollback buffers "
+                               "(speculative decoding was not configured when the backend started)")
+        self.pool.drafts.save(fb.req_pool_indices, fb.seq_lens, n)
+        # prefix lengths are device-only here: let the prefix kernel plan its splits for the
+        # longest context a request may have (chunks follow each request's own length)
+        return Int2ForwardMetadata(token_rows=rows, token_seq_lens=lens, verify=True,
+                                   max_prefix=int(self.max_context_len))
 
     def _prepare_extend(self, fb) -> Int2ForwardMetadata:
         """Per-token request row and final length (for the store), own_start update, the plans of
@@ -563,7 +617,10 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         cap = logit_capping_mod(layer.logit_capping_method, layer.logit_cap)
 
         imd = self.int2_md
-        if not imd.has_prefix:
+        if imd.verify:
+            # drafts over the INT2 prefix (sink, body, ring as of L) + causal among themselves
+            o = self._extend_prefix_int2(q3, k3, v3, layer, fb, imd, cap, self._verify_new_tokens)
+        elif not imd.has_prefix:
             # nothing cached yet: the new tokens' attention is the whole answer
             o, _ = self._new_tokens.run(q3, k3, v3, layer, layer.logit_cap, want_lse=False)
         elif imd.use_prefix_fi:
@@ -571,17 +628,18 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         else:
             o = self._extend_prefix_int2(q3, k3, v3, layer, fb, imd, cap)
 
-        if debug_tap.enabled(layer.layer_id):  # off unless OSCAR_DEBUG_TAP_DIR is set
+        if not imd.verify and debug_tap.enabled(layer.layer_id):  # off unless OSCAR_DEBUG_TAP_DIR is set
             debug_tap.record_extend(self, layer, fb, q3, k3, v3, o)
         if save_kv_cache:  # after attention: the prefix reader saw the previous chunk's ring
             self._store(layer, fb, k3, v3, imd.token_rows, imd.token_seq_lens)
         return o.reshape(T, Hq * Dv)
 
-    def _extend_prefix_int2(self, q3, k3, v3, layer, fb, imd, cap):
+    def _extend_prefix_int2(self, q3, k3, v3, layer, fb, imd, cap, new_tokens=None):
         """New tokens (LSE out) + the prefix read in place by the INT2-aware prefix kernel, merged
         by LSE into the model's dtype."""
         md = self.forward_metadata
-        o_new, lse_new = self._new_tokens.run(q3, k3, v3, layer, layer.logit_cap, want_lse=True)
+        new_tokens = new_tokens or self._new_tokens
+        o_new, lse_new = new_tokens.run(q3, k3, v3, layer, layer.logit_cap, want_lse=True)
         o_pre, lse_pre = self.pool.layout.extend_prefix(
             self._rot_q(q3, layer.layer_id),
             md.qo_indptr,
@@ -589,11 +647,11 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             max_len_extend=md.max_extend_len,
             logit_cap=cap,
             max_len_prefix=imd.max_prefix,
-            extend_lens=getattr(fb, "extend_seq_lens_cpu", None),
+            extend_lens=None if imd.verify else getattr(fb, "extend_seq_lens_cpu", None),
         )
         o_pre = self._unrot_o(o_pre, layer.layer_id)
         return ops.merge_attention_states(o_pre, lse_pre, o_new, lse_new,
-                                          lse_b_base2=self._new_tokens.lse_base2, out_dtype=q3.dtype)
+                                          lse_b_base2=new_tokens.lse_base2, out_dtype=q3.dtype)
 
     def _extend_prefix_flashinfer(self, q3, k3, v3, layer, fb):
         """New tokens + the prefix as BF16 pieces through FlashInfer (OSCAR_PREFIX_ATTENTION),

@@ -97,10 +97,31 @@ class Int2PoolConfigurator(DefaultPoolConfigurator):
         self._fmt = for_model(self._oscar_cfg, kvc.model_config)
         self._shape = kv_shape(kvc)
         self._server_args = getattr(kvc, "server_args", None)
+        self._kvc_spec_aux = getattr(kvc, "spec_aux_config", None)  # the draft model's layer count
         super().__init__(kvc)
 
     def _compute_cell_size(self, kvc, num_layers: int) -> int:
         return sizing.int2_bytes_per_token(kv_shape(kvc, num_layers), self._fmt)
+
+    def _speculative_bytes(self) -> dict:
+        """plan_pool's speculative terms: an EAGLE / STANDALONE draft model's cache (BF16, as many
+        tokens as the target's pool; SGLang assumes the draft's layers are shaped like the
+        target's, and so does this) and the rollback buffers of the verify's drafts."""
+        args = self._server_args
+        drafts = getattr(args, "speculative_num_draft_tokens", None) if args is not None else None
+        if not getattr(args, "speculative_algorithm", None) or not drafts:
+            return {}
+        from .draft_rollback import DraftRollback
+        from .speculative import EAGLE_FAMILY, algorithm
+
+        shape = self._shape
+        out = dict(rollback_bytes_per_request=DraftRollback.bytes_per_row(
+            shape.num_layers, shape.num_kv_heads, shape.head_dim, shape.v_head_dim, int(drafts)))
+        layers = getattr(getattr(self, "_kvc_spec_aux", None), "eagle_draft_num_layers", None)
+        if algorithm(args) in EAGLE_FAMILY and layers:
+            out["draft_bytes_per_token"] = sizing.bf16_bytes_per_token(
+                sizing.ModelKVShape(int(layers), shape.num_kv_heads, shape.head_dim, shape.v_head_dim))
+        return out
 
     def calculate_pool_sizes(self, available_bytes: int, page_size: int) -> MemoryPoolConfig:
         cfg = self._oscar_cfg
@@ -112,6 +133,7 @@ class Int2PoolConfigurator(DefaultPoolConfigurator):
             requested_max_running_requests=_requested_max_running_requests(),
             default_max_running_requests=cfg.default_max_running_requests,
             side_buffer_fraction=cfg.side_buffer_fraction,
+            **self._speculative_bytes(),
         )
         for note in plan.notes:
             logger.warning("OSCAR INT2: %s", note)

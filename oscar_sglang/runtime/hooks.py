@@ -15,6 +15,8 @@ did not apply keeps an error that every int2 code path raises (state.require_hoo
   sizing     create_memory_pool_configurator    AROUND  Int2PoolConfigurator
   pool       KVCacheConfigurator._build_token_to_kv_pool  AROUND  OscarInt2KVPool
   rows       ReqToTokenPool.alloc               AROUND  new request rows -> own_start reset
+  accept     eagle_sample (EAGLE family, NGRAM)  AFTER   rejected drafts' ring entries rolled back
+  chains     NgramCorpus.batch_get              AFTER   NGRAM's padded breadth-1 trees -> chains
   info       Scheduler.get_internal_state       AFTER   /server_info shows what was loaded
   metrics    SchedulerMetricsCollector.log_stats AFTER  int2 pool gauges (--enable-metrics)
 """
@@ -104,6 +106,15 @@ def before_post_init(self, *args, **kwargs):
         if need is not None:
             self.page_size = need
             logger.info("oscar-sglang: --page-size %d for int2 (the KV format's key block)", need)
+    if getattr(self, "speculative_algorithm", None):
+        from .refusals import raise_if_any, speculative_problems
+        from .speculative import chain_defaults
+
+        for setting in chain_defaults(self):
+            logger.info("oscar-sglang: %s for int2 (speculative decoding verifies chains of drafts)", setting)
+        # before SGLang's own checks, whose messages (e.g. "only supported for flashinfer") would
+        # send an int2 user the wrong way
+        raise_if_any(speculative_problems(self))
     if self.triton_attention_num_kv_splits == SGLANG_DEFAULT_KV_SPLITS:
         # SGLang's default of 8 splits leaves most of the H100 idle at small batch and long
         # context (1 request x 8 KV heads x 8 splits = 64 programs on 132 SMs): the INT2 decode
@@ -148,7 +159,9 @@ def around_configure_kv_cache_dtype(orig, *args, **kwargs):
         import torch
 
         if kwargs.get("is_draft_worker"):
-            raise RuntimeError("--kv-cache-dtype int2 does not support speculative decoding")
+            # the draft model (EAGLE / STANDALONE) keeps a cache in the model's dtype, as a server
+            # started without --kv-cache-dtype does; the plugin's sizing reserves it
+            return "auto", kwargs.get("model_dtype") or torch.bfloat16
         # uint8 (not bf16) also keeps models' fused RoPE+KV-store path off
         return INT2, torch.uint8
     return orig(*args, **kwargs)
@@ -207,6 +220,26 @@ def around_req_to_token_alloc(orig, self, reqs, *args, **kwargs):
     return out
 
 
+def after_eagle_sample(result, verify_input, batch, *args, **kwargs):
+    # (predict, accept_lens, accept_index): roll back the rejected drafts of an int2 pool
+    from .draft_rollback import active, after_accept
+
+    if active() is not None and not batch.forward_mode.is_idle():
+        after_accept(batch, result[1], verify_input.draft_token_num)
+    return result
+
+
+def after_ngram_batch_get(result, self, req_ids, *args, **kwargs):
+    from .draft_rollback import active
+
+    if active() is None:  # not an int2 server: its trees stay trees
+        return result
+    from .speculative import ngram_chain_mask
+
+    drafts, mask = result
+    return drafts, ngram_chain_mask(drafts, mask, len(req_ids))
+
+
 def after_get_internal_state(result, self, *args, **kwargs):
     # 0.5.17 returns GetInternalStateReqOutput(internal_state=dict); accept a bare dict too
     state = result if isinstance(result, dict) else getattr(result, "internal_state", None)
@@ -241,6 +274,10 @@ HOOKS = [
     ("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_token_to_kv_pool", "AROUND",
      around_build_token_to_kv_pool),
     ("sglang.srt.mem_cache.memory_pool.ReqToTokenPool.alloc", "AROUND", around_req_to_token_alloc),
+    # defined here, imported by name by the EAGLE and NGRAM workers (imported after the plugin
+    # loads, so they bind the hooked function: speculative.check_accept_hook verifies it at start)
+    ("sglang.srt.speculative.eagle_utils.eagle_sample", "AFTER", after_eagle_sample),
+    ("sglang.srt.speculative.cpp_ngram.ngram_corpus.NgramCorpus.batch_get", "AFTER", after_ngram_batch_get),
     ("sglang.srt.managers.scheduler.Scheduler.get_internal_state", "AFTER", after_get_internal_state),
     ("sglang.srt.observability.metrics_collector.SchedulerMetricsCollector.log_stats", "AFTER", after_log_stats),
 ]

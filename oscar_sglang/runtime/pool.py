@@ -42,6 +42,7 @@ from sglang.srt.mem_cache.memory_pool import KVCache
 
 from oscar_kernels.format import Int2Format, code_bytes
 
+from .draft_rollback import DraftRollback
 from .kv_format import ServedFormat
 from .layouts import KVLayout, layout_for
 
@@ -142,8 +143,12 @@ class OscarInt2KVPool(KVCache):
             self.v_params = [head_major((n, H, self.v_format.n_groups, 2), torch.float16) for _ in range(layer_num)]
             self.sink_k = [z((req_rows, sink, H, D), HP_DTYPE) for _ in range(layer_num)]
             self.sink_v = [z((req_rows, sink, H, Dv), HP_DTYPE) for _ in range(layer_num)]
-            self.ring_k = [z((req_rows, recent, H, D), HP_DTYPE) for _ in range(layer_num)]
-            self.ring_v = [z((req_rows, recent, H, Dv), HP_DTYPE) for _ in range(layer_num)]
+            # one tensor over the layers, a view per layer (the same [rows, W, H, D] as one tensor
+            # a layer): a speculative step's rejected drafts are rolled back in every layer at once
+            self.ring_k_layers = z((layer_num, req_rows, recent, H, D), HP_DTYPE)
+            self.ring_v_layers = z((layer_num, req_rows, recent, H, Dv), HP_DTYPE)
+            self.ring_k = list(self.ring_k_layers.unbind(0))
+            self.ring_v = list(self.ring_v_layers.unbind(0))
             # INT32_MAX: a row nobody has claimed trusts no side buffer
             self.own_start = torch.full((req_rows,), INT32_MAX, dtype=torch.int32, device=device)
             self.sink_start = torch.full((req_rows,), INT32_MAX, dtype=torch.int32, device=device)
@@ -162,7 +167,17 @@ class OscarInt2KVPool(KVCache):
 
         self.k_rot = per_layer(k_rotation, D)
         self.v_rot = per_layer(v_rotation, Dv)
+        # speculative decoding: what rejected drafts overwrite (enable_draft_rollback)
+        self.drafts: DraftRollback | None = None
         self._finalize_allocation_log(size)
+
+    def enable_draft_rollback(self, num_draft_tokens: int) -> DraftRollback:
+        """Buffers that let a speculative verify of up to num_draft_tokens drafts per request be
+        undone for its rejected drafts (runtime/draft_rollback.py); once, by the backend."""
+        if self.drafts is None or self.drafts.n < num_draft_tokens:
+            with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
+                self.drafts = DraftRollback(self, num_draft_tokens)
+        return self.drafts
 
     # ---------------------------------------------------------------- sizes and info
     def _int2_bytes(self) -> int:
@@ -172,8 +187,10 @@ class OscarInt2KVPool(KVCache):
 
     def _side_bytes(self) -> int:
         bookkeeping = (self.own_start, self.sink_start, self.entry_owner)
+        rollback = () if self.drafts is None else (self.drafts.saved_k, self.drafts.saved_v, self.drafts.saved_owner)
         return (sum(t.numel() * t.element_size() for ts in (self.sink_k, self.sink_v, self.ring_k, self.ring_v) for t in ts)
-                + sum(t.numel() * 4 for t in bookkeeping))
+                + sum(t.numel() * 4 for t in bookkeeping)
+                + sum(t.numel() * t.element_size() for t in rollback))
 
     def get_kv_size_bytes(self):
         """(K bytes, V bytes), side buffers split evenly (they hold K and V alike)."""
@@ -354,4 +371,12 @@ class OscarInt2KVPool(KVCache):
     get_cpu_copy = _unsupported
     load_cpu_copy = _unsupported
     get_contiguous_buf_infos = _unsupported
-    move_kv_cache = _unsupported
+
+    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+        """SGLang's move of accepted speculative tokens to their final slots (NGRAM calls it after
+        every verify, EAGLE for trees). With chains, the only speculation the plugin serves (trees
+        are refused at start), accepted drafts already sit in their final slots: SGLang's verify
+        writes draft j of a request to the slot of its position L + j, and the move's targets are
+        the slots of positions L .. L + a - 1. Nothing moves. Rejected drafts are rolled back by
+        DraftRollback, not here."""
+        return None

@@ -46,11 +46,7 @@ def server_args_problems(args, env=None) -> list[str]:
                 f"--attention-backend {BACKEND}."
             )
             break
-    if getattr(args, "speculative_algorithm", None):
-        p.append(
-            "speculative decoding (--speculative-algorithm) is not supported: draft pools, KV "
-            "copies and tree-masked verification are not implemented for the INT2 pool."
-        )
+    p += speculative_problems(args, env)
     if _on(args, "enable_hierarchical_cache") or _on(args, "enable_hisparse"):
         p.append(
             "HiCache (--enable-hierarchical-cache / --enable-hisparse) is not supported: host "
@@ -127,6 +123,47 @@ def server_args_problems(args, env=None) -> list[str]:
             "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING is not supported: the INT2 pool is sized once, "
             "with its BF16 side buffers; unset it."
         )
+    return p
+
+
+def speculative_problems(args, env=None) -> list[str]:
+    """Speculative settings the INT2 cache cannot serve: anything but chains of drafts
+    (runtime/speculative.py says why) from NGRAM, EAGLE, EAGLE3 or STANDALONE."""
+    from .speculative import CHAIN_ALGORITHMS, algorithm
+
+    alg = algorithm(args)
+    if not alg:
+        return []
+    flag = f"--speculative-algorithm {alg}"
+    if alg not in CHAIN_ALGORITHMS:
+        return [f"{flag} is not supported with the INT2 KV cache; use NGRAM (no draft model), EAGLE / "
+                f"EAGLE3 (a draft head) or STANDALONE (a small draft model), with chains of drafts."]
+    p: list[str] = []
+    topk = getattr(args, "speculative_eagle_topk", None)
+    if alg == "NGRAM":
+        breadth = getattr(args, "speculative_ngram_max_bfs_breadth", None)
+        if breadth not in (None, 1) or topk not in (None, 1):
+            p.append(f"NGRAM draft trees (--speculative-ngram-max-bfs-breadth {breadth}) are not supported "
+                     f"with the INT2 KV cache: pass --speculative-ngram-max-bfs-breadth 1 (chains; the "
+                     f"plugin sets it when the flag is left at SGLang's default).")
+        if str(getattr(args, "speculative_ngram_match_type", "BFS") or "BFS").upper() != "BFS":
+            p.append("--speculative-ngram-match-type PROB is not supported with the INT2 KV cache: leave it "
+                     "at BFS (chains at breadth 1).")
+        if getattr(args, "speculative_ngram_external_corpus_path", None):
+            p.append("--speculative-ngram-external-corpus-path is not supported with the INT2 KV cache: its "
+                     "drafts merge into trees. Drop the flag.")
+    elif topk not in (None, 1):
+        p.append(f"draft trees (--speculative-eagle-topk {topk}) are not supported with the INT2 KV "
+                 f"cache: pass --speculative-eagle-topk 1 (chains), or leave the speculative settings "
+                 f"unset for the plugin's chain of 3 drafts.")
+    if getattr(args, "speculative_adaptive", False):
+        p.append("--speculative-adaptive is not supported with the INT2 KV cache (the draft count must "
+                 "stay fixed); drop the flag.")
+    if str(getattr(args, "speculative_draft_attention_backend", None) or "") == BACKEND:
+        p.append(f"--speculative-draft-attention-backend {BACKEND}: the draft model's KV cache is BF16; "
+                 f"use triton (the plugin's default) or flashinfer.")
+    # more drafts a step than the recent window holds: the backend refuses at start
+    # (DraftRollback), once the model's format is resolved
     return p
 
 

@@ -88,6 +88,10 @@ class PoolPlan:
     max_total_num_tokens: int
     int2_bytes_total: int
     notes: list[str] = field(default_factory=list)
+    # speculative decoding: the draft model's BF16 KV a token (EAGLE / STANDALONE; SGLang gives
+    # its pool as many tokens as the target's) and the rejected-draft rollback a request row
+    draft_bytes_per_token: int = 0
+    rollback_bytes_per_request: int = 0
 
     @property
     def compression(self) -> float:
@@ -108,6 +112,9 @@ class PoolPlan:
             f"per request x {self.max_running_requests + 1} rows "
             f"(max_running_requests={self.max_running_requests} + 1 padding) = "
             f"{self.side_bytes_total / gib:.2f} GiB; budget {self.available_bytes / gib:.2f} GiB"
+            + (f"; speculative decoding: draft model's BF16 KV {self.draft_bytes_per_token:,} B/token, "
+               f"rollback {self.rollback_bytes_per_request / (1 << 20):.2f} MiB per request (both included)"
+               if self.draft_bytes_per_token or self.rollback_bytes_per_request else "")
         )
 
 
@@ -121,16 +128,19 @@ def plan_pool(
     # the server's defaults, so offline callers (benchmarks' KV-token columns) size as it does
     default_max_running_requests: int = settings.MAX_RUNNING_REQUESTS.default,
     side_buffer_fraction: float = settings.SIDE_BUFFER_FRACTION.default,
+    draft_bytes_per_token: int = 0,
+    rollback_bytes_per_request: int = 0,
 ) -> PoolPlan:
     """Split a KV byte budget between the fixed side buffers and the INT2 token pool.
 
     requested_max_running_requests: what the user asked for (per DP worker) or None. None means
     default_max_running_requests, lowered until the side buffers take at most
     side_buffer_fraction of the budget; an explicit request is lowered only past
-    USER_REQUEST_MAX_FRACTION.
+    USER_REQUEST_MAX_FRACTION. draft_bytes_per_token / rollback_bytes_per_request: speculative
+    decoding's (a draft model's cache a token, the rejected-draft rollback a row): counted in.
     """
     per_tok = int2_bytes_per_token(shape, fmt)
-    per_req = side_bytes_per_request(shape, fmt.sink, fmt.recent)
+    per_req = side_bytes_per_request(shape, fmt.sink, fmt.recent) + rollback_bytes_per_request
     notes: list[str] = []
 
     if requested_max_running_requests is None:
@@ -155,7 +165,8 @@ def plan_pool(
             reqs = max(cap, 1)
 
     side_total = (reqs + 1) * per_req
-    tokens = (available_bytes - side_total) // per_tok if available_bytes > side_total else 0
+    cell = per_tok + draft_bytes_per_token
+    tokens = (available_bytes - side_total) // cell if available_bytes > side_total else 0
     tokens = tokens // page_size * page_size
     if tokens <= 0:
         raise PoolSizingError(
@@ -174,6 +185,8 @@ def plan_pool(
         max_total_num_tokens=int(tokens),
         int2_bytes_total=int(tokens) * per_tok,
         notes=notes,
+        draft_bytes_per_token=int(draft_bytes_per_token),
+        rollback_bytes_per_request=int(rollback_bytes_per_request),
     )
 
 

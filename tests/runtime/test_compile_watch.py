@@ -98,7 +98,7 @@ def test_the_backend_starts_the_watch_at_its_first_forward_after_capture(watch, 
 
     monkeypatch.setattr(TritonAttnBackend, "init_forward_metadata_out_graph", lambda self, fb, in_capture=False: None)
     b = OscarInt2TritonBackend.__new__(OscarInt2TritonBackend)
-    monkeypatch.setattr(b, "_prepare_forward", lambda fb: None)
+    monkeypatch.setattr(b, "_prepare_forward", lambda fb, graph=False: None)
     b.init_forward_metadata_out_graph(SimpleNamespace(), in_capture=True)
     assert watch._state["serving_since"] is None
     b.init_forward_metadata_out_graph(SimpleNamespace())

@@ -277,7 +277,7 @@ def test_good_args_pass():
         (dict(attention_backend="fa3"), {}, ["'fa3'"]),
         (dict(decode_attention_backend="flashinfer"), {}, ["decode attention backend", "flashinfer"]),
         (dict(prefill_attention_backend="fa3"), {}, ["prefill attention backend"]),
-        (dict(speculative_algorithm="EAGLE"), {}, ["speculative decoding"]),
+        (dict(speculative_algorithm="DFLASH"), {}, ["--speculative-algorithm DFLASH", "NGRAM"]),
         (dict(enable_hierarchical_cache=True), {}, ["HiCache"]),
         (dict(enable_hisparse=True), {}, ["HiCache"]),
         (dict(disaggregation_mode="prefill"), {}, ["PD disaggregation"]),

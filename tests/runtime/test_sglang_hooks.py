@@ -58,7 +58,7 @@ def test_entry_point_applies_every_hook(sgl):
     assert verify_hooks() == []
     assert hooks_ok()
     require_hooks()
-    assert len(HOOKS) == 14
+    assert len(HOOKS) == 16
 
 
 def test_verify_hooks_detects_a_missing_hook(sgl, monkeypatch):
@@ -148,7 +148,8 @@ def test_unservable_formats_refused_at_start(sgl, tiny_model, monkeypatch, fmt, 
     [
         (["--attention-backend", "triton"], "only 'oscar_triton' reads the INT2 pool"),
         (["--decode-attention-backend", "triton", "--prefill-attention-backend", "oscar_triton"], "decode attention backend"),
-        (["--speculative-algorithm", "EAGLE"], "speculative decoding"),
+        (["--speculative-algorithm", "NGRAM", "--speculative-ngram-max-bfs-breadth", "4"], "NGRAM draft trees"),
+        (["--speculative-algorithm", "NGRAM", "--speculative-ngram-match-type", "PROB"], "match-type PROB"),
         (["--enable-hierarchical-cache"], "HiCache"),
         (["--disaggregation-mode", "prefill"], "PD disaggregation"),
         (["--enable-two-batch-overlap"], "two-batch"),
@@ -249,6 +250,33 @@ def test_dtype_hook(sgl):
     assert kv_cache_dtype.configure_kv_cache_dtype(server_args_kv_cache_dtype="int2", **kw) == ("int2", torch.uint8)
     name, dt = kv_cache_dtype.configure_kv_cache_dtype(server_args_kv_cache_dtype="auto", **kw)
     assert dt == torch.bfloat16
+    # a draft model (EAGLE / STANDALONE) keeps a cache in its own dtype, as a default server does
+    kw.update(is_draft_worker=True, model_dtype=torch.float16)
+    assert kv_cache_dtype.configure_kv_cache_dtype(server_args_kv_cache_dtype="int2", **kw) == ("auto", torch.float16)
+
+
+def test_speculative_chains_are_set_when_unset(sgl, tiny_model):
+    args = _prepare(sgl, tiny_model, "--speculative-algorithm", "NGRAM")
+    assert (args.speculative_ngram_max_bfs_breadth, args.speculative_eagle_topk) == (1, 1)
+    args = _prepare(sgl, tiny_model, "--speculative-algorithm", "STANDALONE",
+                    "--speculative-draft-model-path", tiny_model)
+    assert (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens) == (3, 1, 4)
+    assert args.speculative_draft_attention_backend == "triton"
+    # what the user chose stays: a chain of 5 drafts
+    args = _prepare(sgl, tiny_model, "--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path",
+                    tiny_model, "--speculative-num-steps", "5", "--speculative-eagle-topk", "1",
+                    "--speculative-num-draft-tokens", "6")
+    assert (args.speculative_num_steps, args.speculative_num_draft_tokens) == (5, 6)
+
+
+def test_speculative_trees_are_refused(sgl, tiny_model):
+    from oscar_sglang.runtime.refusals import Int2Unsupported
+
+    with pytest.raises(Int2Unsupported) as e:
+        _prepare(sgl, tiny_model, "--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path",
+                 tiny_model, "--speculative-num-steps", "3", "--speculative-eagle-topk", "4",
+                 "--speculative-num-draft-tokens", "8")
+    assert "--speculative-eagle-topk 4" in str(e.value) and "--speculative-eagle-topk 1" in str(e.value)
 
 
 # ------------------------------------------------------------------------------- sizing and pool
