@@ -464,6 +464,9 @@ def run_real(url: str, name: str, ids: List[List[int]], tokenizer, args, log_dir
     (log_dir / f"outputs_{name}.json").write_text(json.dumps(texts, indent=1))
     s = summarize(records)
     errors = [r.error for r in records if r.error]
+    # identity compares these texts: ids that do not add up to the count would compare garbage
+    errors += [f"prompt {i}: {len(r.output_ids)} output ids streamed for {r.output_tokens} tokens"
+               for i, r in enumerate(records) if not r.error and len(r.output_ids) != r.output_tokens]
     return {"ok": not errors and s["ok"] == len(ids), "errors": errors[:5],
             "output_sha1": [text_digest(t) for t in texts],
             **accept_lengths([r.meta_info for r in records]),

@@ -310,3 +310,61 @@ def test_render_spec_decode_table(tmp_path, monkeypatch):
     assert lines["1 x 32K"] == "| 1 x 32K | 9.00 | 10.00 | - |"
     assert "| ngram | 64 / 64 | 0 | 0 |" in text
     assert "`verify_step_32768_b32_int2_le_fp8` pass" in text and "FAIL" not in text
+
+
+def _stub(streams_all_ids: bool):
+    """A /generate that streams 1-3 tokens a step (a speculative server), meta_info's
+    completion_tokens and spec_verify_ct as SGLang counts them; output_ids all so far or only the
+    step's new ones (--incremental-streaming-output)."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from tests.http_stub import JSONHandler
+
+    class Stub(JSONHandler):
+        protocol_version = "HTTP/1.0"
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            ids, cap = body["input_ids"], body["sampling_params"]["max_new_tokens"]
+            stop = cap if body["sampling_params"]["ignore_eos"] else min(cap, 3 + ids[0] % 5)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            out, steps = [], 0
+            while len(out) < stop:
+                new = [ids[0] * 1000 + len(out) + k for k in range(min(1 + steps % 3, stop - len(out)))]
+                out += new
+                steps += 1
+                meta = {"completion_tokens": len(out), "spec_verify_ct": steps}
+                msg = {"output_ids": out if streams_all_ids else new, "meta_info": meta}
+                self.wfile.write(f"data: {json.dumps(msg)}\n\n".encode())
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+@pytest.mark.parametrize("streams_all_ids", [True, False])
+def test_real_and_verify_measurements_against_a_stub(tmp_path, streams_all_ids):
+    srv = _stub(streams_all_ids)
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        args = types.SimpleNamespace(concurrency=3, max_new_tokens=10, request_timeout=30, output_tokens=8, seed=0)
+        tok = types.SimpleNamespace(decode=lambda ids, skip_special_tokens: " ".join(map(str, ids)))
+        ids = [[i + 1, 5, 6] for i in range(7)]
+        row = sd.run_real(url, "int2-ngram", ids, tok, args, tmp_path)
+        texts = json.loads((tmp_path / "outputs_int2-ngram.json").read_text())
+        # each prompt's whole answer, in order, stopping where the stub's EOS is
+        assert texts == [" ".join(str(p[0] * 1000 + k) for k in range(min(10, 3 + p[0] % 5))) for p in ids]
+        assert row["ok"] and row["output_sha1"] == [sd.text_digest(t) for t in texts]
+        assert row["completion_tokens_total"] == sum(min(10, 3 + p[0] % 5) for p in ids)
+        assert 1.0 < row["accept_len_mean"] <= 3.0 and row["tpot_p50_ms"] is not None
+        v = sd.run_verify_load(url, 2, 64, args, vocab=5000)
+        # 8 tokens in steps of 1, 2, 3, 1, 1 (the last one capped): 5 verify steps
+        assert v["ok"] and v["verify_steps_p50"] == 5 and v["accept_len_mean"] == pytest.approx(8 / 5)
+        assert v["verify_step_ms"] is not None and v["verify_step_ms"] >= 0
+    finally:
+        srv.shutdown()
