@@ -27,6 +27,10 @@ class RequestRecord:
     # (time, cumulative output tokens) per streamed chunk
     chunks: List[tuple] = dataclasses.field(default_factory=list)
     error: Optional[str] = None
+    # the last chunk's meta_info (speculative servers put spec_verify_ct there) and the output
+    # token ids, whether the server streams only new ids (--incremental-streaming-output) or all
+    meta_info: Optional[dict] = None
+    output_ids: List[int] = dataclasses.field(default_factory=list)
 
     @property
     def ttft(self) -> float:
@@ -49,10 +53,11 @@ def random_prompts(n: int, length: int, vocab: int, seed: int) -> List[List[int]
             + [rng.randrange(1000, hi) for _ in range(length - 1)] for i in range(n)]
 
 
-async def _one(session, url: str, ids: List[int], out_len: int, rec: RequestRecord, tick) -> None:
+async def _one(session, url: str, ids: List[int], out_len: int, rec: RequestRecord, tick,
+               ignore_eos: bool = True) -> None:
     payload = {
         "input_ids": ids,
-        "sampling_params": {"max_new_tokens": out_len, "temperature": 0.0, "ignore_eos": True},
+        "sampling_params": {"max_new_tokens": out_len, "temperature": 0.0, "ignore_eos": ignore_eos},
         "stream": True,
     }
     rec.sent = time.perf_counter()
@@ -84,6 +89,10 @@ async def _one(session, url: str, ids: List[int], out_len: int, rec: RequestReco
                     if n is None:
                         rec.error = "a streamed chunk without meta_info.completion_tokens"
                         continue
+                    rec.meta_info = msg["meta_info"]
+                    ids_now = msg.get("output_ids") or []
+                    # all ids so far (len == completion_tokens), or only this chunk's new ones
+                    rec.output_ids = list(ids_now) if len(ids_now) == n else rec.output_ids + list(ids_now)
                     if n > 0 and rec.first_token is None:
                         rec.first_token = now
                         tick(started=True)
@@ -97,7 +106,7 @@ async def _one(session, url: str, ids: List[int], out_len: int, rec: RequestReco
 
 
 async def _run(url: str, prompts: List[List[int]], out_len: int, label: str,
-               timeout_s: float, on_first_token=None) -> List[RequestRecord]:
+               timeout_s: float, on_first_token=None, ignore_eos: bool = True) -> List[RequestRecord]:
     import aiohttp
 
     records = [RequestRecord(prompt_len=len(p), sent=0.0) for p in prompts]
@@ -118,15 +127,16 @@ async def _run(url: str, prompts: List[List[int]], out_len: int, label: str,
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(timeout=timeout, connector=conn) as session:
-        await asyncio.gather(*[_one(session, url, p, out_len, r, tick)
+        await asyncio.gather(*[_one(session, url, p, out_len, r, tick, ignore_eos)
                                for p, r in zip(prompts, records)])
     return records
 
 
 def run_requests(url: str, prompts: List[List[int]], out_len: int, label: str,
-                 timeout_s: float = 900.0, on_first_token=None) -> List[RequestRecord]:
-    """Send all prompts at once and wait for every one to finish."""
-    return asyncio.run(_run(url, prompts, out_len, label, timeout_s, on_first_token))
+                 timeout_s: float = 900.0, on_first_token=None, ignore_eos: bool = True) -> List[RequestRecord]:
+    """Send all prompts at once and wait for every one to finish (ignore_eos=False: greedy
+    answers that stop at EOS, out_len being their cap)."""
+    return asyncio.run(_run(url, prompts, out_len, label, timeout_s, on_first_token, ignore_eos))
 
 
 def _pct(values, qs=(50, 90, 99)) -> dict:

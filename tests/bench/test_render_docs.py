@@ -73,7 +73,11 @@ def test_each_region_names_its_file_date_device_and_command():
                 commands = [c["command"] for c in doc.get("calls", []) if "--loads" not in c["command"]]
                 for cmd in commands or [doc["command"]]:
                     assert cmd in body, (name, cmd)
-    assert seen == set(render_docs.RENDERERS), seen
+    # every renderer is placed, except spec-decode while its results file does not exist yet (its
+    # region goes into the docs with the first measured file)
+    unplaced = set(render_docs.RENDERERS) - seen
+    assert seen <= set(render_docs.RENDERERS) and unplaced <= {"spec-decode"}, seen
+    assert not unplaced or not (ROOT / render_docs.SPEC_DECODE).exists(), unplaced
 
 
 SPEED_FILE = "bench/results/serving_vs_fp8_h200_2026-11-29.json"

@@ -61,3 +61,11 @@ def test_an_unknown_stage_stops_before_any_work(tmp_path):
                        env={**env, "MACHINE": "h200/../x"}, timeout=60)
     assert r.returncode == 2 and "MACHINE=" in r.stdout
     assert not (tmp_path / "out").exists()
+
+
+def test_spec_stage_parts_are_the_benchmarks():
+    from bench import spec_decode
+
+    default = re.search(r"\$\{SPEC_PARTS:-([^}]*)\}", SCRIPT.read_text()).group(1)
+    assert default.split(",") == ["real", "aborts"]
+    assert spec_decode.parse_args(["--part", default]).parts == ["real", "aborts"]
