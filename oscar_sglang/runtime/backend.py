@@ -93,7 +93,7 @@ class Int2ForwardMetadata:
     has_prefix: bool = True       # some request has cached tokens (else the new tokens are all)
     use_prefix_fi: bool = False   # the prefix goes through FlashInfer (prefix_worth_flashinfer)
     max_prefix: int | None = None  # the longest cached prefix, host-side (None: unknown)
-    verify: bool = False          # a speculative verify (TARGET_VERIFY: a chain of drafts a request)
+    verify: int = 0               # a speculative verify (TARGET_VERIFY): its drafts a request (a chain)
 
 
 # a decode step's: nothing beyond SGLang's metadata (shared, never mutated: no allocation a step)
@@ -289,8 +289,10 @@ class OscarInt2TritonBackend(TritonAttnBackend):
     def _prepare_verify(self, fb, graph: bool) -> Int2ForwardMetadata:
         """A verify of N drafts a request at positions L .. L+N-1 (L = fb.seq_lens, the verified
         length; fb.positions): each draft's row and final length L + N for the store (in static
-        buffers under CUDA graphs), the Triton new-token kernel's plan, and the ring entries the
-        store will overwrite saved for the rollback of rejected drafts."""
+        buffers under CUDA graphs) and the Triton new-token kernel's plan. The ring entries the
+        store will overwrite are saved by the first layer's forward_extend, not here: SGLang's
+        EAGLE worker prepares a verify's metadata on a stream of its own, which may run before the
+        forward stream has rolled back the previous step's rejected drafts."""
         spec = getattr(fb, "spec_info", None)
         n = int(getattr(spec, "draft_token_num", None) or self.num_draft_tokens)
         rows = fb.req_pool_indices.to(torch.int64).repeat_interleave(n)
@@ -304,10 +306,9 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         if self.pool.drafts is None:
             raise RuntimeError("oscar_triton: a speculative verify without the draft rollback buffers "
                                "(speculative decoding was not configured when the backend started)")
-        self.pool.drafts.save(fb.req_pool_indices, fb.seq_lens, n)
         # prefix lengths are device-only here: let the prefix kernel plan its splits for the
         # longest context a request may have (chunks follow each request's own length)
-        return Int2ForwardMetadata(token_rows=rows, token_seq_lens=lens, verify=True,
+        return Int2ForwardMetadata(token_rows=rows, token_seq_lens=lens, verify=n,
                                    max_prefix=int(self.max_context_len))
 
     def _prepare_extend(self, fb) -> Int2ForwardMetadata:
@@ -618,6 +619,9 @@ class OscarInt2TritonBackend(TritonAttnBackend):
 
         imd = self.int2_md
         if imd.verify:
+            if layer.layer_id == self.pool.start_layer:  # once a forward, for every layer, in order
+                # on the forward stream (inside the CUDA graph): after the previous step's rollback
+                self.pool.drafts.save(fb.req_pool_indices, fb.seq_lens, imd.verify)
             # drafts over the INT2 prefix (sink, body, ring as of L) + causal among themselves
             o = self._extend_prefix_int2(q3, k3, v3, layer, fb, imd, cap, self._verify_new_tokens)
         elif not imd.has_prefix:

@@ -26,8 +26,8 @@ rejected. What that leaves behind, and what undoes it:
 * sink entries: a verify writes one only for positions < S, i.e. a prompt shorter than the sink
   (4 tokens by default); a rejected one is rewritten, like its slot, before it is read.
 
-The save runs eagerly before the forward (CUDA-graph replay included) and the restore after
-SGLang's accept step (hooks.after_eagle_sample), both on the forward stream, with no host
+The save runs in the verify's first layer (inside its CUDA graph), the restore after SGLang's
+accept step (hooks.after_eagle_sample), both on the forward stream, in that order, with no host
 synchronisation: gathers / scatters over [layers, batch, N] entries, a few launches per step.
 """
 from __future__ import annotations
