@@ -194,6 +194,12 @@ def _ms(x) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
+def failed(row: dict) -> bool:
+    """A results row whose server died or whose requests failed: its numbers are not measurements
+    (bench.spec_decode uses it too; this file also runs as a script, so it imports no bench module)."""
+    return bool(row.get("error")) or row.get("ok") is False
+
+
 def render_spec_decode(doc: Path) -> list[str]:
     """bench/spec_decode.py's file: acceptance and greedy identity on real weights, verify-step
     time on the dummy 8B, pool leaks after aborted speculative streams, and the file's checks.
@@ -217,8 +223,9 @@ def render_spec_decode(doc: Path) -> list[str]:
                 "|---|---|---:|---:|---:|"]
         for r in real:
             ident = r.get("greedy_identical_vs_nospec")
-            cells = ["error: " + " ".join(str(r["error"]).split())[:120].replace("|", "/"), "", ""] \
-                if r.get("error") else [_ms(r.get("accept_len_mean")),
+            why = r.get("error") or r.get("errors")
+            cells = ["failed: " + " ".join(str(why).split())[:120].replace("|", "/"), "", ""] \
+                if failed(r) else [_ms(r.get("accept_len_mean")),
                                         "-" if ident is None else f"{ident:.3f}", _ms(r.get("tpot_p50_ms"))]
             out.append(f"| {r['algorithm']} | {r['kv']} | " + " | ".join(cells) + " |")
     verify = [r for r in rows if r.get("part") == "verify"]
@@ -248,8 +255,9 @@ def render_spec_decode(doc: Path) -> list[str]:
         out += ["", "| aborted streams (int2) | aborted / streams | pool leak (tokens) | side rows leaked |",
                 "|---|---:|---:|---:|"]
         for r in aborts:
-            out.append(f"| {r['algorithm']} | {r.get('aborted', '-')} / {r.get('streams', '-')} | "
-                       f"{r.get('pool_leak_tokens', '-')} | {r.get('side_rows_leak', '-')} |")
+            out.append(f"| {r['algorithm']} | " + ("failed (the server had stopped) | | |" if failed(r) else
+                       f"{r.get('aborted', '-')} / {r.get('streams', '-')} | "
+                       f"{r.get('pool_leak_tokens', '-')} | {r.get('side_rows_leak', '-')} |"))
     checks = (s.get("summary") or {}).get("checks") or {}
     if checks:
         out += ["", "Checks: " + ", ".join(f"`{k}` {'pass' if v else 'FAIL'}" for k, v in checks.items()) + "."]

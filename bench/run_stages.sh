@@ -28,7 +28,8 @@
 # Environment: OUT (results folder, default /tmp/out), MACHINE (tag in the file names, e.g. h200;
 # default gpu), SHAPES, CONFIGS, LOADS, DEADLINE_S (serving, default 560), NIAH_CONFIGS,
 # SPEC_PARTS, SPEC_GPUS, SPEC_ARGS, SPEC_BASE.
-# Carry: .devkit/device-env.sh and .devkit/smollm2_tok.tar.xz always, .devkit/sgl_bundle.tar.xz in
+# Carry: .devkit/device-env.sh and .devkit/smollm2_tok.tar.xz always (and .devkit/extra, the
+# sgl-deep-gemm wheel, for `spec` with a draft model: in a call without the bundle), .devkit/sgl_bundle.tar.xz in
 # the first call (the machine keeps the unpacked bundle while it stays warm), the parts as above;
 # the bundle and a wheel part do not fit one call's 64 MiB together. A plan that fits one session's
 # 30 minutes of device time: (1) bundle -> `kernels`; (2) part-a -> `part-a serving`;
@@ -60,6 +61,12 @@ devkit() {  # the SGLang bundle on PYTHONPATH; once per call (the checkout is pi
   [ -n "${_DEVKIT_DONE:-}" ] && return 0
   mkdir -p .devkit/models && tar -C .devkit/models -xJf .devkit/smollm2_tok.tar.xz  # the dummy models' tokenizer
   source .devkit/device-env.sh > "$OUT/env.log" 2>&1 || { echo "devkit failed"; tail "$OUT/env.log"; exit 1; }
+  # wheels SGLang needs that the bundle lacks, carried in .devkit/extra (the draft worker's CUDA
+  # graphs import deep_gemm: sgl-deep-gemm==0.1.5.post1, 4.8 MB, `pip download --no-deps`)
+  if ls .devkit/extra/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-deps --no-index --target /tmp/sgl/site .devkit/extra/*.whl >> "$OUT/env.log" 2>&1 \
+      || { echo "devkit: .devkit/extra wheels failed"; tail "$OUT/env.log"; exit 1; }
+  fi
   export _DEVKIT_DONE=1
 }
 

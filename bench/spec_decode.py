@@ -71,6 +71,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from bench import _results
+from bench.render_docs import failed
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVKIT_MODELS = ROOT / ".devkit" / "models"
@@ -277,12 +278,12 @@ def fill_identity(rows: List[dict]) -> None:
             continue
         base = ref.get((r["kv"], r.get("prompts_sha256")))
         r["greedy_identical_vs_nospec"] = (identity_share(r.get("output_sha1") or [], base["output_sha1"])
-                                           if base else None)
+                                           if base and not failed(r) and not failed(base) else None)
 
 
 def _one(rows: List[dict], **match) -> Optional[dict]:
     for r in rows:
-        if all(r.get(k) == v for k, v in match.items()) and not r.get("error"):
+        if all(r.get(k) == v for k, v in match.items()) and not failed(r):
             return r
     return None
 

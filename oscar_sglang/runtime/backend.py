@@ -166,7 +166,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             from sglang.srt.runtime_context import get_spec
 
             from .draft_rollback import activate
-            from .speculative import check_accept_hook
+            from .hooks import check_accept_hook
 
             alg = get_spec().speculative_algorithm  # a name or SGLang's SpeculativeAlgorithm enum
             check_accept_hook(str(getattr(alg, "name", None) or alg or ""))

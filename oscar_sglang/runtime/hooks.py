@@ -16,7 +16,7 @@ did not apply keeps an error that every int2 code path raises (state.require_hoo
   pool       KVCacheConfigurator._build_token_to_kv_pool  AROUND  OscarInt2KVPool
   rows       ReqToTokenPool.alloc               AROUND  new request rows -> own_start reset
   accept     eagle_sample (EAGLE family, NGRAM)  AFTER   rejected drafts' ring entries rolled back
-  chains     NgramCorpus.batch_get              AFTER   NGRAM's padded breadth-1 trees -> chains
+  chains     NgramCorpus.batch_get              AFTER   NGRAM's breadth-1 trees -> chains
   info       Scheduler.get_internal_state       AFTER   /server_info shows what was loaded
   metrics    SchedulerMetricsCollector.log_stats AFTER  int2 pool gauges (--enable-metrics)
 """
@@ -229,15 +229,35 @@ def after_eagle_sample(result, verify_input, batch, *args, **kwargs):
     return result
 
 
+# SGLang's modules that call eagle_sample after a verify, by the algorithm that runs them
+ACCEPT_CALLERS = {"NGRAM": "sglang.srt.speculative.ngram_worker"}
+EAGLE_ACCEPT_CALLER = "sglang.srt.speculative.eagle_worker_common"
+
+
+def check_accept_hook(alg: str) -> None:
+    """The rollback of rejected drafts runs in the hook on eagle_utils.eagle_sample, which the
+    workers import by name: a worker imported before the plugin loaded would hold the unhooked
+    function and rejected drafts would stay in the ring, silently. Raise if so (at start)."""
+    import importlib
+
+    name = ACCEPT_CALLERS.get(alg.upper(), EAGLE_ACCEPT_CALLER)
+    fn = getattr(importlib.import_module(name), "eagle_sample", None)
+    if fn is None or not _contains(fn, after_eagle_sample):
+        raise RuntimeError(
+            f"oscar-sglang: {name}.eagle_sample is not the plugin's hooked function (the module was "
+            f"imported before the plugin loaded, or SGLang changed), so rejected speculative drafts "
+            f"would not be rolled back in the INT2 cache; this needs sglang==0.5.17 with the plugin "
+            f"loaded through its entry point")
+
+
 def after_ngram_batch_get(result, self, req_ids, *args, **kwargs):
     from .draft_rollback import active
 
     if active() is None:  # not an int2 server: its trees stay trees
         return result
-    from .speculative import ngram_chain_mask
+    from .speculative import ngram_chains
 
-    drafts, mask = result
-    return drafts, ngram_chain_mask(drafts, mask, len(req_ids))
+    return ngram_chains(*result, len(req_ids))
 
 
 def after_get_internal_state(result, self, *args, **kwargs):

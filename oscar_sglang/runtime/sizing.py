@@ -112,10 +112,17 @@ class PoolPlan:
             f"per request x {self.max_running_requests + 1} rows "
             f"(max_running_requests={self.max_running_requests} + 1 padding) = "
             f"{self.side_bytes_total / gib:.2f} GiB; budget {self.available_bytes / gib:.2f} GiB"
-            + (f"; speculative decoding: draft model's BF16 KV {self.draft_bytes_per_token:,} B/token, "
-               f"rollback {self.rollback_bytes_per_request / (1 << 20):.2f} MiB per request (both included)"
-               if self.draft_bytes_per_token or self.rollback_bytes_per_request else "")
+            + self._speculative_part()
         )
+
+    def _speculative_part(self) -> str:
+        """What speculative decoding took of the budget (empty without it)."""
+        parts = []
+        if self.draft_bytes_per_token:
+            parts.append(f"the draft model's BF16 KV {self.draft_bytes_per_token:,} B/token")
+        if self.rollback_bytes_per_request:
+            parts.append(f"rejected-draft rollback {self.rollback_bytes_per_request / (1 << 20):.2f} MiB per request")
+        return f"; speculative decoding, included: {', '.join(parts)}" if parts else ""
 
 
 def plan_pool(

@@ -10,10 +10,9 @@ own on SGLang's Triton backend; sizing reserves it (runtime/configurator.py).
 
 * chain_defaults: the settings a user gave none of, before SGLang resolves its own (which for
   EAGLE on Llama would pick trees of topk 4, and for NGRAM a breadth of 10);
-* ngram_chain_mask: NGRAM at breadth 1 pads a short match with sibling nodes of the root (token
-  0 at position L + 1, SGLang's fillResult); they are turned into the chain's continuation, so
-  every verify is a chain. A padding node is accepted only where the target itself predicts
-  token 0 there, as for any draft.
+* ngram_chains: NGRAM at breadth 1 still builds trees (one chain per match anchor, branching
+  where their continuations differ, padded with root children); each becomes one chain of the
+  same drafts, so every verify is a chain.
 """
 from __future__ import annotations
 
@@ -58,54 +57,35 @@ def chain_defaults(args) -> list[str]:
     return done
 
 
-def ngram_chain_mask(drafts: np.ndarray, mask: np.ndarray, batch_size: int) -> np.ndarray:
-    """NGRAM's draft trees of a batch (drafts [B * N] tokens, mask [B * N * N], node i's row: its
-    ancestors and itself) -> the same drafts as chains (a lower-triangular mask each). Each tree
-    must be a chain followed by padding (root children of token 0), what breadth 1 gives; anything
-    else is a tree the plugin cannot verify and raises."""
+def ngram_chains(drafts: np.ndarray, mask: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """NGRAM's draft trees of a batch (drafts [B * N] tokens, node 0 the last verified token;
+    mask [B * N * N], node i's row: its ancestors and itself) -> chains of the same N tokens.
+
+    At breadth 1 each match anchor (a suffix of the context found in the corpus) adds one chain
+    from the root, and anchors whose continuations differ branch; short matches are padded with
+    root children of token 0 (SGLang's Trie::buildRecency and fillResult). The chain kept is the
+    first anchor's (the root's first child, then each node's first child: the order the tree was
+    built in); the other nodes follow it, in their order, as drafts of the next positions. Any
+    token sequence is a valid chain of drafts: the target accepts a draft only where it predicts
+    that token itself, so this changes which drafts are tried, never what is generated."""
     n = int(round((mask.size // max(batch_size, 1)) ** 0.5))
     if batch_size == 0 or mask.size != batch_size * n * n or drafts.size != batch_size * n:
         raise RuntimeError(f"oscar-sglang: NGRAM drafts of unexpected shape ({drafts.size} tokens, a "
                            f"{mask.size}-element mask, {batch_size} requests)")
     m = mask.reshape(batch_size, n, n).astype(bool)
     tok = drafts.reshape(batch_size, n)
-    chain = np.tril(np.ones((n, n), dtype=bool))
+    out = tok.copy()
     for b in range(batch_size):
-        if np.array_equal(m[b], chain):
-            continue
-        # the chain part: node i's ancestors are 0..i-1; the rest must be padding, ancestors {0}
-        depth = next(i for i in range(n) if not np.array_equal(m[b, i], chain[i]))
-        pad = np.zeros(n, dtype=bool)
-        pad[0] = True
-        for i in range(depth, n):
-            row = pad.copy()
-            row[i] = True
-            if not np.array_equal(m[b, i], row) or tok[b, i] != 0:
-                raise RuntimeError(
-                    "oscar-sglang: an NGRAM draft tree with branches reached the INT2 cache, which "
-                    "verifies chains only: serve with --speculative-ngram-max-bfs-breadth 1")
-    out = np.broadcast_to(chain.astype(mask.dtype), (batch_size, n, n)).reshape(mask.shape)
-    return np.ascontiguousarray(out)
-
-
-# SGLang's modules that call eagle_sample after a verify, by the algorithm that runs them
-ACCEPT_CALLERS = {"NGRAM": "sglang.srt.speculative.ngram_worker"}
-EAGLE_ACCEPT_CALLER = "sglang.srt.speculative.eagle_worker_common"
-
-
-def check_accept_hook(alg: str) -> None:
-    """The rollback of rejected drafts runs in the hook on eagle_utils.eagle_sample, which the
-    workers import by name: a worker imported before the plugin loaded would hold the unhooked
-    function and rejected drafts would stay in the ring, silently. Raise if so (at start)."""
-    import importlib
-
-    from .hooks import _contains, after_eagle_sample
-
-    name = ACCEPT_CALLERS.get(alg.upper(), EAGLE_ACCEPT_CALLER)
-    fn = getattr(importlib.import_module(name), "eagle_sample", None)
-    if fn is None or not _contains(fn, after_eagle_sample):
-        raise RuntimeError(
-            f"oscar-sglang: {name}.eagle_sample is not the plugin's hooked function (the module was "
-            f"imported before the plugin loaded, or SGLang changed), so rejected speculative drafts "
-            f"would not be rolled back in the INT2 cache; this needs sglang==0.5.17 with the plugin "
-            f"loaded through its entry point")
+        # parent of node i: its nearest ancestor (nodes come after their parents)
+        parent = [-1] + [max(j for j in range(i) if m[b, i, j]) if m[b, i, :i].any() else 0 for i in range(1, n)]
+        path, node = [0], 0
+        while True:
+            kids = [i for i in range(1, n) if parent[i] == node]
+            if not kids:
+                break
+            node = kids[0]
+            path.append(node)
+        rest = [i for i in range(1, n) if i not in set(path)]
+        out[b] = tok[b, path + rest]
+    chain = np.tril(np.ones((n, n), dtype=mask.dtype))
+    return out.reshape(drafts.shape), np.ascontiguousarray(np.broadcast_to(chain, (batch_size, n, n))).reshape(mask.shape)

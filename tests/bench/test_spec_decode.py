@@ -368,3 +368,29 @@ def test_real_and_verify_measurements_against_a_stub(tmp_path, streams_all_ids):
         assert v["verify_step_ms"] is not None and v["verify_step_ms"] >= 0
     finally:
         srv.shutdown()
+
+
+def test_a_failed_row_is_not_a_measurement(tmp_path, monkeypatch):
+    """A server that stopped mid-run: its partial texts give no identity, no check passes on it,
+    and the table says it failed (with why) instead of showing numbers."""
+    rd = _render_docs()
+    ref = [str(i) for i in range(100)]
+    rows = _all_rows(ref)
+    bad = next(r for r in rows if r["config"] == "int2-ngram")
+    bad.update(ok=False, errors='["ClientPayloadError: payload not completed"]', accept_len_mean=None)
+    ab = next(r for r in rows if r["part"] == "aborts" and r["algorithm"] == "ngram")
+    ab.update(ok=False, aborted=0, pool_leak_tokens=None, side_rows_leak=None)
+    sd.fill_identity(rows)
+    assert bad["greedy_identical_vs_nospec"] is None
+    s = sd.summary(rows)
+    assert not s["checks"]["identity_ngram_int2_ge_bf16_minus_0.02"]
+    assert "identity_ngram_int2_ge_bf16_minus_0.02" in s["not_measured"]
+    assert "aborts_ngram_int2_no_pool_leak" in s["not_measured"]
+    monkeypatch.setattr(rd, "ROOT", tmp_path)
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / rd.SPEC_DECODE).write_text(json.dumps({
+        "date": "d", "device": "H200", "model": "m", "commit": "c", "command": "python -m bench.spec_decode",
+        "rows": rows, "summary": s}))
+    text = "\n".join(rd.render_spec_decode(tmp_path / "docs" / "serving.md"))
+    assert "| ngram | int2 | failed: [\"ClientPayloadError: payload not completed\"]" in text
+    assert "| ngram | failed (the server had stopped) |" in text

@@ -1,5 +1,5 @@
-"""Speculative decoding's settings on the INT2 cache: chain defaults, refusals, NGRAM's padded
-breadth-1 trees turned into chains, the accept hook, and what sizing reserves for it."""
+"""Speculative decoding's settings on the INT2 cache: chain defaults, refusals, NGRAM's breadth-1
+trees turned into chains, the accept hook, and what sizing reserves for it."""
 from types import SimpleNamespace
 
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from oscar_sglang.runtime import refusals, sizing
-from oscar_sglang.runtime.speculative import DEFAULT_CHAIN, chain_defaults, ngram_chain_mask
+from oscar_sglang.runtime.speculative import DEFAULT_CHAIN, chain_defaults, ngram_chains
 
 
 def _spec(**kw):
@@ -70,26 +70,29 @@ def _tree(n, parents):
     return m
 
 
-def test_ngram_padding_becomes_the_chains_continuation():
-    n = 6
-    chain = _tree(n, [-1, 0, 1, 2, 3, 4])
+def test_ngram_trees_become_chains_of_the_same_drafts():
+    n = 7
+    chain = _tree(n, [-1, 0, 1, 2, 3, 4, 5])
     # a match of two drafts, then SGLang's padding: token 0, children of the root
-    padded = _tree(n, [-1, 0, 1, 0, 0, 0])
-    drafts = np.array([[7, 11, 12, 0, 0, 0], [7, 21, 22, 23, 24, 25]], dtype=np.int64).reshape(-1)
-    mask = np.concatenate([padded, chain]).reshape(-1)
-    out = ngram_chain_mask(drafts, mask, 2)
-    assert out.dtype == mask.dtype and out.shape == mask.shape
-    assert np.array_equal(out.reshape(2, n, n), np.stack([np.tril(np.ones((n, n)))] * 2))
-    # no match at all: every draft is padding
-    assert np.array_equal(ngram_chain_mask(np.array([5, 0, 0, 0, 0, 0]), _tree(n, [-1, 0, 0, 0, 0, 0]).reshape(-1), 1)
-                          .reshape(n, n), np.tril(np.ones((n, n))))
+    padded = _tree(n, [-1, 0, 1, 0, 0, 0, 0])
+    # two anchors: 11 12 13 from the first, 21 22 from the second (branching at the root), and
+    # a third continuing the first's 11 with 31 (branching at node 1)
+    branched = _tree(n, [-1, 0, 0, 1, 2, 3, 1])
+    drafts = np.array([[7, 11, 12, 0, 0, 0, 0], [7, 21, 22, 23, 24, 25, 26], [7, 11, 21, 12, 22, 13, 31]],
+                      dtype=np.int64).reshape(-1)
+    mask = np.concatenate([padded, chain, branched]).reshape(-1).astype(np.uint8)
+    out_d, out_m = ngram_chains(drafts, mask, 3)
+    assert out_m.dtype == mask.dtype and out_m.shape == mask.shape and out_d.shape == drafts.shape
+    assert np.array_equal(out_m.reshape(3, n, n), np.stack([np.tril(np.ones((n, n)))] * 3))
+    assert out_d.reshape(3, n).tolist() == [[7, 11, 12, 0, 0, 0, 0],        # already a chain + padding
+                                            [7, 21, 22, 23, 24, 25, 26],    # unchanged
+                                            [7, 11, 12, 13, 21, 22, 31]]    # first anchor's chain first
+    assert sorted(out_d.reshape(3, n)[2]) == sorted(drafts.reshape(3, n)[2])  # the same drafts
 
 
-def test_ngram_branches_are_refused():
-    n = 4
-    tree = _tree(n, [-1, 0, 0, 1])  # node 2 a real sibling of node 1 (token 9, not padding)
-    with pytest.raises(RuntimeError, match="--speculative-ngram-max-bfs-breadth 1"):
-        ngram_chain_mask(np.array([1, 8, 9, 10]), tree.reshape(-1), 1)
+def test_ngram_drafts_of_a_wrong_shape_are_refused():
+    with pytest.raises(RuntimeError, match="unexpected shape"):
+        ngram_chains(np.array([1, 8, 9]), np.ones(16, dtype=np.uint8), 1)
 
 
 def test_accept_hook_does_nothing_without_an_int2_pool(monkeypatch):
@@ -100,7 +103,8 @@ def test_accept_hook_does_nothing_without_an_int2_pool(monkeypatch):
     batch = SimpleNamespace(forward_mode=SimpleNamespace(is_idle=lambda: False))
     assert hooks.after_eagle_sample(result, SimpleNamespace(draft_token_num=4), batch) is result
     drafts, mask = np.array([1, 2]), np.array([1, 0, 0, 1])
-    assert hooks.after_ngram_batch_get((drafts, mask), None, ["r"]) == (drafts, mask)  # trees stay trees
+    result = (drafts, mask)
+    assert hooks.after_ngram_batch_get(result, None, ["r"]) is result  # a BF16 server's trees stay trees
 
 
 def test_accept_hook_rolls_back_through_the_active_pool(monkeypatch):
@@ -131,4 +135,31 @@ def test_sizing_reserves_the_draft_cache_and_the_rollback():
     assert spec.side_bytes_per_request == base.side_bytes_per_request + roll
     used = spec.side_bytes_total + spec.max_total_num_tokens * (spec.bytes_per_token + draft)
     assert used <= budget < used + 64 * (spec.bytes_per_token + draft) + spec.side_bytes_per_request
-    assert "draft model's BF16 KV" in spec.log_line()
+    assert "the draft model's BF16 KV" in spec.log_line() and "rollback" in spec.log_line()
+    assert "speculative" not in base.log_line()
+
+
+def test_the_accept_hook_check_sees_an_unhooked_worker(monkeypatch):
+    """A worker module that bound eagle_sample before the plugin hooked it is refused at start."""
+    import sys
+    import types
+
+    from oscar_sglang.runtime import hooks
+
+    def unhooked(*a, **k):
+        return None
+
+    def wrap(fn, hook):  # what HookRegistry builds: the hook in the wrapper's closure
+        def wrapper(*a, **k):
+            return hook(fn(*a, **k), *a, **k)
+        return wrapper
+
+    wrapper = wrap(unhooked, hooks.after_eagle_sample)
+
+    fake = types.ModuleType("fake_ngram_worker")
+    fake.eagle_sample = unhooked
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.ngram_worker", fake)
+    with pytest.raises(RuntimeError, match="not the plugin's hooked function"):
+        hooks.check_accept_hook("NGRAM")
+    fake.eagle_sample = wrapper
+    hooks.check_accept_hook("ngram")
