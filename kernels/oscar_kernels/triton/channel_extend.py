@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 import triton
+import triton.language as tl
 
 from .channel_attend import channel_kernel, check_channel_pool
 from .core import LOG2E, as_param_words, extend_outputs, pool_launch_args, pv_dtype, sm_count
@@ -42,17 +43,47 @@ def extend_prefix_splits(programs: int, max_len_prefix, device) -> int:
     return max(1, min(want, int(max_len_prefix) // EXTEND_SPLIT_MIN_KEYS, EXTEND_MAX_SPLITS))
 
 
+@triton.jit
+def _merge_extend_splits_kernel(
+    Part, s_pt, s_ps, s_ph, Lse, s_lt, s_ls, s_lh, O, s_ot, s_oh, LseOut, s_mt, s_mh, SPLITS,
+    DV: tl.constexpr, SP2: tl.constexpr,
+):
+    """Program (t, h): one softmax over the splits' partial outputs of token t, query head h."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    s = tl.arange(0, SP2)
+    sm = s < SPLITS
+    lse = tl.load(Lse + t * s_lt + s * s_ls + h * s_lh, mask=sm, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m_ref = tl.where(m == float("-inf"), 0.0, m)  # no split saw a key: every weight 0
+    w = tl.where(lse == float("-inf"), 0.0, tl.exp(lse - m_ref))
+    den = tl.sum(w, 0)
+    d = tl.arange(0, DV)
+    # a split without keys wrote nothing: never read it (w == 0)
+    part = tl.load(Part + t * s_pt + s[:, None] * s_ps + h * s_ph + d[None, :], mask=(sm & (w > 0))[:, None],
+                   other=0.0)
+    o = tl.sum(part * w[:, None], 0) / tl.where(den > 0, den, 1.0)
+    tl.store(O + t * s_ot + h * s_oh + d, o.to(O.dtype.element_ty))
+    tl.store(LseOut + t * s_mt + h * s_mh, tl.where(den > 0, m_ref + tl.log(tl.where(den > 0, den, 1.0)),
+                                                     float("-inf")))
+
+
 def merge_extend_splits(o_part, lse_part, o, lse):
     """o_part [T, S, Hq, Dv] / lse_part [T, S, Hq] (natural log; -inf: a split without keys) ->
     o [T, Hq, Dv], lse [T, Hq] in place, as one softmax over all the splits' keys (o = 0,
-    lse = -inf where no split saw a key)."""
-    m = lse_part.amax(1)
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    w = torch.exp(lse_part - m[:, None])  # exp(-inf) = 0
-    den = w.sum(1)
-    has = den > 0
-    o.copy_((o_part * w[..., None]).sum(1) / torch.where(has, den, 1.0)[..., None])
-    lse.copy_(torch.where(has, m + torch.log(torch.where(has, den, 1.0)), float("-inf")))
+    lse = -inf where no split saw a key). One launch (it was ten elementwise torch operations a
+    layer, a cost of their own where a split extend runs every layer of a speculative verify)."""
+    T, S, Hq, Dv = o_part.shape
+    if T == 0:
+        return o, lse
+    if o_part.stride(-1) != 1 or o.stride(-1) != 1:
+        raise ValueError("merge_extend_splits: o_part and o need a contiguous last dimension")
+    _merge_extend_splits_kernel[(T, Hq)](
+        o_part, o_part.stride(0), o_part.stride(1), o_part.stride(2),
+        lse_part, lse_part.stride(0), lse_part.stride(1), lse_part.stride(2),
+        o, o.stride(0), o.stride(1), lse, lse.stride(0), lse.stride(1), S,
+        DV=Dv, SP2=triton.next_power_of_2(S), num_warps=4,
+    )
     return o, lse
 
 
