@@ -371,7 +371,9 @@ def spec_flags(algorithm: str, kv: str, draft: Optional[str], ngram_draft_tokens
     if algorithm == "none":
         return []
     if algorithm == "ngram":
-        # int2 chains NGRAM's drafts itself (breadth 1); BF16 is told to, so both verify one chain
+        # breadth 1 for both: int2 sets it itself and verifies one chain (the first match
+        # anchor's, the other drafts after it); BF16 verifies the small trees breadth 1 still builds
+        # (one chain per match anchor), SGLang's own behaviour
         breadth = [] if kv == "int2" else ["--speculative-ngram-max-bfs-breadth", "1"]
         return ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens",
                 str(ngram_draft_tokens), *breadth]
@@ -379,8 +381,10 @@ def spec_flags(algorithm: str, kv: str, draft: Optional[str], ngram_draft_tokens
         if not draft:
             raise ValueError("STANDALONE needs a draft model path")
         fmt = ["--speculative-draft-load-format", draft_load_format] if draft_load_format else []
+        # the same draft attention for every KV dtype (SGLang would give an FP8 / BF16 server's
+        # draft FlashInfer, int2's gets Triton), so a step's time differs by the target's verify only
         return ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", str(draft),
-                *fmt, *STANDALONE_CHAIN]
+                *fmt, *STANDALONE_CHAIN, "--speculative-draft-attention-backend", "triton"]
     raise ValueError(f"unknown algorithm {algorithm!r}: {', '.join(ALGORITHMS)}")
 
 

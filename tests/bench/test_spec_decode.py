@@ -241,8 +241,11 @@ def test_speculative_flags():
     st = sd.spec_flags("standalone", "bf16", "/m", 8, "dummy")
     assert shlex.join(st) == ("--speculative-algorithm STANDALONE --speculative-draft-model-path /m "
                               "--speculative-draft-load-format dummy --speculative-num-steps 3 "
-                              "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4")
-    assert sd.spec_flags("standalone", "int2", "/m", 8)[4:] == sd.STANDALONE_CHAIN
+                              "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4 "
+                              "--speculative-draft-attention-backend triton")
+    # the same draft attention whatever the target's KV dtype
+    assert sd.spec_flags("standalone", "int2", "/m", 8)[4:] == [*sd.STANDALONE_CHAIN,
+                                                               "--speculative-draft-attention-backend", "triton"]
     with pytest.raises(ValueError):
         sd.spec_flags("eagle", "int2", None, 8)
 
