@@ -106,7 +106,8 @@ async def _one(session, url: str, ids: List[int], out_len: int, rec: RequestReco
 
 
 async def _run(url: str, prompts: List[List[int]], out_len: int, label: str,
-               timeout_s: float, on_first_token=None, ignore_eos: bool = True) -> List[RequestRecord]:
+               timeout_s: float, on_first_token=None, ignore_eos: bool = True,
+               progress: bool = True) -> List[RequestRecord]:
     import aiohttp
 
     records = [RequestRecord(prompt_len=len(p), sent=0.0) for p in prompts]
@@ -119,7 +120,7 @@ async def _run(url: str, prompts: List[List[int]], out_len: int, label: str,
         if started and on_first_token is not None:
             on_first_token()
         now = time.perf_counter()
-        if now - state["last"] > 10 or state["done"] == len(prompts):
+        if progress and (now - state["last"] > 10 or state["done"] == len(prompts)):
             state["last"] = now
             print(f"    [{label}] {now - t0:6.1f} s: first token {state['started']}/{len(prompts)}, "
                   f"finished {state['done']}/{len(prompts)}", flush=True)
@@ -133,10 +134,12 @@ async def _run(url: str, prompts: List[List[int]], out_len: int, label: str,
 
 
 def run_requests(url: str, prompts: List[List[int]], out_len: int, label: str,
-                 timeout_s: float = 900.0, on_first_token=None, ignore_eos: bool = True) -> List[RequestRecord]:
+                 timeout_s: float = 900.0, on_first_token=None, ignore_eos: bool = True,
+                 progress: bool = True) -> List[RequestRecord]:
     """Send all prompts at once and wait for every one to finish (ignore_eos=False: greedy
-    answers that stop at EOS, out_len being their cap)."""
-    return asyncio.run(_run(url, prompts, out_len, label, timeout_s, on_first_token, ignore_eos))
+    answers that stop at EOS, out_len being their cap). progress=False: no progress lines (a
+    caller sending one request at a time prints its own)."""
+    return asyncio.run(_run(url, prompts, out_len, label, timeout_s, on_first_token, ignore_eos, progress))
 
 
 def _pct(values, qs=(50, 90, 99)) -> dict:

@@ -24,6 +24,7 @@ NIAH_H200 = "bench/results/niah_server_h200.json"
 NIAH_H100 = "bench/results/niah_server_h100.json"
 KERNELS = "bench/results/kernels/2026-11-29_1712_issue18-default-vs-previous_h200.json"
 SPEC_DECODE = "bench/results/spec_decode_h200.json"  # python -m bench.spec_decode; may not exist yet
+PATH_INVARIANCE = "bench/results/path_invariance_h200.json"  # python -m bench.path_invariance; may not exist yet
 
 LOADS = (  # (row label, load key): the four throughput loads, N requests x (prompt + output tokens)
     ("output tok/s, 256 requests x (2K in + 256 out)", "256x2048+256"),
@@ -264,12 +265,61 @@ def render_spec_decode(doc: Path) -> list[str]:
     return out
 
 
+# (column header, row metric) of the path-invariance table: bench/path_invariance.py's COMPARISONS
+PATH_COLUMNS = (("radix hit", "greedy_identical_radix_vs_cold"), ("sibling hit", "greedy_identical_sibling_vs_cold"),
+                ("batch 1", "greedy_identical_batch_vs_cold"), ("batch 2", "greedy_identical_batch2_vs_cold"),
+                ("batch 1 = batch 2", "greedy_identical_batch1_vs_batch2"),
+                ("after rows reused", "greedy_identical_after_others_vs_cold"), ("host tier", "greedy_identical_host_vs_cold"))
+
+
+def render_path_invariance(doc: Path) -> list[str]:
+    """bench/path_invariance.py's file: per server and output length, the share of prompts whose
+    greedy answer on each path equals the cold prefill's, the passes' radix-hit shares, and the
+    file's checks. A placeholder line while the file does not exist."""
+    if not (ROOT / PATH_INVARIANCE).exists():
+        return [f"Not measured yet: `{PATH_INVARIANCE}` does not exist (`python -m bench.path_invariance --help` "
+                "says how to make it)."]
+    s = load(PATH_INVARIANCE)
+    rows = sorted(s["rows"], key=lambda r: (r.get("max_new_tokens") or 0, bool(r.get("ignore_eos")),
+                                            bool(r.get("hicache")), r.get("kv") != "int2", r.get("config", "")))
+    n = max((r.get("prompts") or 0 for r in rows), default=0)
+    out = [f"{link(PATH_INVARIANCE, doc)}: {s['device']}, {s['date']} (commit `{s['commit']}`). Made by:",
+           *commands_block(s), "",
+           f"{rows[0].get('model') if rows else '-'}, real weights, {n} greedy chat prompts: the share of prompts "
+           "whose answer on the path equals the same server's cold answer (radix cache flushed before it); "
+           "batch 1 = batch 2 compares the two batch passes with each other; '-' not measured.", "",
+           "| server | output tokens | " + " | ".join(h for h, _ in PATH_COLUMNS) + " |",
+           "|---|---|" + "---:|" * len(PATH_COLUMNS)]
+    for r in rows:
+        tokens = f"{r.get('max_new_tokens')}" + (" (no EOS)" if r.get("ignore_eos") else "") \
+            + (", HiCache" if r.get("hicache") else "")
+        if r.get("error"):
+            cells = ["error: " + " ".join(str(r["error"]).split())[:120].replace("|", "/")] + [""] * (len(PATH_COLUMNS) - 1)
+        else:
+            cells = ["-" if r.get(k) is None else f"{r[k]:.3f}" for _, k in PATH_COLUMNS]
+        out.append(f"| {r.get('config')} | {tokens} | " + " | ".join(cells) + " |")
+    hits = [r for r in rows if r.get("passes")]
+    if hits:
+        names = [p for p in ("cold", "warm_serial", "sibling_serial", "warm_batch_1", "warm_batch_2",
+                             "warm_after_others", "host") if any(p in r["passes"] for r in hits)]
+        out += ["", "Share of requests that hit the radix cache (cached_tokens > 0), per pass:", "",
+                "| server | output tokens | " + " | ".join(names) + " |", "|---|---|" + "---:|" * len(names)]
+        for r in hits:
+            cells = [_ms(r["passes"][p].get("hit_share")) if p in r["passes"] else "-" for p in names]
+            out.append(f"| {r.get('config')} | {r.get('max_new_tokens')} | " + " | ".join(cells) + " |")
+    checks = (s.get("summary") or {}).get("checks") or {}
+    if checks:
+        out += ["", "Checks: " + ", ".join(f"`{k}` {'pass' if v else 'FAIL'}" for k, v in checks.items()) + "."]
+    return out
+
+
 RENDERERS = {
     "readme-today": render_readme_today,
     "serving-h200": render_serving_full,
     "niah-served": render_niah,
     "kernel-decode-h200": render_kernel_decode,
     "spec-decode": render_spec_decode,
+    "path-invariance": render_path_invariance,
 }
 REGION = re.compile(r"(<!-- generated:([\w-]+) -->\n)(.*?)(<!-- /generated:\2 -->)", re.S)
 

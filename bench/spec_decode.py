@@ -261,11 +261,12 @@ def row_key(row: dict) -> tuple:
     return row.get("part"), row.get("config"), row.get("batch"), row.get("context")
 
 
-def merge_rows(old: List[dict], new: List[dict]) -> List[dict]:
-    """old's rows with each new row replacing the one with its key (row_key), new keys appended."""
-    keys = {row_key(r): r for r in new}
-    out = [keys.pop(row_key(r), r) for r in old]
-    return out + [r for r in new if row_key(r) in keys]
+def merge_rows(old: List[dict], new: List[dict], key=row_key) -> List[dict]:
+    """old's rows with each new row replacing the one with its key (`key`, by default row_key),
+    new keys appended."""
+    keys = {key(r): r for r in new}
+    out = [keys.pop(key(r), r) for r in old]
+    return out + [r for r in new if key(r) in keys]
 
 
 def fill_identity(rows: List[dict]) -> None:
@@ -332,27 +333,36 @@ def summary(rows: List[dict]) -> dict:
 # ------------------------------------------------------------------------------ the results file
 
 
+def _finish(rows: List[dict]) -> dict:
+    """This script's derived values: identity against the rows without speculation, the checks."""
+    fill_identity(rows)
+    return summary(rows)
+
+
 class ResultsFile:
     """--out, merged (module docstring): put() re-reads it, replaces the row with the same key,
-    recomputes identity and the summary, and writes it whole. One lock: configurations may run
-    in threads side by side (--gpus)."""
+    recomputes the derived values and the summary, and writes it whole. One lock: configurations
+    may run in threads side by side (--gpus). Another bench script keeps its file the same way
+    with its own module name, row key and `finish(rows) -> summary` (which may fill rows in)."""
 
-    def __init__(self, path: Path, base: Optional[Path], device: str):
+    def __init__(self, path: Path, base: Optional[Path], device: str, module: str = "spec_decode",
+                 key=row_key, finish=_finish):
         self.path, self.device = Path(path), device
+        self.key, self.finish = key, finish
         self.lock = threading.Lock()
         self.call = {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                     "device": device, "command": _results.command("spec_decode")}
+                     "device": device, "command": _results.command(module)}
         src = next((Path(p) for p in (self.path, base) if p and Path(p).exists()), None)
         self.doc = json.loads(src.read_text()) if src else {"rows": [], "calls": []}
         self._write([])
 
     def _write(self, new: List[dict]) -> None:
-        rows = merge_rows(self.doc.get("rows", []), new)
-        fill_identity(rows)
+        rows = merge_rows(self.doc.get("rows", []), new, self.key)
+        s = self.finish(rows)
         calls = [c for c in self.doc.get("calls", []) if c != self.call] + [self.call]
         models = sorted({r["model"] for r in rows if r.get("model")})
         doc = _results.document("; ".join(models) or "none measured", rows, device=self.device,
-                                summary=summary(rows), calls=calls)
+                                summary=s, calls=calls)
         doc["command"] = self.call["command"]
         self.doc = doc
         _results.write(self.path, doc)

@@ -69,3 +69,15 @@ def test_spec_stage_parts_are_the_benchmarks():
     default = re.search(r"\$\{SPEC_PARTS:-([^}]*)\}", SCRIPT.read_text()).group(1)
     assert default.split(",") == ["real", "aborts"]
     assert spec_decode.parse_args(["--part", default]).parts == ["real", "aborts"]
+
+
+def test_paths_stage_configurations_are_the_benchmarks():
+    from bench import path_invariance
+
+    text = SCRIPT.read_text()
+    default = re.search(r"\$\{PATHS_CONFIGS:-([^}]*)\}", text).group(1)
+    assert default == "int2,bf16"
+    args = path_invariance.parse_args(["--configs", default, "--model-path", "/m"])
+    assert [(c.name, c.kv) for c in args.config_list] == [("int2", "int2"), ("bf16", "bf16")]
+    # the stage writes the file the renderer reads, under the machine's tag
+    assert "path_invariance_$MACHINE.json" in text and "paths)" in text
