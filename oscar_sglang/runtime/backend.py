@@ -320,6 +320,8 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             token_rows=torch.repeat_interleave(fb.req_pool_indices, lens, output_size=n),
             token_seq_lens=torch.repeat_interleave(fb.seq_lens, lens, output_size=n))
         self.pool.note_extend(fb.req_pool_indices, fb.extend_prefix_lens)
+        if getattr(self, "req_to_token", None) is not None:
+            self.pool.note_first_positions(fb.req_pool_indices, fb.extend_prefix_lens, self.req_to_token)
         md = self.forward_metadata
         self._new_tokens.plan(md.qo_indptr, getattr(fb, "extend_seq_lens_cpu", None), md.max_extend_len)
         cpu = fb.extend_prefix_lens_cpu

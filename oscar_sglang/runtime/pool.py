@@ -22,6 +22,9 @@ buffers and runs the store:
   (entry_owner[entry] == slot): chat requests share their system prompt through the radix cache,
   and without this their attention-sink tokens would be read as INT2.
 
+* sinks (runtime/sink_store.py): a row's BF16 sink kept by the slot of its position 0 when the row
+  is handed to a new request, for radix hits that come after the owner's row is gone.
+
 Row bookkeeping: when SGLang hands a request a row (ReqToTokenPool.alloc, hooked), the row id and
 the request's radix-hit length are queued here; the attention backend applies the queued resets
 and carry-overs at the start of the next forward, on the forward stream (the alloc runs on the
@@ -43,6 +46,7 @@ from sglang.srt.mem_cache.memory_pool import KVCache
 from oscar_kernels.format import Int2Format, code_bytes
 
 from .draft_rollback import DraftRollback
+from .sink_store import SlotSinkStore
 from .kv_format import ServedFormat
 from .layouts import KVLayout, layout_for
 
@@ -85,6 +89,7 @@ class OscarInt2KVPool(KVCache):
         *,
         req_rows: int,
         kv_format: ServedFormat,
+        sink_store_entries: int | None = None,  # sizing.sink_store_plan's (None: one a row)
         k_clip: list[float],
         v_clip: list[float],
         k_rotation: torch.Tensor | None = None,   # [L_local, H_local, D, D] fp32 (or None)
@@ -141,10 +146,13 @@ class OscarInt2KVPool(KVCache):
             self.v_codes = [head_major((n, H, Dv // 4), torch.uint8) for _ in range(layer_num)]
             self.k_params = [head_major(k_param_shape, torch.float16) for _ in range(layer_num)]
             self.v_params = [head_major((n, H, self.v_format.n_groups, 2), torch.float16) for _ in range(layer_num)]
-            self.sink_k = [z((req_rows, sink, H, D), HP_DTYPE) for _ in range(layer_num)]
-            self.sink_v = [z((req_rows, sink, H, Dv), HP_DTYPE) for _ in range(layer_num)]
-            # one tensor over the layers, a view per layer (the same [rows, W, H, D] as one tensor
-            # a layer): a speculative step's rejected drafts are rolled back in every layer at once
+            # one tensor over the layers, a view per layer (the same [rows, S / W, H, D] as one
+            # tensor a layer): a speculative step's rejected drafts are rolled back, and a row's
+            # sink kept by page (sink_store.py), in every layer at once
+            self.sink_k_layers = z((layer_num, req_rows, sink, H, D), HP_DTYPE)
+            self.sink_v_layers = z((layer_num, req_rows, sink, H, Dv), HP_DTYPE)
+            self.sink_k = list(self.sink_k_layers.unbind(0))
+            self.sink_v = list(self.sink_v_layers.unbind(0))
             self.ring_k_layers = z((layer_num, req_rows, recent, H, D), HP_DTYPE)
             self.ring_v_layers = z((layer_num, req_rows, recent, H, Dv), HP_DTYPE)
             self.ring_k = list(self.ring_k_layers.unbind(0))
@@ -169,6 +177,9 @@ class OscarInt2KVPool(KVCache):
         self.v_rot = per_layer(v_rotation, Dv)
         # speculative decoding: what rejected drafts overwrite (enable_draft_rollback)
         self.drafts: DraftRollback | None = None
+        with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
+            # rows' sinks kept by the slot of position 0, for later hits
+            self.sinks = SlotSinkStore(self, req_rows if sink_store_entries is None else sink_store_entries)
         self._finalize_allocation_log(size)
 
     def enable_draft_rollback(self, num_draft_tokens: int) -> DraftRollback:
@@ -199,7 +210,8 @@ class OscarInt2KVPool(KVCache):
         return k, v
 
     def usage_bytes(self) -> dict:
-        return {"int2_bytes": self._int2_bytes(), "side_buffer_bytes": self._side_bytes()}
+        return {"int2_bytes": self._int2_bytes(), "side_buffer_bytes": self._side_bytes(),
+                "sink_store_bytes": self.sinks.bytes()}
 
     # ---------------------------------------------------------------- row bookkeeping
     def apply_pending_resets(self, req_to_token: torch.Tensor | None = None) -> None:
@@ -208,7 +220,8 @@ class OscarInt2KVPool(KVCache):
         pending = take_pending_rows()
         if not pending:
             return
-        idx = torch.tensor([r for r, _ in pending], dtype=torch.int64, device=self.own_start.device)
+        idx = torch.tensor(sorted({r for r, _ in pending}), dtype=torch.int64, device=self.own_start.device)
+        self.sinks.publish(idx)  # the previous owners' sinks, kept by their position-0 slot
         self.own_start.index_fill_(0, idx, INT32_MAX)
         self.sink_start.index_fill_(0, idx, INT32_MAX)
         hits = [(r, p) for r, p in dict(pending).items() if p > 0]  # a row's latest claim wins
@@ -239,11 +252,16 @@ class OscarInt2KVPool(KVCache):
             owner = self.entry_owner[ent.clamp(lo, hi - 1)].to(torch.int64)
             return ent.clamp(lo, hi - 1), valid & inside & (owner == slots), slots
 
-        # sink: all of [0, min(P, S)) or nothing
+        # sink: all of [0, min(P, S)) or nothing, from the owner's row while it holds them, else
+        # from the copy kept with the hit's position-0 slot (sink_store.py)
         ps = torch.arange(S, device=dev)[None, :]
         need_s = ps < P[:, None]
         src_s, ok_s, slot_s = lookup(ps.expand(len(hits), S), need_s, 0, R * S)
         all_s = (ok_s | ~need_s).all(1)
+        entry, kept = self.sinks.lookup(slot_s[:, 0], ~all_s & (P >= S))
+        kept_mask = kept.view(1, -1, 1, 1, 1)
+        for buf, store in ((self.sink_k_layers, self.sinks.k), (self.sink_v_layers, self.sinks.v)):
+            buf[:, rows] = torch.where(kept_mask, store[:, entry], buf[:, rows])
         take_s = need_s & all_s[:, None]
         dst_s = rows[:, None] * S + ps
         copies = [(self.sink_k + self.sink_v, S, 0, src_s, dst_s, take_s, slot_s)]
@@ -272,7 +290,15 @@ class OscarInt2KVPool(KVCache):
             # masked-out lanes (possibly repeated slots) all write to slot 0, SGLang's padding
             # slot, whose pointer no reader trusts (no request's position maps to it)
             self.slot_entry[torch.where(take, slots, 0)] = ent.to(torch.int32)
-        self.sink_start[rows] = torch.where(all_s, 0, P).to(torch.int32)
+        # the kept copies now live in the row too (point the sink slots at it, as above)
+        ent_k = dst_s
+        take_k = need_s & kept[:, None]
+        self.entry_owner[ent_k] = torch.where(take_k, slot_s.to(torch.int32), self.entry_owner[ent_k])
+        self.slot_entry[torch.where(take_k, slot_s, 0)] = ent_k.to(torch.int32)
+        has_sink = all_s | kept
+        # a row holding a whole sink keeps it for the prefix when it is reused (publish)
+        self.sinks.note_first_slots(rows, slot_s[:, 0], has_sink & (P >= S))
+        self.sink_start[rows] = torch.where(has_sink, 0, P).to(torch.int32)
         self.own_start[rows] = first_r.to(torch.int32)
 
     @staticmethod
@@ -281,6 +307,13 @@ class OscarInt2KVPool(KVCache):
         src, dst, take = src.reshape(-1), dst.reshape(-1), take.reshape(-1)
         moved = torch.where(take.view(-1, *([1] * (buf.dim() - 1))), buf[src], buf[dst])
         buf[dst] = moved
+
+    def note_first_positions(self, req_pool_indices: torch.Tensor, extend_prefix_lens: torch.Tensor,
+                             req_to_token: torch.Tensor) -> None:
+        """Requests of an extend that write their own position 0: their slot of it, so that the
+        sink store can keep the sink by it when the row is reused."""
+        rows = req_pool_indices.to(torch.int64)
+        self.sinks.note_first_slots(rows, req_to_token[rows, 0], extend_prefix_lens == 0)
 
     def note_extend(self, req_pool_indices: torch.Tensor, extend_prefix_lens: torch.Tensor) -> None:
         """A request computes positions >= its prefix length itself (first chunk: the radix hit,

@@ -49,6 +49,11 @@ def bf16_bytes_per_token(shape: ModelKVShape) -> int:
     return shape.num_layers * shape.num_kv_heads * (shape.head_dim + shape.v_head_dim) * BF16_BYTES
 
 
+# sinks kept for later radix hits (runtime/sink_store.py): one entry a request row, within this
+# share of the KV budget (the per-token recipe's 64-token sinks would otherwise take 5% of it)
+SINK_STORE_MAX_FRACTION = 0.01
+
+
 def side_bytes_per_request(shape: ModelKVShape, sink: int, recent: int) -> int:
     """BF16 sink + ring bytes of one request row (all local layers, K and V) + its int32
     bookkeeping: own_start, sink_start and the owner slot of each of its S + W entries."""
@@ -60,6 +65,17 @@ def side_bytes_per_request(shape: ModelKVShape, sink: int, recent: int) -> int:
         * BF16_BYTES
         + INT32_BYTES * (2 + sink + recent)
     )
+
+
+def sink_store_plan(available_bytes: int, rows: int, shape: ModelKVShape, sink: int) -> tuple[int, int]:
+    """(entries, bytes) of the sinks kept for later radix hits (runtime/sink_store.py): one entry
+    (S BF16 tokens of every layer and an int64 owner) a request row, as many as fit in
+    SINK_STORE_MAX_FRACTION of the budget (at least 1: the entry rows with nothing to keep write),
+    and an int64 a row. Taken from the token budget, not the rows' (a cache: it never limits
+    concurrency)."""
+    entry = shape.num_layers * shape.num_kv_heads * sink * (shape.head_dim + shape.v_head_dim) * BF16_BYTES + 8
+    entries = max(1, min(int(rows), int(SINK_STORE_MAX_FRACTION * available_bytes) // entry))
+    return entries, entries * entry + 8 * int(rows)
 
 
 def kv_head_range(total_kv_heads: int, attn_tp_size: int, attn_tp_rank: int) -> tuple[int, int]:
@@ -92,6 +108,8 @@ class PoolPlan:
     # its pool as many tokens as the target's) and the rejected-draft rollback a request row
     draft_bytes_per_token: int = 0
     rollback_bytes_per_request: int = 0
+    sink_store_entries: int = 0        # sink_store_plan
+    sink_store_bytes_total: int = 0
 
     @property
     def compression(self) -> float:
@@ -111,7 +129,8 @@ class PoolPlan:
             f"BF16 sink+recent side buffers {self.side_bytes_per_request / (1 << 20):.1f} MiB "
             f"per request x {self.max_running_requests + 1} rows "
             f"(max_running_requests={self.max_running_requests} + 1 padding) = "
-            f"{self.side_bytes_total / gib:.2f} GiB; budget {self.available_bytes / gib:.2f} GiB"
+            f"{self.side_bytes_total / gib:.2f} GiB; sinks kept for later radix hits "
+            f"{self.sink_store_bytes_total / gib:.2f} GiB; budget {self.available_bytes / gib:.2f} GiB"
             + self._speculative_part()
         )
 
@@ -172,8 +191,10 @@ def plan_pool(
             reqs = max(cap, 1)
 
     side_total = (reqs + 1) * per_req
+    store_entries, store_total = sink_store_plan(available_bytes, reqs + 1, shape, fmt.sink)
     cell = per_tok + draft_bytes_per_token
-    tokens = (available_bytes - side_total) // cell if available_bytes > side_total else 0
+    fixed = side_total + store_total
+    tokens = (available_bytes - fixed) // cell if available_bytes > fixed else 0
     tokens = tokens // page_size * page_size
     if tokens <= 0:
         raise PoolSizingError(
@@ -194,6 +215,8 @@ def plan_pool(
         notes=notes,
         draft_bytes_per_token=int(draft_bytes_per_token),
         rollback_bytes_per_request=int(rollback_bytes_per_request),
+        sink_store_entries=store_entries,
+        sink_store_bytes_total=int(store_total),
     )
 
 
@@ -210,8 +233,10 @@ def plan_from_max_tokens(
     per_req = side_bytes_per_request(shape, fmt.sink, fmt.recent)
     tokens = max_total_num_tokens // page_size * page_size
     side_total = (max_running_requests + 1) * per_req
+    store_entries, store_total = sink_store_plan(tokens * per_tok + side_total, max_running_requests + 1,
+                                                 shape, fmt.sink)
     return PoolPlan(
-        available_bytes=tokens * per_tok + side_total,
+        available_bytes=tokens * per_tok + side_total + store_total,
         bytes_per_token=per_tok,
         bf16_bytes_per_token=bf16_bytes_per_token(shape),
         side_bytes_per_request=per_req,
@@ -219,4 +244,6 @@ def plan_from_max_tokens(
         side_bytes_total=side_total,
         max_total_num_tokens=tokens,
         int2_bytes_total=tokens * per_tok,
+        sink_store_entries=store_entries,
+        sink_store_bytes_total=store_total,
     )

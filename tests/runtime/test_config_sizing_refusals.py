@@ -157,6 +157,12 @@ def test_bytes_per_token_formula():
     small = Z.ModelKVShape(2, 2, 64, 64)
     assert Z.int2_bytes_per_token(small, token_fmt(small, 128)) == 2 * 2 * 2 * (16 + 4) + 4
     assert Z.side_bytes_per_request(QWEN3_8B, 64, 256) == 36 * 8 * 320 * 256 * 2 + 4 * (2 + 320)
+    # the sinks kept for radix hits (runtime/sink_store.py): one entry a row (a sink and its int64
+    # owner) within 1% of the budget, and an int64 a row
+    entry = 36 * 8 * 64 * 256 * 2 + 8
+    assert Z.sink_store_plan(100 * entry, 10, QWEN3_8B, 64) == (1, entry + 80)
+    assert Z.sink_store_plan(10_000 * entry, 10, QWEN3_8B, 64) == (10, 10 * entry + 80)
+    assert Z.sink_store_plan(550 * entry, 10, QWEN3_8B, 64) == (5, 5 * entry + 80)
 
 
 def test_bytes_per_token_of_channel_formats():
@@ -182,7 +188,8 @@ def test_plan_default_requests_capped_by_fraction():
     per_req = Z.side_bytes_per_request(QWEN3_8B, 64, 256)
     assert plan.max_running_requests == int(0.06 * avail) // per_req - 1
     assert plan.side_bytes_total == (plan.max_running_requests + 1) * per_req <= 0.06 * avail
-    assert plan.max_total_num_tokens == (avail - plan.side_bytes_total) // plan.bytes_per_token
+    assert plan.max_total_num_tokens == (avail - plan.side_bytes_total - plan.sink_store_bytes_total) \
+        // plan.bytes_per_token
     assert plan.notes and "max_running_requests defaults to" in plan.notes[0]
     # capacity vs a BF16 pool of the same budget: >= 6.5x
     bf16_tokens = avail // Z.bf16_bytes_per_token(QWEN3_8B)

@@ -101,3 +101,69 @@ def test_pending_rows_carry_prefix_lengths():
     note_new_rows([3], [9])  # row 3 freed and claimed again before the forward: latest wins
     assert take_pending_rows() == [(3, 0), (5, 17), (3, 9)]
     assert take_pending_rows() == []
+
+
+def _fresh(pool, req_to_token, row, slots, total):
+    """A request with no radix hit on `row`, prefilled as the backend does (its sink is its own)."""
+    req_to_token[row, :len(slots)] = torch.tensor(slots)
+    note_new_rows([row], [0])
+    pool.apply_pending_resets(req_to_token)
+    rows, pre = torch.tensor([row]), torch.tensor([0], dtype=torch.int32)
+    pool.note_extend(rows, pre)
+    pool.note_first_positions(rows, pre, req_to_token)
+    return _store(pool, row, slots, 0, total)
+
+
+def test_a_hit_finds_the_sink_after_its_owners_row_was_reused(seed):
+    """The same radix hit gets the same BF16 sink whether or not the owner's row has been handed
+    to another request in between (the copy kept by the slot of position 0, sink_store.py); a
+    slot written again, or a copy pushed out by later ones, gives INT2 as before."""
+    pool = _pool()
+    req_to_token = torch.zeros(ROWS, 64, dtype=torch.int64)
+    slots_a = list(range(1, 21))
+    kA, vA = _fresh(pool, req_to_token, 1, slots_a, 20)
+
+    # a hit while A's row still holds the sink, then the same hit after that row was reused
+    _claim(pool, req_to_token, 2, slots_a, 16)
+    assert pool.sink_start[2].item() == 0
+    first = pool.sink_k[0][2].clone()
+    _fresh(pool, req_to_token, 1, list(range(40, 44)), 4)  # row 1 reused (row 2 holds A's sink now)
+    assert 1 not in pool.sinks.owner.tolist()
+    _fresh(pool, req_to_token, 2, list(range(44, 48)), 4)  # row 2 reused: A's sink kept
+    assert pool.sinks.owner.tolist().count(1) == 1
+    _claim(pool, req_to_token, 3, slots_a, 16)
+    assert pool.sink_start[3].item() == 0  # the ring entries of 12..15 are intact: own_start 12
+    torch.testing.assert_close(pool.sink_k[0][3], first, rtol=0, atol=0)
+    torch.testing.assert_close(pool.sink_k[0][3], kA[:S].view(S, H, D), rtol=0, atol=0)
+    torch.testing.assert_close(pool.sink_v[0][3], vA[:S].view(S, H, D), rtol=0, atol=0)
+    # the row that took the kept copy points A's sink slots at itself (a later hit finds it there)
+    assert pool.entry_owner[3 * S + torch.arange(S)].tolist() == slots_a[:S]
+
+    # A's position-0 slot written again (its page reused): nobody finds the old copy, and the row
+    # that held it does not keep it for the slot when it is reused
+    _store(pool, 5, [slots_a[0]], 7, 8)
+    _fresh(pool, req_to_token, 3, list(range(50, 54)), 4)  # row 3, which held A's sink, reused
+    assert pool.sinks.owner.tolist().count(1) == 1  # only the copy kept before (the slot moved on)
+    before = pool.sink_k[0][4].clone()
+    _claim(pool, req_to_token, 4, slots_a, 16)
+    assert pool.sink_start[4].item() == 16 and torch.equal(pool.sink_k[0][4], before)
+
+
+def test_kept_sinks_are_reused_in_turn(seed):
+    """A kept copy lasts until as many more sinks were kept as the store has entries (one a row
+    but the one rows with nothing to keep write); those rows take no entry."""
+    pool = _pool()
+    n = pool.sinks.n
+    assert n == ROWS - 1
+    req_to_token = torch.zeros(ROWS, 64, dtype=torch.int64)
+    slots_a = list(range(1, 9))
+    _fresh(pool, req_to_token, 1, slots_a, 8)
+    _fresh(pool, req_to_token, 1, [9, 10, 11, 12], 4)  # row 1 reused: A's sink kept
+    assert pool.sinks.owner.tolist().count(1) == 1
+    kept, i = 0, 0
+    while kept < n:  # rows 2 and 3 in turn; each reuse after the first keeps one sink
+        row = 2 + i % 2
+        _fresh(pool, req_to_token, row, [13 + 4 * i + j for j in range(4)], 4)
+        kept += i >= 2
+        i += 1
+        assert (1 in pool.sinks.owner.tolist()) == (kept < n), (kept, n)

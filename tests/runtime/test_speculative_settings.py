@@ -133,7 +133,7 @@ def test_sizing_reserves_the_draft_cache_and_the_rollback():
     spec = sizing.plan_pool(budget, shape, fmt=fmt, page_size=64, requested_max_running_requests=48,
                             draft_bytes_per_token=draft, rollback_bytes_per_request=roll)
     assert spec.side_bytes_per_request == base.side_bytes_per_request + roll
-    used = spec.side_bytes_total + spec.max_total_num_tokens * (spec.bytes_per_token + draft)
+    used = spec.side_bytes_total + spec.sink_store_bytes_total + spec.max_total_num_tokens * (spec.bytes_per_token + draft)
     assert used <= budget < used + 64 * (spec.bytes_per_token + draft) + spec.side_bytes_per_request
     assert "the draft model's BF16 KV" in spec.log_line() and "rollback" in spec.log_line()
     assert "speculative" not in base.log_line()
