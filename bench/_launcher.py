@@ -169,3 +169,11 @@ class Server:
         finally:
             if self._log is not None:
                 self._log.close()
+
+
+def add_server_run_args(p) -> None:
+    """The flags every script that starts servers and sends them requests shares."""
+    p.add_argument("--startup-timeout", type=float, default=480)
+    p.add_argument("--request-timeout", type=float, default=600)
+    p.add_argument("--idle-timeout", type=float, default=60)
+    p.add_argument("--print-commands", action="store_true", help="print the servers' commands, run nothing")

@@ -77,3 +77,23 @@ def write(path, doc: dict) -> Path:
     tmp.write_text(json.dumps(doc, indent=1, default=str))
     tmp.replace(path)  # a cut-off run leaves the previous complete file, never half of one
     return path
+
+
+class Checks:
+    """A results file's acceptance checks: check() records each (None: not measured, which fails
+    and is named), summary() is the `summary` the JSON carries."""
+
+    def __init__(self):
+        self.checks: dict = {}
+        self.values: dict = {}
+        self.missing: list = []
+
+    def check(self, name: str, ok, **vals) -> None:
+        self.values[name] = vals
+        if ok is None:
+            self.missing.append(name)
+        self.checks[name] = bool(ok)
+
+    def summary(self) -> dict:
+        return {"checks": self.checks, "check_values": self.values, "not_measured": self.missing,
+                "all_checks_pass": bool(self.checks) and all(self.checks.values())}

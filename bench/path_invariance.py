@@ -259,15 +259,8 @@ def summary(rows: List[dict], default_tokens: int = 64) -> dict:
     """The checks (spec_decode.summary's shape): per output length measured (and always the default)
     and per path, int2's identity >= BF16's - IDENTITY_SLACK (the host path from --hicache rows,
     the others from rows without), and no pool leak on the int2 server."""
-    checks: Dict[str, bool] = {}
-    values: Dict[str, dict] = {}
-    missing: List[str] = []
-
-    def check(name: str, ok: Optional[bool], **vals) -> None:
-        values[name] = vals
-        if ok is None:
-            missing.append(name)
-        checks[name] = bool(ok)
+    checks = _results.Checks()
+    check = checks.check
 
     variants = {(default_tokens, False)} | {(r["max_new_tokens"], bool(r.get("ignore_eos"))) for r in rows
                                             if r.get("max_new_tokens") is not None}
@@ -284,8 +277,7 @@ def summary(rows: List[dict], default_tokens: int = 64) -> dict:
         check(f"no_pool_leak_{tag}_int2", None if leak is None or side is None else
               leak == 0 and side == 0 and not r.get("side_free_leak"),
               pool_leak_tokens=leak, side_rows_leak=side, side_free_leak=(r or {}).get("side_free_leak"))
-    return {"checks": checks, "check_values": values, "not_measured": missing,
-            "all_checks_pass": bool(checks) and all(checks.values())}
+    return checks.summary()
 
 
 # ------------------------------------------------------------------------------ one server's passes
@@ -527,10 +519,9 @@ def parse_args(argv=None):
                    help="the HF copy of the embedded model (default: the one `oscar-sglang serve` serves)")
     p.add_argument("--server-args", default=None, help="flags for every server (default: niah_server.py's "
                    "without --disable-radix-cache, decode CUDA graphs up to --prompts)")
-    p.add_argument("--startup-timeout", type=float, default=480)
-    p.add_argument("--request-timeout", type=float, default=600)
-    p.add_argument("--idle-timeout", type=float, default=60)
-    p.add_argument("--print-commands", action="store_true", help="print the servers' commands, run nothing")
+    from bench._launcher import add_server_run_args
+
+    add_server_run_args(p)
     args = p.parse_args(argv)
     from bench.niah_server import parse_configs
 
@@ -593,10 +584,7 @@ def main(argv=None) -> int:
     t0 = time.monotonic()
     ok = run_jobs([(lambda n, g, p: config_job(by_name[n], ctx, args, results, g, p), cfg.name, port)
                    for cfg, port in jobs], args.gpu_list)
-    s = results.doc["summary"]
-    print(f"results: {args.out} ({time.monotonic() - t0:.0f} s); checks: "
-          + ", ".join(f"{k} {'pass' if v else 'FAIL'}" for k, v in s["checks"].items())
-          + (f"; not measured: {', '.join(s['not_measured'])}" if s["not_measured"] else ""), flush=True)
+    print(f"results: {args.out} ({time.monotonic() - t0:.0f} s); " + results.checks_line(), flush=True)
     return 0 if ok else 1
 
 

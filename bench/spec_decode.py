@@ -68,7 +68,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 from bench import _results
 from bench.render_docs import failed
@@ -292,15 +292,8 @@ def _one(rows: List[dict], **match) -> Optional[dict]:
 def summary(rows: List[dict]) -> dict:
     """The acceptance checks (name -> pass), the values each compared (check_values), what was not
     measured (a check without its numbers fails and is named there), all_checks_pass."""
-    checks: Dict[str, bool] = {}
-    values: Dict[str, dict] = {}
-    missing: List[str] = []
-
-    def check(name: str, ok: Optional[bool], **vals) -> None:
-        values[name] = vals
-        if ok is None:
-            missing.append(name)
-        checks[name] = bool(ok)
+    checks = _results.Checks()
+    check = checks.check
 
     for alg in SPEC_ALGORITHMS:
         i2 = _one(rows, part="real", kv="int2", algorithm=alg)
@@ -326,8 +319,7 @@ def summary(rows: List[dict]) -> dict:
         check(f"aborts_{alg}_int2_no_pool_leak", ok, pool_leak_tokens=leak, side_rows_leak=side_rows,
               side_free_leak=(r or {}).get("side_free_leak"), aborted=(r or {}).get("aborted"),
               streams=(r or {}).get("streams"))
-    return {"checks": checks, "check_values": values, "not_measured": missing,
-            "all_checks_pass": bool(checks) and all(checks.values())}
+    return checks.summary()
 
 
 # ------------------------------------------------------------------------------ the results file
@@ -370,6 +362,12 @@ class ResultsFile:
     def put(self, row: dict) -> None:
         with self.lock:
             self._write([row])
+
+    def checks_line(self) -> str:
+        """The summary's checks, one line (the end of a run's output)."""
+        s = self.doc["summary"]
+        return ("checks: " + ", ".join(f"{k} {'pass' if v else 'FAIL'}" for k, v in s["checks"].items())
+                + (f"; not measured: {', '.join(s['not_measured'])}" if s["not_measured"] else ""))
 
 
 # ------------------------------------------------------------------------------ servers
@@ -711,10 +709,9 @@ def parse_args(argv=None):
                    "<model-dir>-draft1)")
     p.add_argument("--mem-fraction-static", type=float, default=0.85, help="verify servers (default 0.85)")
     p.add_argument("--server-arg", action="append", default=[], help="verify: extra server argument (--server-arg=--flag)")
-    p.add_argument("--startup-timeout", type=float, default=480)
-    p.add_argument("--request-timeout", type=float, default=600)
-    p.add_argument("--idle-timeout", type=float, default=60)
-    p.add_argument("--print-commands", action="store_true", help="print the servers' commands, run nothing")
+    from bench._launcher import add_server_run_args
+
+    add_server_run_args(p)
     args = p.parse_args(argv)
     try:
         args.parts = _csv(args.part)
@@ -792,10 +789,7 @@ def main(argv=None) -> int:
            "verify": lambda c, g, p: verify_job(c, ctx_verify, args, results, g, p)}
     t0 = time.monotonic()
     ok = run_jobs([(fns[kind], c, pt) for kind, c, pt in jobs], args.gpu_list)
-    s = results.doc["summary"]
-    print(f"results: {args.out} ({time.monotonic() - t0:.0f} s); checks: "
-          + ", ".join(f"{k} {'pass' if v else 'FAIL'}" for k, v in s["checks"].items())
-          + (f"; not measured: {', '.join(s['not_measured'])}" if s["not_measured"] else ""), flush=True)
+    print(f"results: {args.out} ({time.monotonic() - t0:.0f} s); " + results.checks_line(), flush=True)
     return 0 if ok else 1
 
 

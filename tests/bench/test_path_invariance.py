@@ -4,7 +4,6 @@ commands, render_docs.py's path-invariance table, and every pass against a stub 
 page-aligned prefix cache and /flush_cache (hits changing some answers the way an INT2 hit may)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import threading
@@ -15,7 +14,7 @@ import pytest
 from bench import path_invariance as pi
 from bench.niah_server import parse_configs
 from bench.spec_decode import ResultsFile, text_digest
-from tests import ROOT
+from tests.bench import load_render_docs
 from tests.bench.test_spec_decode import _texts
 
 
@@ -217,10 +216,7 @@ def test_bad_arguments_stop_before_any_work():
 
 
 def _render_docs():
-    spec = importlib.util.spec_from_file_location("oscar_render_docs_paths", ROOT / "bench" / "render_docs.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_render_docs("oscar_render_docs_paths")
 
 
 def test_render_path_invariance_table(tmp_path, monkeypatch):

@@ -4,17 +4,15 @@ independently of the renderer (results are data: a figure typed by hand, or left
 is replaced, fails)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
 import sys
 
 from tests import ROOT
+from tests.bench import load_render_docs
 
-_spec = importlib.util.spec_from_file_location("oscar_render_docs", ROOT / "bench" / "render_docs.py")
-render_docs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(render_docs)
+render_docs = load_render_docs("oscar_render_docs")
 
 README = ROOT / "README.md"
 PERFORMANCE = ROOT / "docs" / "performance.md"

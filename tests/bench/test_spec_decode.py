@@ -4,7 +4,6 @@ merged results file and its acceptance checks, the dummy draft's folder, the ser
 render_docs.py's spec-decode table. No server, no GPU."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import re
@@ -15,7 +14,7 @@ import pytest
 
 from bench import spec_decode as sd
 from bench._serving_client import RequestRecord
-from tests import ROOT
+from tests.bench import load_render_docs
 
 WORDS = ("founders startup investors product market hacker program essay language design growth "
          "customers revenue money users software writing painting school college friends ideas").split()
@@ -274,10 +273,7 @@ def test_bad_arguments_stop_before_any_work(capsys):
 
 
 def _render_docs():
-    spec = importlib.util.spec_from_file_location("oscar_render_docs_spec", ROOT / "bench" / "render_docs.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_render_docs("oscar_render_docs_spec")
 
 
 def test_render_spec_decode_table(tmp_path, monkeypatch):
