@@ -47,6 +47,13 @@ sink travels, the loaded prefix reads it as INT2).
   loaded pages' sinks into the device sink store (SlotSinkStore.keep_loaded), where a radix hit
   on them finds it.
 
+Streams (unsolved, to settle before wiring): HiCacheController runs backups on its write stream
+and loads on its load stream. The page bytes are safe there (SGLang locks the pages), but the
+sink bookkeeping is not: the backup reads, and the layer-0 load writes, slot_entry and the device
+sink store, which the forward stream also writes (store kernel, apply_pending_resets). Their
+side parts belong on the forward stream (queued like the row resets), and the forward's
+carry-over must wait for the load's layer 0 (LayerDoneCounter) before it reads them.
+
 Storage keys. SGLang's `file` backend names a page `<page hash><config_suffix>.bin`; the page hash
 is a chain of token hashes (mem_cache/utils.get_hash_str, HiCacheController), and
 HiCacheFile.__init__ builds config_suffix from HiCacheStorageConfig.model_name and the TP / PP
@@ -64,6 +71,7 @@ from dataclasses import dataclass
 
 import torch
 from sglang.srt.mem_cache.pool_host.base import HostKVCache
+from sglang.srt.mem_cache.pool_host.common import HostTensorAllocator
 
 from oscar_kernels.format import code_bytes
 
@@ -185,6 +193,12 @@ class Int2HostPool(HostKVCache):
 
     def init_kv_buffer(self):
         pool = self.device_pool
+        if type(self.allocator) is not HostTensorAllocator:
+            # shm / mooncake / mori allocators share or register their own memory; this pool
+            # allocates torch (pinned) tensors
+            raise ValueError(f"the INT2 host pool allocates its own host memory, not through "
+                             f"{type(self.allocator).__name__}: use --hicache-storage-backend file "
+                             "or none")
         blob = self._empty((self.page_num, self.page_bytes), torch.uint8)
         blob.zero_()
         # the sink store (module docstring): E entries of BF16 [L, S, H, D] / [L, S, H, Dv]
@@ -205,6 +219,12 @@ class Int2HostPool(HostKVCache):
         self._next_entry = 0
         self.sink_bytes = per_entry  # one entry's K + V bytes (the flat page's sink section)
         return blob
+
+    def destroy(self):
+        # torch pinned tensors (not cudaHostRegister'd mmap like SGLang's pools): nothing to
+        # unregister, torch frees them
+        self._destroyed = True
+        self.kv_buffer = None
 
     def is_stride_page_aligned(self, page_size_bytes: int = 4096) -> bool:
         return self.page_bytes % page_size_bytes == 0

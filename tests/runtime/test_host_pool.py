@@ -217,6 +217,8 @@ def test_refusals(seed):
         host.load_to_device_per_layer(src, good, good, 0, "kernel_ascend")
     with pytest.raises(ValueError, match="--hicache-mem-layout page_first"):
         Int2HostPool(src, 2.0, 0, B, layout="layer_first")
+    with pytest.raises(ValueError, match="--hicache-storage-backend file"):
+        Int2HostPool(src, 2.0, 0, B, allocator_type="shm")
     with pytest.raises(ValueError, match="flat INT2 page"):
         host.set_from_flat_data_page(B, torch.zeros(host.flat_page_bytes - 1, dtype=torch.uint8))
 
