@@ -78,6 +78,20 @@ class SlotSinkStore:
         pool.slot_entry[torch.where(ok, slot0, 0)] = torch.where(ok, self.base + ids, -1).to(torch.int32)
         self.row_slot0[rows] = -1
 
+    def keep_loaded(self, slot0: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Sinks that arrive with pages loaded from a host tier (runtime/host_pool.py): k [L, P, S,
+        H, D], v [L, P, S, H, Dv] for the prefixes whose position 0 is now slot0 [P]; kept like a
+        published row's, so the radix hit that asked for the load finds them (lookup)."""
+        if slot0.numel() == 0 or self.n == 0:
+            return
+        slot0 = slot0.to(device=self.owner.device, dtype=torch.int64)
+        ids = (self._next + torch.arange(slot0.numel(), device=slot0.device)) % self.n
+        self._next.copy_((self._next + slot0.numel()) % self.n)
+        self.k[:, ids] = k.to(self.k.device)
+        self.v[:, ids] = v.to(self.v.device)
+        self.owner[ids] = slot0
+        self.pool.slot_entry[slot0] = (self.base + ids).to(torch.int32)
+
     def lookup(self, slot0: torch.Tensor, need: torch.Tensor):
         """For hits whose position 0 is slot0: (entry, found) where its kept copy is still there."""
         slot0 = slot0.to(torch.int64)

@@ -1,0 +1,404 @@
+"""Int2HostPool: a host-memory tier of the INT2 pool for SGLang's hierarchical cache (HiCache).
+
+Not wired into HiCache yet: HiCache stays refused at start (runtime/refusals.py) until the whole
+path is built and measured. This module is its first building block: host memory in SGLang's
+`page_first` layout and byte-exact page copies between it and an OscarInt2KVPool.
+
+Host memory (`kv_buffer`): uint8 [page_num, page_bytes], one contiguous blob per page. A page's
+blob holds, layer after layer (local layers 0..L-1), four sections, each padded to 16 bytes so
+that every section can be viewed as its dtype:
+
+    K codes   uint8 [B, H, code_bytes(k_bits[l], D)]   (the layer's own key bits)
+    K params  fp16  per-channel layout: [H, D, 2], the page's one (scale, min) row per head
+                    per-token layout:   [B, H, D / G, 2], one per slot
+    V codes   uint8 [B, H, Dv / 4]
+    V params  fp16  [B, H, Dv / Gv, 2]
+
+(B = page size, slot-major inside the page: the rows of the device pool's [N, H, ...] views.)
+`get_size_per_token` is page_bytes / B, so `--hicache-ratio` / `--hicache-size` size the tier in
+INT2 bytes.
+
+Copies (`backup_from_device_all_layer`, `load_to_device_per_layer`) are torch gathers / scatters
+over the pool's head-major views: correct on CPU and CUDA, but a device -> host copy into
+scattered host pages synchronises (torch stages the source on the host); a Triton page-copy
+kernel over pointer tables is the later optimisation. They take whole pages only: indices whose
+runs of B are not [p * B, ..., p * B + B - 1] are refused. io_backend "kernel" (SGLang's default
+with --hicache-mem-layout page_first) names this copy; "direct" / "kernel_ascend" are refused.
+
+The page-0 sink. A prefix's first S tokens are read in BF16 from a copy kept by the slot of
+position 0 (runtime/sink_store.py); a page loaded back without it would read its sinks as INT2
+(docs/design.md, "What a prefix hit reads"). The pool itself says whether a page starts a prefix
+with a kept sink, no information from SGLang is needed: the device slot of the page's first
+token points (pool.slot_entry) at sink entry 0 of a request row that still holds it, or at a
+sink-store entry it owns. Only pages of B >= S tokens can hold a whole sink (smaller pages: no
+sink travels, the loaded prefix reads it as INT2).
+* Host memory: a separate store of E entries, BF16 [E, L, S, H, D] / [E, L, S, H, Dv], keyed by
+  host page (page_entry / entry_page, reused in turn: E = 1% of the INT2 bytes, at least one),
+  not a section of every blob (a sink is ~1/3 of a 64-token page on Llama-3.1-8B).
+* Flat pages (the `file` storage backend): blob + a sink section (16-byte header whose first byte
+  is 1 when a sink follows, then K and V [L, S, H, D] BF16 bytes), so a stored page carries its
+  sink.
+* Invalidation: a host page's sink is valid iff the latest write of that page (a backup or a
+  flat-page set) carried one; each write sets or clears it, and an entry reused for another page
+  stops being found (entry_page no longer matches).
+* Load: the first layer's load (layer_id 0) marks every loaded device slot as having no BF16 side
+  copy (slot_entry = -1: the store kernel's rule for a fresh write; without it the radix
+  carry-over could copy a side entry that belongs to the slot's previous contents), then puts the
+  loaded pages' sinks into the device sink store (SlotSinkStore.keep_loaded), where a radix hit
+  on them finds it.
+
+Streams (unsolved, to settle before wiring): HiCacheController runs backups on its write stream
+and loads on its load stream. The page bytes are safe there (SGLang locks the pages), but the
+sink bookkeeping is not: the backup reads, and the layer-0 load writes, slot_entry and the device
+sink store, which the forward stream also writes (store kernel, apply_pending_resets). Their
+side parts belong on the forward stream (queued like the row resets), and the forward's
+carry-over must wait for the load's layer 0 (LayerDoneCounter) before it reads them.
+
+Storage keys. SGLang's `file` backend names a page `<page hash><config_suffix>.bin`; the page hash
+is a chain of token hashes (mem_cache/utils.get_hash_str, HiCacheController), and
+HiCacheFile.__init__ builds config_suffix from HiCacheStorageConfig.model_name and the TP / PP
+ranks. HiCacheController._generate_storage_config returns that config, so an AFTER hook on it
+that appends `storage_salt(kv_format, rotation_sha256)` to model_name
+(`after_generate_storage_config` below) gives every int2 format and rotation its own keys, none
+shared with a BF16 server. Not registered in runtime/hooks.py: HiCache is refused at start, and
+the hook is inert without an int2 pool anyway. Whether the other storage backends use
+model_name in their keys was not checked.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+from sglang.srt.mem_cache.pool_host.base import HostKVCache
+from sglang.srt.mem_cache.pool_host.common import HostTensorAllocator
+
+from oscar_kernels.format import code_bytes
+
+ALIGN = 16  # bytes each blob section is padded to (fp16 / bf16 views need aligned offsets)
+IO_BACKEND = "kernel"
+LAYOUT = "page_first"
+SINK_HEADER = 16  # flat page's sink section: byte 0 = 1 when a sink follows
+SINK_SHARE = 0.01  # host sink entries: about this share of the INT2 bytes
+
+
+def _pad(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+@dataclass(frozen=True)
+class Section:
+    layer: int        # local layer
+    name: str         # k_codes | k_params | v_codes | v_params (the pool's attribute)
+    offset: int       # bytes into the page blob
+    nbytes: int       # unpadded
+    shape: tuple      # one page's shape
+    dtype: torch.dtype
+    per_page: bool    # one row per page (per-channel key params) instead of one per slot
+
+
+def page_sections(pool) -> tuple[list[Section], int]:
+    """The fixed order of one page's blob for `pool` (an OscarInt2KVPool), and its size."""
+    B, H, D, Dv = pool.page_size, pool.head_num, pool.head_dim, pool.v_head_dim
+    fmt = pool.kv_format
+    channel = pool.layout.name == "channel"
+    out, off = [], 0
+    for i in range(pool.layer_num):
+        kb = code_bytes(fmt.k_bits[pool.start_layer + i], D)
+        kp = (H, D, 2) if channel else (B, H, D // fmt.k_group, 2)
+        for name, shape, dtype, per_page in (
+            ("k_codes", (B, H, kb), torch.uint8, False),
+            ("k_params", kp, torch.float16, channel),
+            ("v_codes", (B, H, Dv // 4), torch.uint8, False),
+            ("v_params", (B, H, Dv // fmt.v_group, 2), torch.float16, False),
+        ):
+            n = dtype.itemsize
+            for s in shape:
+                n *= s
+            out.append(Section(i, name, off, n, shape, dtype, per_page))
+            off += _pad(n)
+    return out, off
+
+
+def storage_salt(kv_format_name: str, rotation_sha256: str) -> str:
+    """Short, file-name-safe tag of what the stored bytes mean: the KV format and the rotation."""
+    digest = hashlib.sha256(f"{kv_format_name}|{rotation_sha256}".encode()).hexdigest()
+    return f"oscar-int2-{digest[:12]}"
+
+
+def after_generate_storage_config(result, controller, *args, **kwargs):
+    """AFTER hook on HiCacheController._generate_storage_config: int2 servers' storage keys carry
+    storage_salt (through model_name, which the file backend puts in every key). Inert unless
+    the device pool is the INT2 pool."""
+    from .pool import OscarInt2KVPool
+    from .state import RUNTIME_INFO
+
+    if not isinstance(getattr(controller, "mem_pool_device", None), OscarInt2KVPool):
+        return result
+    salt = storage_salt(RUNTIME_INFO["kv_format"], RUNTIME_INFO["rotation_sha256"])
+    result.model_name = f"{result.model_name or ''}_{salt}"
+    return result
+
+
+def page_starts(indices: torch.Tensor, page_size: int, what: str) -> torch.Tensor:
+    """First slot of each page of `indices` (int64, on indices' device); refuses anything that is
+    not whole pages."""
+    idx = indices.reshape(-1).to(torch.int64)
+    if idx.numel() % page_size:
+        raise ValueError(f"{what}: {idx.numel()} slots are not whole pages of {page_size} "
+                         "(the INT2 host pool copies whole pages only)")
+    runs = idx.view(-1, page_size)
+    first = runs[:, :1]
+    ok = bool(((first % page_size) == 0).all()) and bool(
+        (runs == first + torch.arange(page_size, device=idx.device)).all())
+    if not ok:
+        raise ValueError(f"{what}: slots are not page-aligned runs [p * {page_size}, "
+                         f"p * {page_size} + {page_size - 1}] (the INT2 host pool copies whole "
+                         "pages only)")
+    return runs[:, 0]
+
+
+class Int2HostPool(HostKVCache):
+    """SGLang's HostKVCache for OscarInt2KVPool (module docstring); page_first, io "kernel"."""
+
+    def __init__(self, device_pool, host_to_device_ratio: float, host_size: int, page_size: int,
+                 layout: str = LAYOUT, pin_memory: bool | None = None, device: str = "cpu",
+                 allocator_type: str = "default", *, pool_label: str = "kv",
+                 sink_entries: int | None = None):
+        if layout != LAYOUT:
+            raise ValueError(f"the INT2 host pool has the {LAYOUT} layout only, not {layout!r}: "
+                             f"use --hicache-mem-layout {LAYOUT}")
+        if page_size != device_pool.page_size:
+            raise ValueError(f"host page size {page_size} != device page size {device_pool.page_size}")
+        if pin_memory is None:
+            pin_memory = torch.cuda.is_available()
+        self._sink_entries = sink_entries
+        super().__init__(device_pool, host_to_device_ratio, host_size, page_size, layout,
+                         pin_memory, device, allocator_type, pool_label=pool_label)
+
+    # ---------------------------------------------------------------- sizes and memory
+    def get_size_per_token(self):
+        pool = self.device_pool
+        self.sections, self.page_bytes = page_sections(pool)
+        self.layer_num = pool.layer_num
+        # byte range of each layer in a blob (a per-layer load reads one contiguous range)
+        ends = [0] * (self.layer_num + 1)
+        for s in self.sections:
+            ends[s.layer + 1] = s.offset + _pad(s.nbytes)
+        self.layer_range = [(ends[i], ends[i + 1]) for i in range(self.layer_num)]
+        return self.page_bytes / self.page_size
+
+    def _empty(self, shape, dtype):
+        return torch.empty(shape, dtype=dtype, device=self.device, pin_memory=self.pin_memory)
+
+    def init_kv_buffer(self):
+        pool = self.device_pool
+        if type(self.allocator) is not HostTensorAllocator:
+            # shm / mooncake / mori allocators share or register their own memory; this pool
+            # allocates torch (pinned) tensors
+            raise ValueError(f"the INT2 host pool allocates its own host memory, not through "
+                             f"{type(self.allocator).__name__}: use --hicache-storage-backend file "
+                             "or none")
+        blob = self._empty((self.page_num, self.page_bytes), torch.uint8)
+        blob.zero_()
+        # the sink store (module docstring): E entries of BF16 [L, S, H, D] / [L, S, H, Dv]
+        L, S, H = pool.layer_num, pool.sink, pool.head_num
+        self.sink_tokens = S if 0 < S <= self.page_size else 0
+        self.sink_k_shape = (L, self.sink_tokens, H, pool.head_dim)
+        self.sink_v_shape = (L, self.sink_tokens, H, pool.v_head_dim)
+        per_entry = 2 * L * self.sink_tokens * H * (pool.head_dim + pool.v_head_dim)
+        if self._sink_entries is not None:
+            E = int(self._sink_entries)
+        else:
+            E = max(1, int(SINK_SHARE * self.page_num * self.page_bytes) // per_entry) if per_entry else 0
+        E = E if self.sink_tokens else 0
+        self.sink_k = self._empty((E, *self.sink_k_shape), torch.bfloat16)
+        self.sink_v = self._empty((E, *self.sink_v_shape), torch.bfloat16)
+        self.page_entry = torch.full((self.page_num,), -1, dtype=torch.int64)
+        self.entry_page = torch.full((E,), -1, dtype=torch.int64)
+        self._next_entry = 0
+        self.sink_bytes = per_entry  # one entry's K + V bytes (the flat page's sink section)
+        return blob
+
+    def destroy(self):
+        # torch pinned tensors (not cudaHostRegister'd mmap like SGLang's pools): nothing to
+        # unregister, torch frees them
+        self._destroyed = True
+        self.kv_buffer = None
+
+    def is_stride_page_aligned(self, page_size_bytes: int = 4096) -> bool:
+        return self.page_bytes % page_size_bytes == 0
+
+    # ---------------------------------------------------------------- checks
+    def _host_pages(self, host_indices) -> torch.Tensor:
+        return page_starts(host_indices.cpu(), self.page_size, "host indices") // self.page_size
+
+    def _device_pages(self, device_pool, device_indices) -> torch.Tensor:
+        dev = device_pool.slot_entry.device
+        return page_starts(device_indices.to(dev), self.page_size, "device indices") // self.page_size
+
+    @staticmethod
+    def _check_io(io_backend) -> None:
+        if io_backend != IO_BACKEND:
+            raise ValueError(f"the INT2 host pool copies with torch gathers / scatters, io backend "
+                             f"{IO_BACKEND!r} (--hicache-io-backend {IO_BACKEND}), not {io_backend!r}")
+
+    # ---------------------------------------------------------------- device <-> host
+    def _slots(self, pages: torch.Tensor) -> torch.Tensor:
+        return (pages[:, None] * self.page_size + torch.arange(self.page_size, device=pages.device)).reshape(-1)
+
+    def _gather(self, device_pool, sec: Section, pages, slots) -> torch.Tensor:
+        buf = getattr(device_pool, sec.name)[sec.layer]
+        data = buf[pages] if sec.per_page else buf[slots]
+        return data.contiguous().view(torch.uint8).reshape(len(pages), sec.nbytes)
+
+    def _scatter(self, device_pool, sec: Section, pages, slots, data: torch.Tensor) -> None:
+        buf = getattr(device_pool, sec.name)[sec.layer]
+        vals = data[:, :sec.nbytes].contiguous().view(sec.dtype)
+        if sec.per_page:
+            buf[pages] = vals.view(len(pages), *sec.shape)
+        else:
+            buf[slots] = vals.view(len(pages) * self.page_size, *sec.shape[1:])
+
+    def backup_from_device_all_layer(self, device_pool, host_indices, device_indices, io_backend) -> None:
+        """Whole pages device -> host, every layer, and the sinks of pages that start a prefix."""
+        self._check_io(io_backend)
+        hp = self._host_pages(host_indices)
+        dp = self._device_pages(device_pool, device_indices)
+        if len(hp) != len(dp):
+            raise ValueError(f"{len(hp)} host pages but {len(dp)} device pages")
+        if len(dp) == 0:
+            return
+        slots = self._slots(dp)
+        parts, at = [], 0
+        for sec in self.sections:
+            if sec.offset > at:  # the previous section's padding
+                parts.append(torch.zeros((len(dp), sec.offset - at), dtype=torch.uint8, device=slots.device))
+            parts.append(self._gather(device_pool, sec, dp, slots))
+            at = sec.offset + sec.nbytes
+        if self.page_bytes > at:
+            parts.append(torch.zeros((len(dp), self.page_bytes - at), dtype=torch.uint8, device=slots.device))
+        self.kv_buffer[hp] = torch.cat(parts, 1).to(self.kv_buffer.device)
+        valid, k, v = self.device_sinks(device_pool, dp * self.page_size)
+        self._write_sinks(hp, valid.cpu(), k, v)
+
+    def load_to_device_per_layer(self, device_pool, host_indices, device_indices, layer_id, io_backend) -> None:
+        """One layer of whole pages host -> device; layer 0 also resets the loaded slots' side-copy
+        pointers and brings the pages' sinks (module docstring)."""
+        self._check_io(io_backend)
+        hp = self._host_pages(host_indices)
+        dp = self._device_pages(device_pool, device_indices)
+        if len(hp) != len(dp):
+            raise ValueError(f"{len(hp)} host pages but {len(dp)} device pages")
+        if len(dp) == 0:
+            return
+        slots = self._slots(dp)
+        lo, hi = self.layer_range[layer_id]
+        data = self.kv_buffer[hp, lo:hi].to(slots.device, non_blocking=True)
+        for sec in self.sections:
+            if sec.layer == layer_id:
+                self._scatter(device_pool, sec, dp, slots, data[:, sec.offset - lo:])
+        if layer_id == 0:
+            device_pool.slot_entry[slots] = -1
+            found, entries = self._find_sinks(hp)
+            if found.any():
+                e = entries[found]
+                dev = slots.device
+                device_pool.sinks.keep_loaded(
+                    (dp[found.to(dev)] * self.page_size),
+                    self.sink_k[e].to(dev).transpose(0, 1), self.sink_v[e].to(dev).transpose(0, 1))
+
+    # ---------------------------------------------------------------- sinks
+    def device_sinks(self, device_pool, slot0: torch.Tensor):
+        """(valid [P], k [P, L, S, H, D], v [P, L, S, H, Dv]) of the BF16 sink kept for the prefix
+        whose position 0 is each of slot0, if any: in the request row that holds it (sink entry
+        0 of the row points back at slot0 and the row holds its whole sink, sink_store.publish's
+        rule) or in the device sink store (sink_store.lookup)."""
+        pool = device_pool
+        P, S = len(slot0), self.sink_tokens
+        dev = pool.slot_entry.device
+        if S == 0:
+            return (torch.zeros(P, dtype=torch.bool, device=dev),
+                    torch.empty((P, *self.sink_k_shape), dtype=torch.bfloat16, device=dev),
+                    torch.empty((P, *self.sink_v_shape), dtype=torch.bfloat16, device=dev))
+        slot0 = slot0.to(dev, torch.int64)
+        R = pool.req_rows
+        e = pool.slot_entry[slot0].to(torch.int64)
+        in_rows = (e >= 0) & (e < R * S) & (e % S == 0)
+        ec = e.clamp(0, R * S - 1)
+        row = ec // S
+        by_row = (in_rows & (pool.entry_owner[ec].to(torch.int64) == slot0)
+                  & (pool.sink_start[row] == 0))
+        entry, by_store = pool.sinks.lookup(slot0, torch.ones_like(by_row))
+        k = torch.where(by_row.view(1, -1, 1, 1, 1), pool.sink_k_layers[:, row], pool.sinks.k[:, entry])
+        v = torch.where(by_row.view(1, -1, 1, 1, 1), pool.sink_v_layers[:, row], pool.sinks.v[:, entry])
+        return by_row | by_store, k.transpose(0, 1), v.transpose(0, 1)
+
+    def _find_sinks(self, hp: torch.Tensor):
+        """(found [P], entry [P]) of host pages' kept sinks."""
+        e = self.page_entry[hp]
+        ok = e >= 0
+        ec = e.clamp(min=0)
+        if self.entry_page.numel():
+            ok &= self.entry_page[ec.clamp(max=self.entry_page.numel() - 1)] == hp
+        else:
+            ok &= False
+        return ok, ec
+
+    def _write_sinks(self, hp: torch.Tensor, valid: torch.Tensor, k, v) -> None:
+        """The latest write of each host page hp decides its sink: kept (valid) or none."""
+        self.page_entry[hp] = -1
+        E = self.entry_page.numel()
+        if E == 0 or not bool(valid.any()):
+            return
+        keep = valid.nonzero().reshape(-1)
+        for j in keep.tolist():  # pages that start a prefix: few per write
+            ent = self._next_entry
+            self._next_entry = (ent + 1) % E
+            self.entry_page[ent] = hp[j]
+            self.page_entry[hp[j]] = ent
+            self.sink_k[ent] = k[j].to(self.sink_k.device)
+            self.sink_v[ent] = v[j].to(self.sink_v.device)
+
+    # ---------------------------------------------------------------- flat pages (storage)
+    @property
+    def flat_page_bytes(self) -> int:
+        return self.page_bytes + SINK_HEADER + self.sink_bytes
+
+    def get_data_page(self, index, flat: bool = True) -> torch.Tensor:
+        """A host page (index: its first host slot) as uint8 [flat_page_bytes]: the blob, then the
+        sink section. A new tensor, not a view (the sink lives apart from the blob)."""
+        if not flat:
+            raise NotImplementedError("the INT2 host pool hands out flat pages only (flat=True)")
+        page = self._host_pages(torch.arange(int(index), int(index) + self.page_size))
+        out = torch.zeros(self.flat_page_bytes, dtype=torch.uint8)
+        out[:self.page_bytes] = self.kv_buffer[page[0]]
+        found, e = self._find_sinks(page)
+        if bool(found[0]):
+            sec = out[self.page_bytes:]
+            sec[0] = 1
+            nk = self.sink_k[0].numel() * 2
+            sec[SINK_HEADER:SINK_HEADER + nk] = self.sink_k[e[0]].reshape(-1).view(torch.uint8)
+            sec[SINK_HEADER + nk:] = self.sink_v[e[0]].reshape(-1).view(torch.uint8)
+        return out
+
+    def get_dummy_flat_data_page(self) -> torch.Tensor:
+        return self._empty((self.flat_page_bytes,), torch.uint8).zero_()
+
+    def set_from_flat_data_page(self, index: int, data_page: torch.Tensor) -> None:
+        page = self._host_pages(torch.arange(int(index), int(index) + self.page_size))
+        data = data_page.reshape(-1).view(torch.uint8)
+        if data.numel() != self.flat_page_bytes:
+            raise ValueError(f"a flat INT2 page has {self.flat_page_bytes} bytes, got {data.numel()}")
+        self.kv_buffer[page[0]] = data[:self.page_bytes].to(self.kv_buffer.device)
+        sec = data[self.page_bytes:]
+        has = torch.tensor([bool(sec[0] == 1)]) if self.sink_tokens else torch.tensor([False])
+        nk = 2 * int(torch.Size(self.sink_k_shape).numel())
+        k = sec[SINK_HEADER:SINK_HEADER + nk].contiguous().view(torch.bfloat16).view(1, *self.sink_k_shape)
+        v = sec[SINK_HEADER + nk:].contiguous().view(torch.bfloat16).view(1, *self.sink_v_shape)
+        self._write_sinks(page, has, k, v)
+
+    def get_page_buffer_meta(self, indices):
+        raise NotImplementedError("zero-copy storage backends are not supported by the INT2 host "
+                                  "pool: a stored page is the blob plus a sink kept apart; use "
+                                  "--hicache-storage-backend file")
