@@ -22,6 +22,18 @@ contract allows it (entries are opaque byte regions; nothing but the half split 
 per-layer PP slicing reads their count) and it is what `send_kvcache` does for any entry. Costs:
 H times as many transfer blocks per page run, and a prefill and decode with different PP sizes
 would be sliced by "layer" index into the wrong entries (pd_parallel_problems refuses that).
+
+What wiring it in would still take (none of it done or measured):
+* get_contiguous_buf_infos returning contiguous_buf_infos (pool.pd_buf_infos);
+* the side state registered: setup_state_kv_args appends state only for pool classes it knows, so
+  an AFTER hook on it would append a MAMBA component from state_buf_infos on both sides, and
+  both ReqToTokenPools would need a `req_index_to_mamba_index_mapping` (the identity on rows),
+  which prefill.py and decode.py read for the source and destination index;
+* the decode side's row reset: its ReqToTokenPool.alloc (hooked) queues a reset of the new row,
+  applied at the next forward, after the transferred side state has landed, so it would set
+  own_start / sink_start back to "trust nothing"; rows that receive state must skip that reset;
+* registering after_kv_manager_init / around_try_ensure_parallel_info and the refusal functions
+  below, and lifting the blanket PD refusal once a transfer has been run on a device.
 """
 from __future__ import annotations
 
