@@ -403,7 +403,19 @@ class OscarInt2KVPool(KVCache):
 
     get_cpu_copy = _unsupported
     load_cpu_copy = _unsupported
+    # PD stays refused (the transfer is not measured); pd_buf_infos / pd_state_buf_infos are what
+    # get_contiguous_buf_infos / get_state_buf_infos would return (runtime/pd_buffers.py)
     get_contiguous_buf_infos = _unsupported
+
+    def pd_buf_infos(self):
+        from .pd_buffers import contiguous_buf_infos
+
+        return contiguous_buf_infos(self)
+
+    def pd_state_buf_infos(self):
+        from .pd_buffers import state_buf_infos
+
+        return state_buf_infos(self)
 
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
         """SGLang's move of accepted speculative tokens to their final slots (NGRAM calls it after
