@@ -260,16 +260,23 @@ class Int2HostPool(HostKVCache):
         else:
             buf[slots] = vals.view(len(pages) * self.page_size, *sec.shape[1:])
 
-    def backup_from_device_all_layer(self, device_pool, host_indices, device_indices, io_backend) -> None:
-        """Whole pages device -> host, every layer, and the sinks of pages that start a prefix."""
+    def _page_pairs(self, device_pool, host_indices, device_indices, io_backend):
+        """(host pages, device pages, device slots) of a copy, checked; None: nothing to copy."""
         self._check_io(io_backend)
         hp = self._host_pages(host_indices)
         dp = self._device_pages(device_pool, device_indices)
         if len(hp) != len(dp):
             raise ValueError(f"{len(hp)} host pages but {len(dp)} device pages")
         if len(dp) == 0:
+            return None
+        return hp, dp, self._slots(dp)
+
+    def backup_from_device_all_layer(self, device_pool, host_indices, device_indices, io_backend) -> None:
+        """Whole pages device -> host, every layer, and the sinks of pages that start a prefix."""
+        pages = self._page_pairs(device_pool, host_indices, device_indices, io_backend)
+        if pages is None:
             return
-        slots = self._slots(dp)
+        hp, dp, slots = pages
         parts, at = [], 0
         for sec in self.sections:
             if sec.offset > at:  # the previous section's padding
@@ -285,14 +292,10 @@ class Int2HostPool(HostKVCache):
     def load_to_device_per_layer(self, device_pool, host_indices, device_indices, layer_id, io_backend) -> None:
         """One layer of whole pages host -> device; layer 0 also resets the loaded slots' side-copy
         pointers and brings the pages' sinks (module docstring)."""
-        self._check_io(io_backend)
-        hp = self._host_pages(host_indices)
-        dp = self._device_pages(device_pool, device_indices)
-        if len(hp) != len(dp):
-            raise ValueError(f"{len(hp)} host pages but {len(dp)} device pages")
-        if len(dp) == 0:
+        pages = self._page_pairs(device_pool, host_indices, device_indices, io_backend)
+        if pages is None:
             return
-        slots = self._slots(dp)
+        hp, dp, slots = pages
         lo, hi = self.layer_range[layer_id]
         data = self.kv_buffer[hp, lo:hi].to(slots.device, non_blocking=True)
         for sec in self.sections:
