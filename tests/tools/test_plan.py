@@ -154,3 +154,39 @@ def test_the_serving_doc_example_is_what_plan_prints(tmp_path):
         cells = line.split(" | ")
         del cells[3]  # bytes / token
         assert " | ".join(cells) in readme, line
+
+
+def test_speculative_decoding_is_counted_as_the_servers_size_it(tmp_path):
+    """A draft model's cache (BF16 beside the INT2 pool, SGLang's cell scaled by layers beside
+    BF16 / FP8) and the rollback buffers of the verify's drafts come off the KV tokens; the rows
+    are what the servers' own sizing gives (runtime/sizing.plan_pool with the same terms)."""
+    from oscar_sglang.runtime import sizing
+    from oscar_sglang.runtime.draft_rollback import DraftRollback
+    from oscar_sglang.runtime.kv_format import resolve
+
+    model = _config(tmp_path, LLAMA)
+    geom = P.model_geometry(str(model))
+    budget = int(51.567 * GIB)
+    base = {r["kv_cache"] if r["kv_cache"] != "int2" else "int2": r
+            for r in P.plan_rows(budget, geom, ["default"])}
+    spec = {r["kv_cache"] if r["kv_cache"] != "int2" else "int2": r
+            for r in P.plan_rows(budget, geom, ["default"], draft_layers=1, draft_tokens=4)}
+    elems = 32 * 8 * 256
+    assert spec["bf16"]["kv_tokens"] == budget // ((elems + 8 * 256) * 2) < base["bf16"]["kv_tokens"]
+    assert spec["fp8_e4m3"]["kv_tokens"] == budget // (elems + 8 * 256)
+    shape = sizing.ModelKVShape(32, 8, 128, 128)
+    fmt = resolve("", head_dim=128, v_head_dim=128, num_layers=32, group_size=128)
+    want = sizing.plan_pool(budget, shape, fmt=fmt, page_size=fmt.page_size,
+                            draft_bytes_per_token=8 * 256 * 2,
+                            rollback_bytes_per_request=DraftRollback.bytes_per_row(32, 8, 128, 128, 4))
+    assert (spec["int2"]["kv_tokens"], spec["int2"]["max_running_requests"]) == \
+        (want.max_total_num_tokens, want.max_running_requests)
+    assert spec["int2"]["kv_tokens"] < base["int2"]["kv_tokens"]
+    # the command line takes them
+    out = tmp_path / "rows.json"
+    assert cli.main(["plan", "--model-path", str(model), "--kv-budget-gib", "51.567",
+                     "--formats", "default", "--speculative-draft-layers", "1",
+                     "--speculative-num-draft-tokens", "4", "--json", str(out)]) == 0
+    assert [r["kv_tokens"] for r in json.loads(out.read_text())["rows"]] == [r["kv_tokens"] for r in spec.values()]
+    assert cli.main(["plan", "--model-path", str(model), "--kv-budget-gib", "1",
+                     "--speculative-draft-layers", "-1"]) == 2

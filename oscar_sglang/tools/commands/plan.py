@@ -39,6 +39,13 @@ def add_parser(sub) -> None:
     p.add_argument("--tp-size", type=int, default=1, help="tensor parallelism (KV heads split across GPUs)")
     p.add_argument("--max-running-requests", type=int, default=None,
                    help="as the server option; default: the plugin's default sizing")
+    p.add_argument("--speculative-draft-layers", type=int, default=0,
+                   help="speculative decoding with a draft model (EAGLE / STANDALONE): its layers, KV "
+                        "shaped like the target's as SGLang assumes; its cache is BF16 beside an INT2 "
+                        "pool and in the pool's dtype beside BF16 / FP8 (default 0: no draft model)")
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=0,
+                   help="speculative decoding: drafts a verify step (the INT2 pool keeps their rollback "
+                        "buffers per request; default 0: no speculation)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the rows as JSON")
     p.set_defaults(func=run)
 
@@ -80,13 +87,18 @@ def model_geometry(model_path: str) -> dict:
 
 
 def plan_rows(budget_bytes: int, geom: dict, formats: list[str], *, tp_size: int = 1,
-              max_running_requests: int | None = None, cfg=None) -> list[dict]:
+              max_running_requests: int | None = None, cfg=None, draft_layers: int = 0,
+              draft_tokens: int = 0) -> list[dict]:
     """One row per KV cache: SGLang's BF16 and FP8 pools (no side buffers) and each format as the
     plugin sizes it (runtime/sizing.plan_pool); a format the server would refuse gets its reason.
     cfg: the plugin's OscarConfig (runtime/config.load_config; None = no OSCAR_* variable set):
-    its sink / recent sizes, per-token group and default request sizing apply, as in a server."""
+    its sink / recent sizes, per-token group and default request sizing apply, as in a server.
+    draft_layers / draft_tokens: speculative decoding's share, as the servers size it (SGLang
+    scales a BF16 / FP8 token by (layers + draft layers) / layers; the INT2 pool adds the draft's
+    BF16 cache a token and the rollback buffers a request)."""
     from ...runtime import sizing
     from ...runtime.config import OscarConfig
+    from ...runtime.draft_rollback import DraftRollback
     from ...runtime.kv_format import KVFormatError, resolve
 
     cfg = cfg or OscarConfig()
@@ -95,9 +107,17 @@ def plan_rows(budget_bytes: int, geom: dict, formats: list[str], *, tp_size: int
     shape = sizing.ModelKVShape(num_layers=geom["num_layers"], num_kv_heads=local_heads,
                                 head_dim=geom["head_dim"], v_head_dim=geom["v_head_dim"])
     elems = shape.num_layers * shape.num_kv_heads * (shape.head_dim + shape.v_head_dim)
+    draft_elems = draft_layers * shape.num_kv_heads * (shape.head_dim + shape.v_head_dim)
     rows = [{"kv_cache": kv, "format": None, "bits_per_element": 8.0 * b, "bytes_per_token": elems * b,
-             "kv_tokens": budget_bytes // (elems * b), "max_running_requests": None, "side_buffer_gib": 0.0}
+             "kv_tokens": budget_bytes // ((elems + draft_elems) * b), "max_running_requests": None,
+             "side_buffer_gib": 0.0}
             for kv, b in (("bf16", 2), ("fp8_e4m3", 1))]
+    speculative = {}
+    if draft_layers:
+        speculative["draft_bytes_per_token"] = draft_elems * 2
+    if draft_tokens:
+        speculative["rollback_bytes_per_request"] = DraftRollback.bytes_per_row(
+            shape.num_layers, shape.num_kv_heads, shape.head_dim, shape.v_head_dim, draft_tokens)
     for asked in formats:
         name = asked
         if asked == "default":  # what a server started here stores; "" = the plugin's default
@@ -111,7 +131,7 @@ def plan_rows(budget_bytes: int, geom: dict, formats: list[str], *, tp_size: int
             plan = sizing.plan_pool(budget_bytes, shape, fmt=fmt, page_size=fmt.page_size or 1,
                                     requested_max_running_requests=max_running_requests,
                                     default_max_running_requests=cfg.default_max_running_requests,
-                                    side_buffer_fraction=cfg.side_buffer_fraction)
+                                    side_buffer_fraction=cfg.side_buffer_fraction, **speculative)
         except (KVFormatError, sizing.PoolSizingError) as e:
             rows.append({**row, "format": None, "refused": str(e)})
             continue
@@ -154,6 +174,8 @@ def run(args) -> int:
             raise PlanInputError(str(e)) from None
         if args.kv_budget_gib <= 0 or args.tp_size < 1:
             raise PlanInputError("--kv-budget-gib must be > 0 and --tp-size >= 1")
+        if args.speculative_draft_layers < 0 or args.speculative_num_draft_tokens < 0:
+            raise PlanInputError("--speculative-draft-layers and --speculative-num-draft-tokens must be >= 0")
         geom = model_geometry(args.model_path)
         if args.tp_size > 1 and geom["num_kv_heads"] % args.tp_size and args.tp_size % geom["num_kv_heads"]:
             raise PlanInputError(f"--tp-size {args.tp_size} does not divide the model's "
@@ -161,7 +183,9 @@ def run(args) -> int:
         formats = [f.strip() for f in args.formats.split(",") if f.strip()]
         budget = int(args.kv_budget_gib * GIB)
         rows = plan_rows(budget, geom, formats, tp_size=args.tp_size,
-                         max_running_requests=args.max_running_requests, cfg=cfg)
+                         max_running_requests=args.max_running_requests, cfg=cfg,
+                         draft_layers=args.speculative_draft_layers,
+                         draft_tokens=args.speculative_num_draft_tokens)
     except PlanInputError as e:
         print(f"plan: {e}", file=sys.stderr)
         return 2
