@@ -75,7 +75,9 @@ def ngram_chains(drafts: np.ndarray, mask: np.ndarray, batch_size: int) -> tuple
     m = mask.reshape(batch_size, n, n).astype(bool)
     tok = drafts.reshape(batch_size, n)
     out = tok.copy()
-    for b in range(batch_size):
+    chain = np.tril(np.ones((n, n), dtype=bool))
+    # already chains (full matches): nothing to reorder; this runs on the host every NGRAM step
+    for b in np.flatnonzero(~(m == chain).all(axis=(1, 2))):
         # parent of node i: its nearest ancestor (nodes come after their parents)
         parent = [-1] + [max(j for j in range(i) if m[b, i, j]) if m[b, i, :i].any() else 0 for i in range(1, n)]
         path, node = [0], 0
@@ -87,5 +89,5 @@ def ngram_chains(drafts: np.ndarray, mask: np.ndarray, batch_size: int) -> tuple
             path.append(node)
         rest = [i for i in range(1, n) if i not in set(path)]
         out[b] = tok[b, path + rest]
-    chain = np.tril(np.ones((n, n), dtype=mask.dtype))
-    return out.reshape(drafts.shape), np.ascontiguousarray(np.broadcast_to(chain, (batch_size, n, n))).reshape(mask.shape)
+    return out.reshape(drafts.shape), np.ascontiguousarray(
+        np.broadcast_to(chain.astype(mask.dtype), (batch_size, n, n))).reshape(mask.shape)
