@@ -14,11 +14,14 @@ Two readiness checks, since the scripts measure different things:
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
 import os
 import shlex
 import signal
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -169,6 +172,52 @@ class Server:
         finally:
             if self._log is not None:
                 self._log.close()
+
+
+class GpuTurns:
+    """Servers that share a GPU (a GPU id repeated in a script's --gpus) start together and are
+    measured one at a time: the start-ups (Python imports, Triton and CUDA-graph compilation, about
+    a minute each) overlap, the timed requests do not, since a server that is ready but idle uses
+    no GPU time.
+
+    `GpuTurns(gpus, jobs)`: with a GPU id repeated, job i runs on `assigned[i]` = gpus[i] and all
+    start at once (a later start would overlap an earlier server's timing, so there must be a slot
+    per job); with none repeated `assigned` is None and jobs take GPUs as they free up. A job calls
+    `started(gpu, name)` once its server is ready or has failed (the job runner calls it again when
+    the job ends: it counts once), then measures inside `with turns.turn(gpu):`, which waits until
+    every server on that GPU has started and then holds the GPU's lock. For a GPU that only one job
+    uses both are no-ops."""
+
+    def __init__(self, gpus: List[Optional[str]], jobs: int):
+        self.assigned: Optional[List[Optional[str]]] = None
+        if len(set(gpus)) < len(gpus):
+            if jobs > len(gpus):
+                raise ValueError(f"{jobs} servers for the {len(gpus)} slots of --gpus {','.join(map(str, gpus))}: "
+                                 "with a GPU listed more than once every server starts at once, so list one slot "
+                                 "per server")
+            self.assigned = list(gpus[:jobs])
+        counts = collections.Counter(self.assigned or [])
+        self.shared = {g for g, n in counts.items() if n > 1}
+        self._expected = {g: counts[g] for g in self.shared}
+        self._started = {g: set() for g in self.shared}
+        self._cv = threading.Condition()
+        self._locks = {g: threading.Lock() for g in self.shared}
+
+    def started(self, gpu: Optional[str], name: str) -> None:
+        if gpu in self.shared:
+            with self._cv:
+                self._started[gpu].add(name)
+                self._cv.notify_all()
+
+    @contextlib.contextmanager
+    def turn(self, gpu: Optional[str]):
+        if gpu not in self.shared:
+            yield
+            return
+        with self._cv:
+            self._cv.wait_for(lambda: len(self._started[gpu]) >= self._expected[gpu])
+        with self._locks[gpu]:
+            yield
 
 
 def add_server_run_args(p) -> None:

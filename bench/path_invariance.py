@@ -56,7 +56,8 @@ part-a / part-b files and the essays like the `niah` stage; carry as for `niah`)
 The defaults (48 prompts, 64 tokens, two servers one after the other) are sized for one 10-minute
 call but not yet timed on a device; progress lines say where it is. --gpus 0,1 runs the servers
 side by side; --long-outputs may need one call per server (--configs int2, then bf16: the file
-merges). Then copy $OUT/path_invariance_$MACHINE.json to
+merges); --gpus 0,0 runs both on one GPU at once (nothing here is timed; their pools are then
+capped, niah_server.py's side-by-side flags). Then copy $OUT/path_invariance_$MACHINE.json to
 bench/results/path_invariance_h200.json; python -m bench.render_docs renders its `path-invariance`
 region. --print-commands shows the servers' commands only.
 """
@@ -475,12 +476,14 @@ def config_job(cfg, ctx: dict, args, results, gpu: Optional[str], port: int) -> 
 # ------------------------------------------------------------------------------ main
 
 
-def default_server_args(prompts: int) -> str:
-    """niah_server.py's flags with the radix cache on (what is measured) and decode CUDA graphs up
+def default_server_args(prompts: int, gpu_shared: bool = False) -> str:
+    """niah_server.py's flags (its side-by-side ones when servers share a GPU: pools capped
+    instead of a memory share) with the radix cache on (what is measured) and decode CUDA graphs up
     to the batch passes' size (so a batch pass runs in graphs from its first step, like serial)."""
-    from bench.niah_server import DEFAULT_SERVER_ARGS
+    from bench.niah_server import DEFAULT_SERVER_ARGS, PARALLEL_SERVER_ARGS
 
-    flags = [a for a in shlex.split(DEFAULT_SERVER_ARGS) if a != "--disable-radix-cache"]
+    base = PARALLEL_SERVER_ARGS if gpu_shared else DEFAULT_SERVER_ARGS
+    flags = [a for a in shlex.split(base) if a != "--disable-radix-cache"]
     if "--cuda-graph-max-bs-decode" in flags:
         i = flags.index("--cuda-graph-max-bs-decode") + 1
         flags[i] = str(max(int(flags[i]), prompts))
@@ -534,13 +537,13 @@ def parse_args(argv=None):
         if args.prompts < 1 or args.prompts % (args.siblings + 1):
             raise ValueError(f"--prompts {args.prompts} is not a whole number of documents of "
                              f"{args.siblings + 1} questions (--siblings {args.siblings})")
+        args.gpu_list = [x.strip() for x in args.gpus.split(",") if x.strip()] or [None]
         if args.server_args is None:
-            args.server_args = default_server_args(args.prompts)
+            args.server_args = default_server_args(args.prompts, len(set(args.gpu_list)) < len(args.gpu_list))
         if "--disable-radix-cache" in shlex.split(args.server_args):
             raise ValueError("--server-args with --disable-radix-cache: the radix cache is what this measures")
     except ValueError as e:
         p.error(str(e))
-    args.gpu_list = [x.strip() for x in args.gpus.split(",") if x.strip()] or [None]
     return args
 
 
@@ -581,9 +584,16 @@ def main(argv=None) -> int:
     results = ResultsFile(Path(args.out), Path(args.base) if args.base else None, gpu_name(),
                           module="path_invariance", key=row_key, finish=summary)
     by_name = {cfg.name: cfg for cfg, _ in jobs}
+    from bench._launcher import GpuTurns
+
+    try:  # servers sharing a GPU start together; nothing here is timed, so they also run together
+        turns = GpuTurns(args.gpu_list, len(jobs))
+    except ValueError as e:
+        print(f"--gpus: {e}", file=sys.stderr)
+        return 2
     t0 = time.monotonic()
     ok = run_jobs([(lambda n, g, p: config_job(by_name[n], ctx, args, results, g, p), cfg.name, port)
-                   for cfg, port in jobs], args.gpu_list)
+                   for cfg, port in jobs], args.gpu_list, turns)
     print(f"results: {args.out} ({time.monotonic() - t0:.0f} s); " + results.checks_line(), flush=True)
     return 0 if ok else 1
 

@@ -48,8 +48,13 @@ part-a / part-b files and the essays like the `niah` stage, carry as for `niah`)
   SPEC_PARTS=real,aborts MACHINE=h200 bash bench/run_stages.sh spec     (six SmolLM2 servers)
   SPEC_PARTS=verify MACHINE=h200 bash bench/run_stages.sh spec          (three 8B servers)
 
-One server per GPU: --gpus 0,1,2,3 (nvidia-h200-x4) runs that many configurations at once; on one
-GPU split a part over calls with --real-configs / --verify-configs (the file merges). Then copy
+One server per GPU: --gpus 0,1,2,3 (nvidia-h200-x4) runs that many configurations at once. A GPU
+listed more than once (--gpus 0,0,0,0,0,0 for the six SmolLM2 servers) holds that many servers
+started together (their ~1-minute start-ups overlap; the SmolLM2 servers then cap their pools,
+niah_server.py's side-by-side flags) and measured one at a time (bench/_launcher.GpuTurns: the
+others are ready and idle), so the timings stay one server's; rows keep `side_by_side`. The 8B
+verify servers do not fit together: run them one at a time. Or split a part over calls with
+--real-configs / --verify-configs (the file merges). Then copy
 $OUT/spec_decode_$MACHINE.json to bench/results/spec_decode_h200.json; python -m bench.render_docs
 renders its `spec-decode` region. --print-commands shows the servers' commands only.
 """
@@ -538,6 +543,14 @@ def _server(cmd: List[str], env: dict, log: Path, port: int, gpu: Optional[str])
     return Server(cmd, env, log, port, **SPEED)
 
 
+def _wait_ready(srv, args, gpu: Optional[str], name: str) -> None:
+    """Until the server is ready; its GPU's other servers are told it has started either way."""
+    try:
+        srv.wait_ready(args.startup_timeout)
+    finally:
+        args.turns.started(gpu, name)
+
+
 def real_job(name: str, ctx: dict, args, results: ResultsFile, gpu: Optional[str], port: int) -> bool:
     """One SmolLM2 server: its prompts (real) and aborted streams (aborts), each a row."""
     from bench.serving_vs_fp8 import _facts
@@ -556,29 +569,30 @@ def real_job(name: str, ctx: dict, args, results: ResultsFile, gpu: Optional[str
     srv = _server(cmd, env, log, port, gpu)
     try:
         with srv:
-            srv.wait_ready(args.startup_timeout)
+            _wait_ready(srv, args, gpu, name)
             base.update(startup_s=round(srv.startup_s, 1), **_facts(srv.url))
-            from bench._serving_client import run_requests
+            with args.turns.turn(gpu):  # alone on the GPU while measured (GpuTurns)
+                from bench._serving_client import run_requests
 
-            run_requests(srv.url, ctx["ids"][:2], 16, f"{name} warm-up", ignore_eos=False)
-            if want_real:
-                t0 = time.time()
-                row = {"part": "real", **base, "prompts": len(ctx["ids"]),
-                       "prompts_sha256": ctx["digest"], "prompt_kinds": ctx["kinds"],
-                       "max_new_tokens": args.max_new_tokens, "concurrency": args.concurrency,
-                       **run_real(srv.url, name, ctx["ids"], ctx["tokenizer"], args, Path(args.logs)),
-                       "wall_s": None, "date": _stamp(), "device": results.device}
-                row["wall_s"] = round(time.time() - t0, 1)
-                results.put(row)
-                print(f"  [{name}] accept length {_f(row['accept_len_mean'], '{:.2f}')}, TPOT p50 "
-                      f"{_f(row['tpot_p50_ms'], '{:.2f}')} ms, ok {row['ok']}", flush=True)
-            if want_aborts:
-                row = {"part": "aborts", **base, "abort_output_tokens": args.abort_output_tokens,
-                       **run_aborts(srv.url, ctx["ids"], args), "date": _stamp(), "device": results.device}
-                results.put(row)
-                print(f"  [{name}] {row['streams']} streams: {row['aborted']} aborted; pool leak "
-                      f"{row['pool_leak_tokens']}, side rows leak {row['side_rows_leak']}, other "
-                      f"side leaks {row['side_free_leak'] or 'none'}", flush=True)
+                run_requests(srv.url, ctx["ids"][:2], 16, f"{name} warm-up", ignore_eos=False)
+                if want_real:
+                    t0 = time.time()
+                    row = {"part": "real", **base, "prompts": len(ctx["ids"]),
+                           "prompts_sha256": ctx["digest"], "prompt_kinds": ctx["kinds"],
+                           "max_new_tokens": args.max_new_tokens, "concurrency": args.concurrency,
+                           **run_real(srv.url, name, ctx["ids"], ctx["tokenizer"], args, Path(args.logs)),
+                           "wall_s": None, "date": _stamp(), "device": results.device}
+                    row["wall_s"] = round(time.time() - t0, 1)
+                    results.put(row)
+                    print(f"  [{name}] accept length {_f(row['accept_len_mean'], '{:.2f}')}, TPOT p50 "
+                          f"{_f(row['tpot_p50_ms'], '{:.2f}')} ms, ok {row['ok']}", flush=True)
+                if want_aborts:
+                    row = {"part": "aborts", **base, "abort_output_tokens": args.abort_output_tokens,
+                           **run_aborts(srv.url, ctx["ids"], args), "date": _stamp(), "device": results.device}
+                    results.put(row)
+                    print(f"  [{name}] {row['streams']} streams: {row['aborted']} aborted; pool leak "
+                          f"{row['pool_leak_tokens']}, side rows leak {row['side_rows_leak']}, other "
+                          f"side leaks {row['side_free_leak'] or 'none'}", flush=True)
         return True
     except Exception as e:  # loudly: the log's tail (ServerError's message carries it), then on
         tail = "" if "last lines" in str(e) else "\n" + srv.tail(40)
@@ -608,24 +622,25 @@ def verify_job(name: str, ctx: dict, args, results: ResultsFile, gpu: Optional[s
     srv = _server(cmd, CONFIGS[name].env, log, port, gpu)
     try:
         with srv:
-            srv.wait_ready(args.startup_timeout)
+            _wait_ready(srv, args, gpu, name)
             facts = _facts(srv.url)
             base.update(startup_s=round(srv.startup_s, 1), **facts)
-            run_requests(srv.url, random_prompts(2, 1024, ctx["vocab"], seed=1024), 16, f"{name} warm-up")
-            for n, c in loads:
-                key = {"batch": n, "context": c}
-                ok, why = fits(n, c, args.output_tokens, facts)
-                if not ok:
-                    results.put({**base, **key, "fits": False, "reason": why, "ok": True,
-                                 "verify_step_ms": None, "date": _stamp(), "device": results.device})
-                    print(f"  [{name}] {n} x {c}: does not fit ({why})", flush=True)
-                    continue
-                row = {**base, **key, "fits": True, **run_verify_load(srv.url, n, c, args, ctx["vocab"]),
-                       "date": _stamp(), "device": results.device}
-                results.put(row)
-                print(f"  [{name}] {n} x {c}: verify step {_f(row['verify_step_ms'], '{:.2f}')} ms, accept "
-                      f"length {_f(row['accept_len_mean'], '{:.2f}')}, cached tokens p50 "
-                      f"{_f(row['cached_tokens_p50'])}, ok {row['ok']}", flush=True)
+            with args.turns.turn(gpu):  # alone on the GPU while measured (GpuTurns)
+                run_requests(srv.url, random_prompts(2, 1024, ctx["vocab"], seed=1024), 16, f"{name} warm-up")
+                for n, c in loads:
+                    key = {"batch": n, "context": c}
+                    ok, why = fits(n, c, args.output_tokens, facts)
+                    if not ok:
+                        results.put({**base, **key, "fits": False, "reason": why, "ok": True,
+                                     "verify_step_ms": None, "date": _stamp(), "device": results.device})
+                        print(f"  [{name}] {n} x {c}: does not fit ({why})", flush=True)
+                        continue
+                    row = {**base, **key, "fits": True, **run_verify_load(srv.url, n, c, args, ctx["vocab"]),
+                           "date": _stamp(), "device": results.device}
+                    results.put(row)
+                    print(f"  [{name}] {n} x {c}: verify step {_f(row['verify_step_ms'], '{:.2f}')} ms, accept "
+                          f"length {_f(row['accept_len_mean'], '{:.2f}')}, cached tokens p50 "
+                          f"{_f(row['cached_tokens_p50'])}, ok {row['ok']}", flush=True)
         return True
     except Exception as e:
         tail = "" if "last lines" in str(e) else "\n" + srv.tail(40)
@@ -644,24 +659,39 @@ def _f(x, fmt="{:,.0f}"):
     return "-" if x is None else fmt.format(x)
 
 
-def run_jobs(jobs: List[tuple], gpus: List[Optional[str]]) -> bool:
-    """Run (fn, name, port) jobs, one per GPU slot at a time (threads); True if all succeeded."""
-    queue, lock, oks = list(jobs), threading.Lock(), []
+def run_jobs(jobs: List[tuple], gpus: List[Optional[str]], turns=None) -> bool:
+    """Run (fn, name, port) jobs, one per GPU slot at a time (threads); True if all succeeded.
+    turns (bench._launcher.GpuTurns) with a GPU id repeated in `gpus`: job i on turns.assigned[i],
+    all at once; a job that ends counts as started (one that failed before saying so)."""
+    oks = []
 
-    def slot(gpu):
-        while True:
-            with lock:
-                if not queue:
-                    return
-                fn, name, port = queue.pop(0)
+    def one(fn, name, gpu, port):
+        try:
             oks.append(fn(name, gpu, port))
+        finally:
+            if turns is not None:
+                turns.started(gpu, name)
 
-    threads = [threading.Thread(target=slot, args=(g,)) for g in gpus]
+    if turns is not None and turns.assigned is not None:
+        threads = [threading.Thread(target=one, args=(fn, name, g, port))
+                   for (fn, name, port), g in zip(jobs, turns.assigned)]
+    else:
+        queue, lock = list(jobs), threading.Lock()
+
+        def slot(gpu):
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    fn, name, port = queue.pop(0)
+                one(fn, name, gpu, port)
+
+        threads = [threading.Thread(target=slot, args=(g,)) for g in gpus]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return all(oks)
+    return len(oks) == len(jobs) and all(oks)
 
 
 # ------------------------------------------------------------------------------ main
@@ -728,13 +758,14 @@ def parse_args(argv=None):
         args.contexts = [int(x) for x in _csv(args.contexts)]
     except ValueError as e:
         p.error(str(e))
-    if args.real_server_args is None:
-        from bench.niah_server import DEFAULT_SERVER_ARGS
-
-        args.real_server_args = DEFAULT_SERVER_ARGS
-    args.draft_dir = Path(args.draft_dir or f"{args.model_dir.rstrip('/')}-draft1")
     args.gpu_list = _csv(args.gpus) or [None]
     args.side_by_side = len(args.gpu_list)
+    args.gpu_shared = len(set(args.gpu_list)) < len(args.gpu_list)
+    if args.real_server_args is None:  # servers sharing a GPU cap their pools instead of a memory share
+        from bench.niah_server import DEFAULT_SERVER_ARGS, PARALLEL_SERVER_ARGS
+
+        args.real_server_args = PARALLEL_SERVER_ARGS if args.gpu_shared else DEFAULT_SERVER_ARGS
+    args.draft_dir = Path(args.draft_dir or f"{args.model_dir.rstrip('/')}-draft1")
     return args
 
 
@@ -771,6 +802,13 @@ def main(argv=None) -> int:
     if not jobs:
         print("nothing to run: no configuration of the parts asked for", file=sys.stderr)
         return 2
+    from bench._launcher import GpuTurns
+
+    try:
+        args.turns = GpuTurns(args.gpu_list, len(jobs))
+    except ValueError as e:
+        print(f"--gpus: {e}", file=sys.stderr)
+        return 2
     Path(args.logs).mkdir(parents=True, exist_ok=True)
     if real_names:
         from transformers import AutoTokenizer
@@ -788,7 +826,7 @@ def main(argv=None) -> int:
     fns = {"real": lambda c, g, p: real_job(c, ctx_real, args, results, g, p),
            "verify": lambda c, g, p: verify_job(c, ctx_verify, args, results, g, p)}
     t0 = time.monotonic()
-    ok = run_jobs([(fns[kind], c, pt) for kind, c, pt in jobs], args.gpu_list)
+    ok = run_jobs([(fns[kind], c, pt) for kind, c, pt in jobs], args.gpu_list, args.turns)
     print(f"results: {args.out} ({time.monotonic() - t0:.0f} s); " + results.checks_line(), flush=True)
     return 0 if ok else 1
 

@@ -44,3 +44,57 @@ def test_a_server_that_exits_during_start_up_says_so(tmp_path, ready):
 def test_an_unknown_readiness_check_is_refused(tmp_path):
     with pytest.raises(ValueError, match="ready='up'"):
         _launcher.Server(["true"], {}, tmp_path / "s.log", 1, ready="up")
+
+
+def test_servers_sharing_a_gpu_start_together_and_are_measured_one_at_a_time():
+    """GpuTurns: with a GPU listed twice both jobs run at once, neither measures before both have
+    started (or failed), and the two measurements never overlap; a job that fails before saying
+    it started (the runner says so when it ends) does not hold the other one forever."""
+    import threading
+    import time
+
+    from bench.spec_decode import run_jobs
+
+    turns = _launcher.GpuTurns(["0", "0"], 2)
+    assert turns.assigned == ["0", "0"] and turns.shared == {"0"}
+    events, lock = [], threading.Lock()
+
+    def log(what):
+        with lock:
+            events.append(what)
+
+    def job(name, gpu, port):
+        time.sleep(0.3 if name == "slow" else 0.0)  # one start-up takes longer
+        log(f"{name} ready")
+        turns.started(gpu, name)
+        with turns.turn(gpu):
+            log(f"{name} measures")
+            time.sleep(0.1)
+            log(f"{name} done")
+        return True
+
+    assert run_jobs([(job, "fast", 1), (job, "slow", 2)], ["0", "0"], turns)
+    assert events.index("fast measures") > events.index("slow ready")  # waited for the other start
+    first = events[events.index("fast measures") if events.index("fast measures") < events.index("slow measures")
+                   else events.index("slow measures")].split()[0]
+    i = events.index(f"{first} measures")
+    assert events[i + 1] == f"{first} done"  # nothing else measured in between
+
+    turns = _launcher.GpuTurns(["0", "0"], 2)
+
+    def failing(name, gpu, port):  # gave up before its server said it started
+        return False
+
+    t0 = time.monotonic()
+    assert not run_jobs([(failing, "broken", 1), (job, "fast", 2)], ["0", "0"], turns)
+    assert time.monotonic() - t0 < 5 and "fast done" in events
+
+
+def test_gpu_turns_need_a_slot_per_server_on_a_shared_gpu_and_are_no_ops_otherwise():
+    with pytest.raises(ValueError, match="one slot per server"):
+        _launcher.GpuTurns(["0", "0"], 3)
+    turns = _launcher.GpuTurns(["0", "1"], 5)  # GPUs not shared: jobs take them as they free up
+    assert turns.assigned is None and not turns.shared
+    turns.started("0", "a")
+    with turns.turn("0"):  # returns at once
+        pass
