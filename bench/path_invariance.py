@@ -3,11 +3,12 @@ attention (a radix hit of its own prefix, of a sibling's, in a batch, after othe
 the rows, from the host tier), on the INT2 KV cache against BF16 on the same real weights.
 
 The project's rule: every path a prefix takes must give the answers a cold prefill gives at least
-as often as BF16 does on the same paths. docs/design.md ("What a prefix hit reads, and why warm
-answers can differ from cold ones") names the causes this separates: what an INT2 hit reads
-instead of BF16 (inherent), ring copies carried over from the previous owner of the pages (short
-against long outputs: --long-outputs), a sink read as INT2 once the owner's row was reused
-(warm_after_others) and batch-dependent rounding (warm_serial against the batch passes).
+as often as BF16 does on the same paths. docs/design.md ("A prefix reads the same whichever way
+it came") names the causes the first run separated (cold prompts read in BF16 where hits read
+INT2, ring copies carried over from another row, a sink lost with its row) and what replaced
+them (page-canonical prefill, the sink store keyed by token ids); what remains is rounding that
+depends on the batch, as in BF16. --long-outputs (every owner writes past the ring) and
+warm_after_others (every request row reused) keep checking the last two.
 
 Servers (--configs, niah_server.py's forms): `int2` is `oscar-sglang serve` with no model (the
 embedded SmolLM2-135M-Instruct, as shipped), `bf16` the same weights under

@@ -94,6 +94,23 @@ class Int2ForwardMetadata:
     use_prefix_fi: bool = False   # the prefix goes through FlashInfer (prefix_worth_flashinfer)
     max_prefix: int | None = None  # the longest cached prefix, host-side (None: unknown)
     verify: int = 0               # a speculative verify (TARGET_VERIFY): its drafts a request (a chain)
+    # page-canonical prefill (_prepare_canonical): None, or the requests whose extend starts on a
+    # page boundary, stored before attention and read as the cache will hold them
+    canonical: "CanonicalExtend | None" = None
+
+
+@dataclass
+class CanonicalExtend:
+    """A forward's page-canonical requests (see OscarInt2TritonBackend._prepare_canonical)."""
+
+    first_tokens: torch.Tensor | None  # the canonical requests' new tokens (None: all of them)
+    after_tokens: torch.Tensor | None  # the others' (None: none), stored after attention
+    kv_indptr: torch.Tensor       # [B + 1]: each canonical request's whole sequence (0 elsewhere)
+    kv_indices: torch.Tensor
+    first: torch.Tensor           # [B] its first new position (a page boundary)
+    out_indptr: torch.Tensor      # [B + 1]: its new positions in complete pages, compact rows
+    rows: torch.Tensor            # [n] those positions' rows among the forward's new tokens
+    max_len: int                  # host: the most such positions of one request
 
 
 # a decode step's: nothing beyond SGLang's metadata (shared, never mutated: no allocation a step)
@@ -277,8 +294,8 @@ class OscarInt2TritonBackend(TritonAttnBackend):
 
     def _prepare_forward(self, fb, graph: bool = False) -> None:
         """Eager per-forward bookkeeping on the forward stream, before any layer runs."""
-        # rows handed out since the last forward trust no side buffer yet, except what their radix
-        # hit's copies give them
+        # rows handed out since the last forward trust no side buffer yet, except the sink the
+        # store gives a cached prefix
         self.pool.apply_pending_resets(getattr(self, "req_to_token", None))
         mode = fb.forward_mode
         if getattr(mode, "is_target_verify", bool)():  # (is_extend() is true for it too)
@@ -321,7 +338,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             token_seq_lens=torch.repeat_interleave(fb.seq_lens, lens, output_size=n))
         self.pool.note_extend(fb.req_pool_indices, fb.extend_prefix_lens)
         if getattr(self, "req_to_token", None) is not None:
-            self.pool.note_first_positions(fb.req_pool_indices, fb.extend_prefix_lens, self.req_to_token)
+            imd.canonical = self._prepare_canonical(fb)
         md = self.forward_metadata
         self._new_tokens.plan(md.qo_indptr, getattr(fb, "extend_seq_lens_cpu", None), md.max_extend_len)
         cpu = fb.extend_prefix_lens_cpu
@@ -337,6 +354,67 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         # prefixes when its grid is small (None: unknown, never split)
         imd.max_prefix = None if cpu is None else max((int(x) for x in cpu), default=0)
         return imd
+
+    def _prepare_canonical(self, fb) -> CanonicalExtend | None:
+        """Page-canonical prefill: what an extend reads must not depend on how its prefix reached
+        the cache. A cold prefill computes its whole prompt, a radix / host hit of P tokens (always
+        whole pages) reads [0, P) from the INT2 pages, so both read every position in a complete
+        page as the cache holds it (quantised; the sink in BF16) and only the positions of the last,
+        incomplete page in BF16: for a request of length L, own_start = C = L // page * page (its
+        ring copies are trusted from C on, by this extend's prefix reader, which then reads no ring
+        entry, and by the decode steps after it), and its new tokens of [P, C) are stored before
+        attention and read back dequantised. The answer is then the same whichever way [0, P)
+        arrived, up to rounding (bench/path_invariance.py measures it).
+
+        Only requests whose extend starts on a page boundary (radix hits and prefill chunks are
+        page-aligned in SGLang; a decode-like request of a mixed-chunk batch is not): the others
+        read their own previous chunk's incomplete page from the ring, which a store before
+        attention could overwrite, so they store after attention and keep BF16 among their new
+        tokens. Layouts that cannot dequantise a request's pages (the per-token recipe) are not
+        canonical. Host-known lengths only (no device synchronisation)."""
+        pre_cpu, ext_cpu = fb.extend_prefix_lens_cpu, getattr(fb, "extend_seq_lens_cpu", None)
+        if not self.pool.layout.dequantises_prefix or pre_cpu is None or ext_cpu is None:
+            return None
+        page = int(self.pool.page_size)
+        pre_cpu, ext_cpu = [int(x) for x in pre_cpu], [int(x) for x in ext_cpu]
+        flags = [p % page == 0 for p in pre_cpu]
+        if not any(flags):
+            return None
+        dev = fb.seq_lens.device
+        canon = torch.tensor(flags, dtype=torch.bool, device=dev)
+        seq = fb.seq_lens.to(torch.int64)
+        pre = fb.extend_prefix_lens.to(torch.int64)
+        complete = seq // page * page
+        rows = fb.req_pool_indices.to(torch.int64)
+        own = self.pool.own_start
+        own.index_copy_(0, rows, torch.where(canon, complete, own.index_select(0, rows).to(torch.int64)).to(own.dtype))
+        n_b = torch.where(canon, (complete - pre).clamp_min(0), 0)
+        n_cpu = [((p + e) // page * page - p) if f else 0 for p, e, f in zip(pre_cpu, ext_cpu, flags)]
+        total = sum(n_cpu)
+        B = len(flags)
+        kv_indptr = torch.zeros(B + 1, dtype=torch.int32, device=dev)
+        lens = torch.where(canon, seq, 0)
+        kv_indptr[1:] = torch.cumsum(lens, 0)
+        kv_indices = torch.empty(sum(p + e for p, e, f in zip(pre_cpu, ext_cpu, flags) if f),
+                                 dtype=torch.int32, device=dev)
+        ops.fill_kv_indices(self.req_to_token, fb.req_pool_indices, lens, kv_indptr, kv_indices)
+        out_indptr = torch.zeros(B + 1, dtype=torch.int64, device=dev)
+        out_indptr[1:] = torch.cumsum(n_b, 0)
+        qo = self.forward_metadata.qo_indptr[:B].to(torch.int64)
+        j = torch.arange(total, device=dev)
+        new_rows = (torch.repeat_interleave(qo, n_b, output_size=total)
+                    + j - torch.repeat_interleave(out_indptr[:B], n_b, output_size=total))
+        first_tokens = after_tokens = None
+        if not all(flags):  # a mixed batch: which new tokens are stored before attention, which after
+            starts = [0]
+            for e in ext_cpu:
+                starts.append(starts[-1] + e)
+            pick = lambda want: torch.cat([torch.arange(starts[b], starts[b + 1]) for b in range(B)  # noqa: E731
+                                           if flags[b] == want] + [torch.zeros(0, dtype=torch.int64)]).to(dev)
+            first_tokens, after_tokens = pick(True), pick(False)
+        return CanonicalExtend(first_tokens=first_tokens, after_tokens=after_tokens, kv_indptr=kv_indptr,
+                               kv_indices=kv_indices, first=pre.to(torch.int32), out_indptr=out_indptr,
+                               rows=new_rows, max_len=max(n_cpu))
 
     # ------------------------------------------------------------------ warm-up
     def warm_up(self, model, dtype: torch.dtype) -> None:
@@ -620,12 +698,16 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         cap = logit_capping_mod(layer.logit_capping_method, layer.logit_cap)
 
         imd = self.int2_md
+        canonical = imd.canonical if save_kv_cache and not imd.verify else None
+        k_r = v_r = None
         if imd.verify:
             if layer.layer_id == self.pool.start_layer:  # once a forward, for every layer, in order
                 # on the forward stream (inside the CUDA graph): after the previous step's rollback
                 self.pool.drafts.save(fb.req_pool_indices, fb.seq_lens, imd.verify)
             # drafts over the INT2 prefix (sink, body, ring as of L) + causal among themselves
             o = self._extend_prefix_int2(q3, k3, v3, layer, fb, imd, cap, self._verify_new_tokens)
+        elif canonical is not None:
+            o, k_r, v_r = self._extend_canonical(q3, k3, v3, layer, fb, imd, cap, canonical)
         elif not imd.has_prefix:
             # nothing cached yet: the new tokens' attention is the whole answer
             o, _ = self._new_tokens.run(q3, k3, v3, layer, layer.logit_cap, want_lse=False)
@@ -636,16 +718,64 @@ class OscarInt2TritonBackend(TritonAttnBackend):
 
         if not imd.verify and debug_tap.enabled(layer.layer_id):  # off unless OSCAR_DEBUG_TAP_DIR is set
             debug_tap.record_extend(self, layer, fb, q3, k3, v3, o)
-        if save_kv_cache:  # after attention: the prefix reader saw the previous chunk's ring
+        if canonical is not None:  # the requests that are not page-canonical store after attention
+            if canonical.after_tokens is not None:
+                self._store_rotated(layer, fb, k_r, v_r, imd, canonical.after_tokens)
+        elif save_kv_cache:  # after attention: the prefix reader saw the previous chunk's ring
             self._store(layer, fb, k3, v3, imd.token_rows, imd.token_seq_lens)
         return o.reshape(T, Hq * Dv)
 
-    def _extend_prefix_int2(self, q3, k3, v3, layer, fb, imd, cap, new_tokens=None):
-        """New tokens (LSE out) + the prefix read in place by the INT2-aware prefix kernel, merged
-        by LSE into the model's dtype."""
+    def _store_rotated(self, layer, fb, k_r, v_r, imd, sel: torch.Tensor | None) -> None:
+        """Store rotated k / v of the new tokens `sel` (None: all) of an extend."""
+        loc, pos, rows, lens = fb.out_cache_loc, fb.positions, imd.token_rows, imd.token_seq_lens
+        if sel is not None:
+            k_r, v_r, loc, pos, rows, lens = (x.index_select(0, sel) for x in (k_r, v_r, loc, pos, rows, lens))
+        self.pool.store(layer.layer_id, loc, k_r, v_r, pos, rows, lens)
+
+    def _extend_canonical(self, q3, k3, v3, layer, fb, imd, cap, canon: CanonicalExtend):
+        """A page-canonical extend (_prepare_canonical): the canonical requests' new tokens stored
+        first, their positions in complete pages read back dequantised (ops.dequant_prefix_channel,
+        what the prefix readers see of a page), attention among the new tokens over those values
+        in the rotated space, merged with the prefix as usual. -> (o, k_r, v_r)."""
+        lid = layer.layer_id
+        k_r, v_r = self._rot_kv(k3, v3, lid)
+        self._store_rotated(layer, fb, k_r, v_r, imd, canon.first_tokens)
+        k_m, v_m = k_r, v_r
+        n = canon.rows.shape[0]
+        if n:
+            k_m, v_m = k_r.clone(), v_r.clone()
+            bufs = self.pool.layer_buffers(lid)
+            fmt = self.pool.kernel_format_args(lid)
+            out_k = k_r.new_empty((n, *k_r.shape[1:]))
+            out_v = v_r.new_empty((n, *v_r.shape[1:]))
+            ops.dequant_prefix_channel(
+                bufs["k_codes"], bufs["k_params"], bufs["v_codes"], bufs["v_params"], bufs["sink_k"],
+                bufs["sink_v"], bufs["ring_k"], bufs["ring_v"], canon.kv_indptr, canon.kv_indices,
+                fb.req_pool_indices, self.pool.own_start, canon.first, canon.out_indptr, out_k, out_v,
+                k_bits=fmt["k_bits"], k_block=fmt["k_block"], v_group=fmt["v_group"],
+                max_piece_len=canon.max_len, sink_start=self.pool.sink_start)
+            k_m.index_copy_(0, canon.rows, out_k)
+            v_m.index_copy_(0, canon.rows, out_v)
+        q_r = self._rot_q(q3, lid)
+        rotated_v = self._v_unrot[self.pool.local(lid)] is not None
+        if not imd.has_prefix:
+            o, _ = self._new_tokens.run(q_r, k_m, v_m, layer, layer.logit_cap, want_lse=False)
+            return (self._unrot_o(o, lid).to(q3.dtype) if rotated_v else o), k_r, v_r
+        o_new, lse_new = self._new_tokens.run(q_r, k_m, v_m, layer, layer.logit_cap, want_lse=True)
+        new = (self._unrot_o(o_new, lid), lse_new, self._new_tokens.lse_base2)
+        if imd.use_prefix_fi:
+            return self._extend_prefix_flashinfer(q3, k3, v3, layer, fb, new), k_r, v_r
+        return self._extend_prefix_int2(q3, k3, v3, layer, fb, imd, cap, new=new), k_r, v_r
+
+    def _extend_prefix_int2(self, q3, k3, v3, layer, fb, imd, cap, new_tokens=None, new=None):
+        """New tokens (LSE out; `new` = (o, lse, lse in base 2) where already computed) + the
+        prefix read in place by the INT2-aware prefix kernel, merged by LSE into the model's dtype."""
         md = self.forward_metadata
         new_tokens = new_tokens or self._new_tokens
-        o_new, lse_new = new_tokens.run(q3, k3, v3, layer, layer.logit_cap, want_lse=True)
+        if new is None:
+            o_new, lse_new = new_tokens.run(q3, k3, v3, layer, layer.logit_cap, want_lse=True)
+            new = (o_new, lse_new, new_tokens.lse_base2)
+        o_new, lse_new, lse_new_base2 = new
         o_pre, lse_pre = self.pool.layout.extend_prefix(
             self._rot_q(q3, layer.layer_id),
             md.qo_indptr,
@@ -657,13 +787,16 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         )
         o_pre = self._unrot_o(o_pre, layer.layer_id)
         return ops.merge_attention_states(o_pre, lse_pre, o_new, lse_new,
-                                          lse_b_base2=new_tokens.lse_base2, out_dtype=q3.dtype)
+                                          lse_b_base2=lse_new_base2, out_dtype=q3.dtype)
 
-    def _extend_prefix_flashinfer(self, q3, k3, v3, layer, fb):
-        """New tokens + the prefix as BF16 pieces through FlashInfer (OSCAR_PREFIX_ATTENTION),
-        merged piece by piece; the last merge writes the model's dtype."""
-        o, lse = self._new_tokens.run(q3, k3, v3, layer, layer.logit_cap, want_lse=True)
-        base2 = self._new_tokens.lse_base2
+    def _extend_prefix_flashinfer(self, q3, k3, v3, layer, fb, new=None):
+        """New tokens (`new` as in _extend_prefix_int2) + the prefix as BF16 pieces through
+        FlashInfer (OSCAR_PREFIX_ATTENTION), merged piece by piece; the last merge writes the
+        model's dtype."""
+        if new is None:
+            o, lse = self._new_tokens.run(q3, k3, v3, layer, layer.logit_cap, want_lse=True)
+            new = (o, lse, self._new_tokens.lse_base2)
+        o, lse, base2 = new
         local = self.pool.local(layer.layer_id)
         soft_cap = layer.logit_cap if layer.logit_cap and layer.logit_cap > 0 else None
         pieces = self._prefix_fi.pieces

@@ -90,6 +90,7 @@ def record_extend(backend, layer, fb, q3, k3, v3, o) -> None:
             "o": o.detach().reshape(q3.shape[0], q3.shape[1], -1).cpu(),
             "prefix": prefix, "seq_len": int(fb.seq_lens[0]),
             "row": int(fb.req_pool_indices[0]), "own_start": int(backend.pool.own_start[fb.req_pool_indices[0]]),
+            "sink_start": int(backend.pool.sink_start[fb.req_pool_indices[0]]),
         },
         os.path.join(out_dir, f"extend_{next(_counter):05d}.pt"),
     )
@@ -124,18 +125,19 @@ def check_request(meta: dict, chunks: list[dict]) -> dict:
     fk, fv = Int2Format(D, min(meta["group"], D)), Int2Format(Dv, min(meta.get("v_group", meta["group"]), Dv))
     sm = meta["sm_scale"]
 
-    def cached(x, which, clip, P, own):
+    def cached(x, which, clip, P, own, sink_start):
         """What the prefix reader sees of K or V (rotated), in the tapped layer's format."""
         if not meta.get("channel"):
             fmt = fk if which == "k" else fv
-            return ref.mixed_kv(x[:P], fmt, P, meta["sink"], meta["recent"], own, clip).double()
+            return ref.mixed_kv(x[:P], fmt, P, meta["sink"], meta["recent"], own, clip,
+                                sink_start=sink_start).double()
         # per-channel keys: the reference of any KVFormat (duck-typed: sink / ring sizes outside
         # the study's grid are fine here)
         kvf = SimpleNamespace(
             k_layout="channel", k_group=meta["group"], v_group=meta["v_group"], token_norm=False,
             sink=meta["sink"], window=meta["recent"], name=meta["kv_format"],
             layer_bits=lambda layer, n=None: (meta["k_bits"], 2))
-        return ref.format_request_kv(x[:P], kvf, which, P, own_start=own,
+        return ref.format_request_kv(x[:P], kvf, which, P, own_start=own, sink_start=sink_start,
                                      clip_ratio=1.0 if which == "k" else clip).double()
 
     out = []
@@ -148,16 +150,28 @@ def check_request(meta: dict, chunks: list[dict]) -> dict:
         g = Hq // H
         o_bf16, _ = ref.attention(q, K[: P + E], V[: P + E], sm_scale=sm, causal_offset=P)
         own = min(c["own_start"], 2**31 - 1)
-        Kp = cached(Kr, "k", meta["k_clip"], P, own)
-        Vp = cached(Vr, "v", meta["v_clip"], P, own)
+        sink_start = min(c.get("sink_start", own), 2**31 - 1)  # (taps before it was recorded)
         qr = torch.einsum("thgd,hde->thge", q.reshape(E, H, g, D), Rk).reshape(E, Hq, D).to(dt).double()
-        sp = torch.einsum("thd,lhd->htl", qr, Kp.repeat_interleave(g, 1)) * sm
-        sn = torch.einsum("thd,lhd->htl", q.double(), K[P : P + E].double().repeat_interleave(g, 1)) * sm
         causal = torch.arange(E).view(-1, 1) < torch.arange(E).view(1, -1)
-        sn = sn.masked_fill(causal.unsqueeze(0), float("-inf"))
-        p = torch.softmax(torch.cat([sp, sn], -1), -1)
-        Vp_model = torch.einsum("lhd,hed->lhe", Vp, Rv.double())  # un-rotate: v @ R_v^T
-        vv = torch.cat([Vp_model, V[P : P + E].double()]).repeat_interleave(g, 1)
+        if meta.get("channel") and P % meta["group"] == 0:
+            # a page-canonical chunk (backend._prepare_canonical): its new tokens in complete pages
+            # are read as the cache holds them too, own_start = the start of its last page
+            Kp = cached(Kr, "k", meta["k_clip"], P + E, own, sink_start)
+            Vp = cached(Vr, "v", meta["v_clip"], P + E, own, sink_start)
+            s_all = torch.einsum("thd,lhd->htl", qr, Kp.repeat_interleave(g, 1)) * sm
+            s_all[:, :, P:] = s_all[:, :, P:].masked_fill(causal.unsqueeze(0), float("-inf"))
+            p = torch.softmax(s_all, -1)
+            vv = torch.einsum("lhd,hed->lhe", Vp, Rv.double()).repeat_interleave(g, 1)
+            Kp, Vp = Kp[:P], Vp[:P]
+        else:
+            Kp = cached(Kr, "k", meta["k_clip"], P, own, sink_start)
+            Vp = cached(Vr, "v", meta["v_clip"], P, own, sink_start)
+            sp = torch.einsum("thd,lhd->htl", qr, Kp.repeat_interleave(g, 1)) * sm
+            sn = torch.einsum("thd,lhd->htl", q.double(), K[P : P + E].double().repeat_interleave(g, 1)) * sm
+            sn = sn.masked_fill(causal.unsqueeze(0), float("-inf"))
+            p = torch.softmax(torch.cat([sp, sn], -1), -1)
+            Vp_model = torch.einsum("lhd,hed->lhe", Vp, Rv.double())  # un-rotate: v @ R_v^T
+            vv = torch.cat([Vp_model, V[P : P + E].double()]).repeat_interleave(g, 1)
         o_emul = torch.einsum("htl,lhd->thd", p, vv)
         o = c["o"].float()
         out.append({

@@ -213,10 +213,11 @@ def around_req_to_token_alloc(orig, self, reqs, *args, **kwargs):
     if out is not None and fresh:
         from .pool import note_new_rows
 
-        # radix-hit length of each new request (prefix_indices is set before the alloc): its
-        # side copies are carried over at the next forward
+        # cached-prefix length of each new request (prefix_indices is set before the alloc) and
+        # its sink key: its row is reset, and given the stored sink, at the next forward
         note_new_rows([r.req_pool_idx for r in fresh],
-                      [len(p) if (p := getattr(r, "prefix_indices", None)) is not None else 0 for r in fresh])
+                      [len(p) if (p := getattr(r, "prefix_indices", None)) is not None else 0 for r in fresh],
+                      fresh)
     return out
 
 

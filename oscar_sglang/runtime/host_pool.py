@@ -25,34 +25,17 @@ kernel over pointer tables is the later optimisation. They take whole pages only
 runs of B are not [p * B, ..., p * B + B - 1] are refused. io_backend "kernel" (SGLang's default
 with --hicache-mem-layout page_first) names this copy; "direct" / "kernel_ascend" are refused.
 
-The page-0 sink. A prefix's first S tokens are read in BF16 from a copy kept by the slot of
-position 0 (runtime/sink_store.py); a page loaded back without it would read its sinks as INT2
-(docs/design.md, "What a prefix hit reads"). The pool itself says whether a page starts a prefix
-with a kept sink, no information from SGLang is needed: the device slot of the page's first
-token points (pool.slot_entry) at sink entry 0 of a request row that still holds it, or at a
-sink-store entry it owns. Only pages of B >= S tokens can hold a whole sink (smaller pages: no
-sink travels, the loaded prefix reads it as INT2).
-* Host memory: a separate store of E entries, BF16 [E, L, S, H, D] / [E, L, S, H, Dv], keyed by
-  host page (page_entry / entry_page, reused in turn: E = 1% of the INT2 bytes, at least one),
-  not a section of every blob (a sink is ~1/3 of a 64-token page on Llama-3.1-8B).
-* Flat pages (the `file` storage backend): blob + a sink section (16-byte header whose first byte
-  is 1 when a sink follows, then K and V [L, S, H, D] BF16 bytes), so a stored page carries its
-  sink.
-* Invalidation: a host page's sink is valid iff the latest write of that page (a backup or a
-  flat-page set) carried one; each write sets or clears it, and an entry reused for another page
-  stops being found (entry_page no longer matches).
-* Load: the first layer's load (layer_id 0) marks every loaded device slot as having no BF16 side
-  copy (slot_entry = -1: the store kernel's rule for a fresh write; without it the radix
-  carry-over could copy a side entry that belongs to the slot's previous contents), then puts the
-  loaded pages' sinks into the device sink store (SlotSinkStore.keep_loaded), where a radix hit
-  on them finds it.
+The page-0 sink travels with no page: its BF16 copy is kept by the request's first token ids in
+the device's sink store (runtime/sink_store.py), which gives it to every request whose prefix
+comes from a cache, this tier included.
 
-Streams (unsolved, to settle before wiring): HiCacheController runs backups on its write stream
-and loads on its load stream. The page bytes are safe there (SGLang locks the pages), but the
-sink bookkeeping is not: the backup reads, and the layer-0 load writes, slot_entry and the device
-sink store, which the forward stream also writes (store kernel, apply_pending_resets). Their
-side parts belong on the forward stream (queued like the row resets), and the forward's
-carry-over must wait for the load's layer 0 (LayerDoneCounter) before it reads them.
+Load: the first layer's load (layer_id 0) marks every loaded device slot as having no BF16 side
+copy (slot_entry = -1: the store kernel's rule for a fresh write).
+
+Streams (to settle before wiring): HiCacheController runs backups on its write stream and loads on
+its load stream. The page bytes are safe there (SGLang locks the pages); the layer-0 load's
+slot_entry write is forward-stream bookkeeping and belongs there, and the forward must wait for
+each layer's load (LayerDoneCounter) before it reads that layer.
 
 Storage keys. SGLang's `file` backend names a page `<page hash><config_suffix>.bin`; the page hash
 is a chain of token hashes (mem_cache/utils.get_hash_str, HiCacheController), and
@@ -78,8 +61,6 @@ from oscar_kernels.format import code_bytes
 ALIGN = 16  # bytes each blob section is padded to (fp16 / bf16 views need aligned offsets)
 IO_BACKEND = "kernel"
 LAYOUT = "page_first"
-SINK_HEADER = 16  # flat page's sink section: byte 0 = 1 when a sink follows
-SINK_SHARE = 0.01  # host sink entries: about this share of the INT2 bytes
 
 
 def _pad(n: int) -> int:
@@ -163,8 +144,7 @@ class Int2HostPool(HostKVCache):
 
     def __init__(self, device_pool, host_to_device_ratio: float, host_size: int, page_size: int,
                  layout: str = LAYOUT, pin_memory: bool | None = None, device: str = "cpu",
-                 allocator_type: str = "default", *, pool_label: str = "kv",
-                 sink_entries: int | None = None):
+                 allocator_type: str = "default", *, pool_label: str = "kv"):
         if layout != LAYOUT:
             raise ValueError(f"the INT2 host pool has the {LAYOUT} layout only, not {layout!r}: "
                              f"use --hicache-mem-layout {LAYOUT}")
@@ -172,7 +152,6 @@ class Int2HostPool(HostKVCache):
             raise ValueError(f"host page size {page_size} != device page size {device_pool.page_size}")
         if pin_memory is None:
             pin_memory = torch.cuda.is_available()
-        self._sink_entries = sink_entries
         super().__init__(device_pool, host_to_device_ratio, host_size, page_size, layout,
                          pin_memory, device, allocator_type, pool_label=pool_label)
 
@@ -201,23 +180,6 @@ class Int2HostPool(HostKVCache):
                              "or none")
         blob = self._empty((self.page_num, self.page_bytes), torch.uint8)
         blob.zero_()
-        # the sink store (module docstring): E entries of BF16 [L, S, H, D] / [L, S, H, Dv]
-        L, S, H = pool.layer_num, pool.sink, pool.head_num
-        self.sink_tokens = S if 0 < S <= self.page_size else 0
-        self.sink_k_shape = (L, self.sink_tokens, H, pool.head_dim)
-        self.sink_v_shape = (L, self.sink_tokens, H, pool.v_head_dim)
-        per_entry = 2 * L * self.sink_tokens * H * (pool.head_dim + pool.v_head_dim)
-        if self._sink_entries is not None:
-            E = int(self._sink_entries)
-        else:
-            E = max(1, int(SINK_SHARE * self.page_num * self.page_bytes) // per_entry) if per_entry else 0
-        E = E if self.sink_tokens else 0
-        self.sink_k = self._empty((E, *self.sink_k_shape), torch.bfloat16)
-        self.sink_v = self._empty((E, *self.sink_v_shape), torch.bfloat16)
-        self.page_entry = torch.full((self.page_num,), -1, dtype=torch.int64)
-        self.entry_page = torch.full((E,), -1, dtype=torch.int64)
-        self._next_entry = 0
-        self.sink_bytes = per_entry  # one entry's K + V bytes (the flat page's sink section)
         return blob
 
     def destroy(self):
@@ -272,7 +234,7 @@ class Int2HostPool(HostKVCache):
         return hp, dp, self._slots(dp)
 
     def backup_from_device_all_layer(self, device_pool, host_indices, device_indices, io_backend) -> None:
-        """Whole pages device -> host, every layer, and the sinks of pages that start a prefix."""
+        """Whole pages device -> host, every layer."""
         pages = self._page_pairs(device_pool, host_indices, device_indices, io_backend)
         if pages is None:
             return
@@ -286,12 +248,10 @@ class Int2HostPool(HostKVCache):
         if self.page_bytes > at:
             parts.append(torch.zeros((len(dp), self.page_bytes - at), dtype=torch.uint8, device=slots.device))
         self.kv_buffer[hp] = torch.cat(parts, 1).to(self.kv_buffer.device)
-        valid, k, v = self.device_sinks(device_pool, dp * self.page_size)
-        self._write_sinks(hp, valid.cpu(), k, v)
 
     def load_to_device_per_layer(self, device_pool, host_indices, device_indices, layer_id, io_backend) -> None:
         """One layer of whole pages host -> device; layer 0 also resets the loaded slots' side-copy
-        pointers and brings the pages' sinks (module docstring)."""
+        pointers (module docstring)."""
         pages = self._page_pairs(device_pool, host_indices, device_indices, io_backend)
         if pages is None:
             return
@@ -303,105 +263,25 @@ class Int2HostPool(HostKVCache):
                 self._scatter(device_pool, sec, dp, slots, data[:, sec.offset - lo:])
         if layer_id == 0:
             device_pool.slot_entry[slots] = -1
-            found, entries = self._find_sinks(hp)
-            if found.any():
-                e = entries[found]
-                dev = slots.device
-                device_pool.sinks.keep_loaded(
-                    (dp[found.to(dev)] * self.page_size),
-                    self.sink_k[e].to(dev).transpose(0, 1), self.sink_v[e].to(dev).transpose(0, 1))
-
-    # ---------------------------------------------------------------- sinks
-    def device_sinks(self, device_pool, slot0: torch.Tensor):
-        """(valid [P], k [P, L, S, H, D], v [P, L, S, H, Dv]) of the BF16 sink kept for the prefix
-        whose position 0 is each of slot0, if any: in the request row that holds it (sink entry
-        0 of the row points back at slot0 and the row holds its whole sink, sink_store.publish's
-        rule) or in the device sink store (sink_store.lookup)."""
-        pool = device_pool
-        P, S = len(slot0), self.sink_tokens
-        dev = pool.slot_entry.device
-        if S == 0:
-            return (torch.zeros(P, dtype=torch.bool, device=dev),
-                    torch.empty((P, *self.sink_k_shape), dtype=torch.bfloat16, device=dev),
-                    torch.empty((P, *self.sink_v_shape), dtype=torch.bfloat16, device=dev))
-        slot0 = slot0.to(dev, torch.int64)
-        R = pool.req_rows
-        e = pool.slot_entry[slot0].to(torch.int64)
-        in_rows = (e >= 0) & (e < R * S) & (e % S == 0)
-        ec = e.clamp(0, R * S - 1)
-        row = ec // S
-        by_row = (in_rows & (pool.entry_owner[ec].to(torch.int64) == slot0)
-                  & (pool.sink_start[row] == 0))
-        entry, by_store = pool.sinks.lookup(slot0, torch.ones_like(by_row))
-        k = torch.where(by_row.view(1, -1, 1, 1, 1), pool.sink_k_layers[:, row], pool.sinks.k[:, entry])
-        v = torch.where(by_row.view(1, -1, 1, 1, 1), pool.sink_v_layers[:, row], pool.sinks.v[:, entry])
-        return by_row | by_store, k.transpose(0, 1), v.transpose(0, 1)
-
-    def _find_sinks(self, hp: torch.Tensor):
-        """(found [P], entry [P]) of host pages' kept sinks."""
-        e = self.page_entry[hp]
-        ok = e >= 0
-        ec = e.clamp(min=0)
-        if self.entry_page.numel():
-            ok &= self.entry_page[ec.clamp(max=self.entry_page.numel() - 1)] == hp
-        else:
-            ok &= False
-        return ok, ec
-
-    def _write_sinks(self, hp: torch.Tensor, valid: torch.Tensor, k, v) -> None:
-        """The latest write of each host page hp decides its sink: kept (valid) or none."""
-        self.page_entry[hp] = -1
-        E = self.entry_page.numel()
-        if E == 0 or not bool(valid.any()):
-            return
-        keep = valid.nonzero().reshape(-1)
-        for j in keep.tolist():  # pages that start a prefix: few per write
-            ent = self._next_entry
-            self._next_entry = (ent + 1) % E
-            self.entry_page[ent] = hp[j]
-            self.page_entry[hp[j]] = ent
-            self.sink_k[ent] = k[j].to(self.sink_k.device)
-            self.sink_v[ent] = v[j].to(self.sink_v.device)
 
     # ---------------------------------------------------------------- flat pages (storage)
-    @property
-    def flat_page_bytes(self) -> int:
-        return self.page_bytes + SINK_HEADER + self.sink_bytes
-
     def get_data_page(self, index, flat: bool = True) -> torch.Tensor:
-        """A host page (index: its first host slot) as uint8 [flat_page_bytes]: the blob, then the
-        sink section. A new tensor, not a view (the sink lives apart from the blob)."""
+        """A host page (index: its first host slot) as uint8 [page_bytes] (a view of its blob)."""
         if not flat:
             raise NotImplementedError("the INT2 host pool hands out flat pages only (flat=True)")
         page = self._host_pages(torch.arange(int(index), int(index) + self.page_size))
-        out = torch.zeros(self.flat_page_bytes, dtype=torch.uint8)
-        out[:self.page_bytes] = self.kv_buffer[page[0]]
-        found, e = self._find_sinks(page)
-        if bool(found[0]):
-            sec = out[self.page_bytes:]
-            sec[0] = 1
-            nk = self.sink_k[0].numel() * 2
-            sec[SINK_HEADER:SINK_HEADER + nk] = self.sink_k[e[0]].reshape(-1).view(torch.uint8)
-            sec[SINK_HEADER + nk:] = self.sink_v[e[0]].reshape(-1).view(torch.uint8)
-        return out
+        return self.kv_buffer[page[0]]
 
     def get_dummy_flat_data_page(self) -> torch.Tensor:
-        return self._empty((self.flat_page_bytes,), torch.uint8).zero_()
+        return self._empty((self.page_bytes,), torch.uint8).zero_()
 
     def set_from_flat_data_page(self, index: int, data_page: torch.Tensor) -> None:
         page = self._host_pages(torch.arange(int(index), int(index) + self.page_size))
         data = data_page.reshape(-1).view(torch.uint8)
-        if data.numel() != self.flat_page_bytes:
-            raise ValueError(f"a flat INT2 page has {self.flat_page_bytes} bytes, got {data.numel()}")
-        self.kv_buffer[page[0]] = data[:self.page_bytes].to(self.kv_buffer.device)
-        sec = data[self.page_bytes:]
-        has = torch.tensor([bool(sec[0] == 1)]) if self.sink_tokens else torch.tensor([False])
-        nk = 2 * int(torch.Size(self.sink_k_shape).numel())
-        k = sec[SINK_HEADER:SINK_HEADER + nk].contiguous().view(torch.bfloat16).view(1, *self.sink_k_shape)
-        v = sec[SINK_HEADER + nk:].contiguous().view(torch.bfloat16).view(1, *self.sink_v_shape)
-        self._write_sinks(page, has, k, v)
+        if data.numel() != self.page_bytes:
+            raise ValueError(f"a flat INT2 page has {self.page_bytes} bytes, got {data.numel()}")
+        self.kv_buffer[page[0]] = data.to(self.kv_buffer.device)
 
     def get_page_buffer_meta(self, indices):
         raise NotImplementedError("zero-copy storage backends are not supported by the INT2 host "
-                                  "pool: a stored page is the blob plus a sink kept apart; use "
-                                  "--hicache-storage-backend file")
+                                  "pool yet; use --hicache-storage-backend file")

@@ -13,23 +13,24 @@ buffers and runs the store:
 * request-row-indexed BF16 side buffers: sink [rows, S, H, D] (positions < S) and recent ring
   [rows, W, H, D] (position p at p % W), rows = max_running_requests + 1 (row 0 is SGLang's
   padding row, used by padded CUDA-graph slots).
-* own_start / sink_start int32 [rows]: first position whose ring / sink copy the row holds.
-  Normally the first position the request computed itself: earlier positions came from the radix
-  cache and exist only as INT2, unless their copies could be carried over (below).
+* own_start / sink_start int32 [rows]: first position whose ring / sink copy the readers take.
+  Normally the first position the request computed itself (a page-canonical extend moves
+  own_start to the start of its last incomplete page: backend._prepare_canonical); earlier
+  positions came from a cache and are read as INT2, except the sink, which a hit gets from the
+  sink store (below). A hit never reads another row's ring copies: what it reads must not depend
+  on whether that row still holds them.
 * slot_entry int32 [N] and entry_owner int32 [rows * (S + W)]: where each slot's side copy lives
-  (written by the store) and which slot each entry holds now. A request that inherits slots from
-  the radix cache copies their sink / ring entries into its own row while they are still intact
-  (entry_owner[entry] == slot): chat requests share their system prompt through the radix cache,
-  and without this their attention-sink tokens would be read as INT2.
+  (written by the store) and which slot each entry holds now (the speculative rollback restores
+  them for rejected drafts).
+* sinks (runtime/sink_store.py): BF16 sinks kept by the request's first S token ids, copied into
+  the row of every request whose prefix comes from a cache.
 
-* sinks (runtime/sink_store.py): a row's BF16 sink kept by the slot of its position 0 when the row
-  is handed to a new request, for radix hits that come after the owner's row is gone.
-
-Row bookkeeping: when SGLang hands a request a row (ReqToTokenPool.alloc, hooked), the row id and
-the request's radix-hit length are queued here; the attention backend applies the queued resets
-and carry-overs at the start of the next forward, on the forward stream (the alloc runs on the
-scheduler stream, which may run ahead of a forward still reading that row; the request's
-req_to_token row is written right after the alloc, before that forward).
+Row bookkeeping: when SGLang hands a request a row (ReqToTokenPool.alloc, hooked), the row id,
+the request's cached-prefix length and its sink key are queued here; the attention backend
+applies them at the start of the next forward, on the forward stream (the alloc runs on the
+scheduler stream, which may run ahead of a forward still reading that row). SGLang allocates a
+batch's rows right before launching that batch's forward, on the same thread, so the forward
+that applies a claim is the request's first.
 
 Only the oscar_triton backend reads or writes this pool; `set_kv_buffer` refuses, so nothing can
 silently store unrotated BF16 bytes into it.
@@ -46,7 +47,7 @@ from sglang.srt.mem_cache.memory_pool import KVCache
 from oscar_kernels.format import Int2Format, code_bytes
 
 from .draft_rollback import DraftRollback
-from .sink_store import SlotSinkStore
+from .sink_store import TokenSinkStore, sink_key
 from .kv_format import ServedFormat
 from .layouts import KVLayout, layout_for
 
@@ -55,21 +56,23 @@ logger = logging.getLogger(__name__)
 INT32_MAX = 2**31 - 1
 HP_DTYPE = torch.bfloat16
 
-# (row, radix-hit length) handed out by ReqToTokenPool.alloc since the last forward (see module
-# docstring).
-_pending_rows: list[tuple[int, int]] = []
+# (row, cached-prefix length, sink key) handed out by ReqToTokenPool.alloc since the last forward
+# (see module docstring); the sink's token count, set by the pool (the keys are its first ids)
+_pending_rows: list[tuple[int, int, tuple | None]] = []
 _pending_lock = threading.Lock()
+_sink_tokens = [0]
 
 
-def note_new_rows(rows, prefix_lens=None) -> None:
+def note_new_rows(rows, prefix_lens=None, reqs=None) -> None:
     """Called from the ReqToTokenPool.alloc hook (scheduler thread): CPU only, no GPU work."""
     if rows:
         prefix_lens = prefix_lens if prefix_lens is not None else [0] * len(rows)
+        keys = [None] * len(rows) if reqs is None else [sink_key(r, _sink_tokens[0]) for r in reqs]
         with _pending_lock:
-            _pending_rows.extend((int(r), int(p)) for r, p in zip(rows, prefix_lens))
+            _pending_rows.extend((int(r), int(p), k) for r, p, k in zip(rows, prefix_lens, keys))
 
 
-def take_pending_rows() -> list[tuple[int, int]]:
+def take_pending_rows() -> list[tuple[int, int, tuple | None]]:
     with _pending_lock:
         rows = list(_pending_rows)
         _pending_rows.clear()
@@ -178,8 +181,9 @@ class OscarInt2KVPool(KVCache):
         # speculative decoding: what rejected drafts overwrite (enable_draft_rollback)
         self.drafts: DraftRollback | None = None
         with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
-            # rows' sinks kept by the slot of position 0, for later hits
-            self.sinks = SlotSinkStore(self, req_rows if sink_store_entries is None else sink_store_entries)
+            # sinks kept by their token ids, for every request whose prefix comes from a cache
+            self.sinks = TokenSinkStore(self, req_rows if sink_store_entries is None else sink_store_entries)
+        _sink_tokens[0] = sink
         self._finalize_allocation_log(size)
 
     def enable_draft_rollback(self, num_draft_tokens: int) -> DraftRollback:
@@ -215,109 +219,26 @@ class OscarInt2KVPool(KVCache):
 
     # ---------------------------------------------------------------- row bookkeeping
     def apply_pending_resets(self, req_to_token: torch.Tensor | None = None) -> None:
-        """Forward stream, eager: rows handed out since the last forward trust nothing yet, except
-        the side copies of their radix hit that can be carried over (needs req_to_token)."""
+        """Forward stream, eager, before the forward: keep the sinks the previous forward computed,
+        then reset the rows handed out since (they trust no side copy yet) and give those with a
+        cached prefix their sink from the store. req_to_token: unused (the signature SGLang's
+        hooks and the backend share)."""
+        self.sinks.publish()
         pending = take_pending_rows()
         if not pending:
             return
-        idx = torch.tensor(sorted({r for r, _ in pending}), dtype=torch.int64, device=self.own_start.device)
-        self.sinks.publish(idx)  # the previous owners' sinks, kept by their position-0 slot
+        latest = {r: (p, k) for r, p, k in pending}  # a row's latest claim wins
+        rows = sorted(latest)
+        idx = torch.tensor(rows, dtype=torch.int64, device=self.own_start.device)
         self.own_start.index_fill_(0, idx, INT32_MAX)
         self.sink_start.index_fill_(0, idx, INT32_MAX)
-        hits = [(r, p) for r, p in dict(pending).items() if p > 0]  # a row's latest claim wins
-        if hits and req_to_token is not None:
-            self.carry_over_side_copies(req_to_token, hits)
-
-    def carry_over_side_copies(self, req_to_token: torch.Tensor, hits: list[tuple[int, int]]) -> None:
-        """Copy the BF16 sink / ring entries of radix-hit positions into the new rows.
-
-        hits: (row, P) with P = radix-hit length; positions 0..P-1 of the row are inherited slots.
-        Sink positions [0, min(P, S)) carry over all together or not at all (sink_start 0 or P);
-        ring positions [max(S, P - W), P) carry over from the newest backwards, as far as their
-        entries are intact (own_start = first carried position). No host synchronisation: the
-        copies are masked gathers/scatters of each row's S sink entries and, when some hit
-        reaches past the sink, its W ring entries.
-        """
-        dev = self.own_start.device
-        S, W, R = self.sink, self.recent, self.req_rows
-        rows = torch.tensor([r for r, _ in hits], dtype=torch.int64, device=dev)
-        P = torch.tensor([p for _, p in hits], dtype=torch.int64, device=dev)
-        ctx = req_to_token.shape[1]
-
-        def lookup(pos, valid, lo, hi):
-            """Entry holding each inherited position's copy, and whether it is intact."""
-            slots = req_to_token[rows[:, None], pos.clamp(0, ctx - 1)].to(torch.int64)
-            ent = self.slot_entry[slots].to(torch.int64)
-            inside = (ent >= lo) & (ent < hi)
-            owner = self.entry_owner[ent.clamp(lo, hi - 1)].to(torch.int64)
-            return ent.clamp(lo, hi - 1), valid & inside & (owner == slots), slots
-
-        # sink: all of [0, min(P, S)) or nothing, from the owner's row while it holds them, else
-        # from the copy kept with the hit's position-0 slot (sink_store.py)
-        ps = torch.arange(S, device=dev)[None, :]
-        need_s = ps < P[:, None]
-        src_s, ok_s, slot_s = lookup(ps.expand(len(hits), S), need_s, 0, R * S)
-        all_s = (ok_s | ~need_s).all(1)
-        entry, kept = self.sinks.lookup(slot_s[:, 0], ~all_s & (P >= S))
-        kept_mask = kept.view(1, -1, 1, 1, 1)
-        for buf, store in ((self.sink_k_layers, self.sinks.k), (self.sink_v_layers, self.sinks.v)):
-            buf[:, rows] = torch.where(kept_mask, store[:, entry], buf[:, rows])
-        take_s = need_s & all_s[:, None]
-        dst_s = rows[:, None] * S + ps
-        copies = [(self.sink_k + self.sink_v, S, 0, src_s, dst_s, take_s, slot_s)]
-        first_r = P
-        # ring: positions P-W..P-1 (those >= S), intact from the newest backwards. A hit within the
-        # sink (a shared system prompt) needs no ring position: skip the gathers (host-known P).
-        if max(p for _, p in hits) > S:
-            pr = P[:, None] - W + torch.arange(W, device=dev)[None, :]
-            need_r = pr >= S
-            src_r, ok_r, slot_r = lookup(pr, need_r, R * S, R * (S + W))
-            bad_r = need_r & ~ok_r
-            # a position carries over iff no needed position at or after it is broken
-            later_bad = torch.flip(torch.cummax(torch.flip(bad_r.int(), [1]), 1).values, [1]).bool()
-            take_r = need_r & ~later_bad
-            dst_r = R * S + rows[:, None] * W + pr % W  # tensor % is non-negative: W distinct entries
-            first_r = torch.where(take_r, pr, P[:, None]).min(1).values
-            copies.append((self.ring_k + self.ring_v, W, R * S, src_r - R * S, dst_r - R * S, take_r, slot_r))
-
-        for bufs, n, base, src, dst, take, slots in copies:  # base: first entry id of the kind
-            for buf in bufs:
-                self._masked_copy(buf.view(R * n, *buf.shape[2:]), src, dst, take)
-            # the new row now holds those copies: point the slots at it (refreshes their
-            # lifetime)
-            ent = dst + base
-            self.entry_owner[ent] = torch.where(take, slots.to(torch.int32), self.entry_owner[ent])
-            # masked-out lanes (possibly repeated slots) all write to slot 0, SGLang's padding
-            # slot, whose pointer no reader trusts (no request's position maps to it)
-            self.slot_entry[torch.where(take, slots, 0)] = ent.to(torch.int32)
-        # the kept copies now live in the row too (point the sink slots at it, as above)
-        ent_k = dst_s
-        take_k = need_s & kept[:, None]
-        self.entry_owner[ent_k] = torch.where(take_k, slot_s.to(torch.int32), self.entry_owner[ent_k])
-        self.slot_entry[torch.where(take_k, slot_s, 0)] = ent_k.to(torch.int32)
-        has_sink = all_s | kept
-        # a row holding a whole sink keeps it for the prefix when it is reused (publish)
-        self.sinks.note_first_slots(rows, slot_s[:, 0], has_sink & (P >= S))
-        self.sink_start[rows] = torch.where(has_sink, 0, P).to(torch.int32)
-        self.own_start[rows] = first_r.to(torch.int32)
-
-    @staticmethod
-    def _masked_copy(buf: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, take: torch.Tensor) -> None:
-        """buf[dst] = buf[src] where take (entries [n, ...]); dst entries are distinct."""
-        src, dst, take = src.reshape(-1), dst.reshape(-1), take.reshape(-1)
-        moved = torch.where(take.view(-1, *([1] * (buf.dim() - 1))), buf[src], buf[dst])
-        buf[dst] = moved
-
-    def note_first_positions(self, req_pool_indices: torch.Tensor, extend_prefix_lens: torch.Tensor,
-                             req_to_token: torch.Tensor) -> None:
-        """Requests of an extend that write their own position 0: their slot of it, so that the
-        sink store can keep the sink by it when the row is reused."""
-        rows = req_pool_indices.to(torch.int64)
-        self.sinks.note_first_slots(rows, req_to_token[rows, 0], extend_prefix_lens == 0)
+        restored = self.sinks.claim(rows, [latest[r][0] for r in rows], [latest[r][1] for r in rows])
+        if restored:
+            self.sink_start.index_fill_(0, torch.tensor(restored, dtype=torch.int64, device=idx.device), 0)
 
     def note_extend(self, req_pool_indices: torch.Tensor, extend_prefix_lens: torch.Tensor) -> None:
-        """A request computes positions >= its prefix length itself (first chunk: the radix hit,
-        unless carry_over_side_copies already moved its starts earlier)."""
+        """A request computes positions >= its prefix length itself (first chunk: the cached
+        prefix; a sink from the store already set sink_start to 0)."""
         rows = req_pool_indices.to(torch.int64)
         pre = extend_prefix_lens.to(torch.int32)
         for start in (self.own_start, self.sink_start):

@@ -1,101 +1,98 @@
-"""BF16 sink copies kept with the slot of position 0, for radix hits that outlive their row.
+"""BF16 attention sinks kept by the request's first S token ids, for every request that starts with them.
 
-A request's first S tokens (the attention sinks) stay in BF16 in its request row; a later request
-that shares the prefix through the radix cache copies them into its own row while that row still
-holds them (pool.carry_over_side_copies). Rows are handed out first-in first-out, so after enough
-requests the owner's row is reused and a hit on the same cached pages read its sink as INT2: the
-same prompt got different attention depending on how many requests came in between (0.53-0.57
-relative change of attention in docs/design.md's experiment). The sink belongs to the cached
-prefix, not to a row, so this store keeps it by the slot of the prefix's position 0:
+A request's first S tokens (the attention sinks) are read in BF16 from its request row; read as
+INT2 they change attention by about half (docs/design.md). Their keys and values depend on those
+S token ids alone (causal attention over positions 0..S-1), not on the rest of the prompt, the
+row, the slot, or the tier the prefix came back from. So once a request has computed its sink the
+store keeps a copy under those ids (the LoRA adapter is part of the key), and a request whose
+prefix comes from a cache (a radix hit on the device pool; a host or storage tier) copies it into
+its row: it reads the sink as a cold prefill computes it, whatever happened to the rows, slots or
+tiers in between. Chat templates start every prompt with the same tokens, so one entry usually
+serves every chat request.
 
-* note_first_slots (an extend whose requests write their own position 0): each row's slot of
-  position 0;
-* publish (rows handed to new requests, before their bookkeeping is reset): the sink of each row
-  that holds all of it, and holds the latest copy (the slot still points at the row), goes to the
-  next entry, and pool.slot_entry of its position-0 slot points there (entry ids past the rows'
-  sink and ring entries);
-* lookup (a radix hit whose owner row no longer holds the sink): the entry that slot points to,
-  if it is still that slot's (its owner matches) - the copy a cold prefill would have.
-
-A slot written again (its page reused) gets a new pointer from the store kernel, so a stale copy
-is never found. Entries are reused in turn (one a request row, within 1% of the KV budget:
-sizing.sink_store_plan), so a prefix keeps its BF16 sink until about that many other sinks were
-kept; after that a hit reads the sink as INT2, as before. No host
-synchronisation: masked gathers / scatters, entry numbers counted on the device. Slot 0 is
-SGLang's padding slot: masked-out lanes write their pointer there.
+Host-side index, device-side copies, both on the forward stream's thread (pool.before_forward, at
+the start of each forward; no host synchronisation):
+* claim(row, prefix_len, key) for each row handed to a new request (the alloc hook's queue): a
+  fresh prompt (prefix 0) computes its sink in this forward, so the row is kept under its key at
+  the start of the next one (`publish`: the store kernel has run by then, in stream order, and a
+  row handed on in between still holds it, since nothing writes a row before its next forward);
+  a request with a cached prefix gets the stored sink copied into its row (`restore`), if any.
+* Entries are least-recently-used within `entries` (sizing.sink_store_plan: one a request row,
+  within 1% of the KV budget). A key that is not stored (evicted, or no key: a prompt shorter than
+  the sink, embeddings instead of token ids) leaves a hit reading its sink as INT2, every time
+  alike.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
 
+Key = tuple
 
-class SlotSinkStore:
+
+def sink_key(req, sink: int) -> Key | None:
+    """The store key of a request (SGLang's Req): its first `sink` token ids and LoRA adapter; None
+    where they do not name its sink (fewer tokens, input embeddings, multimodal inputs)."""
+    ids = getattr(req, "origin_input_ids", None)
+    if sink <= 0 or ids is None or len(ids) < sink or getattr(req, "input_embeds", None) is not None \
+            or getattr(req, "multimodal_inputs", None) is not None:
+        return None
+    return (getattr(req, "lora_id", None), *(int(t) for t in ids[:sink]))
+
+
+class TokenSinkStore:
     def __init__(self, pool, entries: int):
-        """entries: sizing.sink_store_plan's count, the one rows with nothing to keep write included."""
         self.pool = pool
         sk, sv = pool.sink_k_layers, pool.sink_v_layers
         L, R, S, H, D = sk.shape
-        self.n = max(0, int(entries) - 1)  # kept in turn; entry n: where rows with nothing to keep write
-        # ids in pool.slot_entry: after the rows' sink and ring entries (pool.entry_owner's range)
-        self.base = int(pool.entry_owner.numel())
-        dev = sk.device
-        # (entry n is never found: its owner stays -1)
-        self.k = torch.zeros((L, self.n + 1, S, H, D), dtype=sk.dtype, device=dev)
-        self.v = torch.zeros((L, self.n + 1, S, H, sv.shape[-1]), dtype=sv.dtype, device=dev)
-        self.owner = torch.full((self.n + 1,), -1, dtype=torch.int64, device=dev)  # slot of position 0
-        self.row_slot0 = torch.full((R,), -1, dtype=torch.int64, device=dev)  # each row's, if it holds the sink
-        self._next = torch.zeros((), dtype=torch.int64, device=dev)  # the next entry, counted on the device
+        self.n = max(0, int(entries))
+        self.k = torch.zeros((L, self.n, S, H, D), dtype=sk.dtype, device=sk.device)
+        self.v = torch.zeros((L, self.n, S, H, sv.shape[-1]), dtype=sv.dtype, device=sv.device)
+        self._index: OrderedDict[Key, int] = OrderedDict()  # key -> entry, least recently used first
+        self._free = list(range(self.n))
+        self._to_publish: dict[int, Key] = {}  # row -> key of the sink it computes this forward
 
     def bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.owner, self.row_slot0))
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v))
 
-    def note_first_slots(self, rows: torch.Tensor, slot0: torch.Tensor, take: torch.Tensor) -> None:
-        """rows[take] hold (or are about to hold) the sink of the prefix whose position 0 is slot0."""
-        rows = rows.to(torch.int64)
-        self.row_slot0[rows] = torch.where(take, slot0.to(torch.int64), self.row_slot0[rows])
+    def __len__(self) -> int:
+        return len(self._index)
 
-    def publish(self, rows: torch.Tensor) -> None:
-        """Before rows are reset: keep the sink of each that holds all of it, by its position-0 slot."""
-        if rows.numel() == 0 or self.n == 0:
-            return
-        pool = self.pool
-        rows = rows.to(torch.int64)
-        slot0 = self.row_slot0[rows]
-        # the row holds the whole sink and is its latest holder: the slot's pointer is the row's
-        # entry (a hit that copied it moved the pointer to its own row; the slot written again,
-        # for another prefix, moved it anywhere else), so a stale copy is never kept for the slot
-        first = rows * pool.sink
-        ok = ((pool.sink_start[rows] == 0) & (slot0 > 0)
-              & (pool.slot_entry[slot0.clamp(min=0)].to(torch.int64) == first)
-              & (pool.entry_owner[first].to(torch.int64) == slot0))
-        # only rows that hold a sink take an entry, in turn (no host sync: a device counter)
-        ids = torch.where(ok, (self._next + torch.cumsum(ok, 0) - 1) % self.n, self.n)
-        self._next.copy_((self._next + ok.sum()) % self.n)
-        keep = ok.view(1, -1, 1, 1, 1)
-        for store, sink in ((self.k, pool.sink_k_layers), (self.v, pool.sink_v_layers)):
-            store[:, ids] = torch.where(keep, sink[:, rows], store[:, ids])
-        self.owner[ids] = torch.where(ok, slot0, torch.full_like(slot0, -1))  # entry n: -1 again
-        pool.slot_entry[torch.where(ok, slot0, 0)] = torch.where(ok, self.base + ids, -1).to(torch.int32)
-        self.row_slot0[rows] = -1
+    def publish(self) -> None:
+        """Keep the sinks the previous forward computed (start of a forward, before any reset)."""
+        pending, self._to_publish = self._to_publish, {}
+        for row, key in pending.items():
+            if self.n == 0 or key in self._index:
+                if key in self._index:
+                    self._index.move_to_end(key)
+                continue
+            if self._free:
+                e = self._free.pop()
+            else:  # evict the least recently used
+                _, e = self._index.popitem(last=False)
+            self._index[key] = e
+            self.k[:, e] = self.pool.sink_k_layers[:, row]
+            self.v[:, e] = self.pool.sink_v_layers[:, row]
 
-    def keep_loaded(self, slot0: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Sinks that arrive with pages loaded from a host tier (runtime/host_pool.py): k [L, P, S,
-        H, D], v [L, P, S, H, Dv] for the prefixes whose position 0 is now slot0 [P]; kept like a
-        published row's, so the radix hit that asked for the load finds them (lookup)."""
-        if slot0.numel() == 0 or self.n == 0:
-            return
-        slot0 = slot0.to(device=self.owner.device, dtype=torch.int64)
-        ids = (self._next + torch.arange(slot0.numel(), device=slot0.device)) % self.n
-        self._next.copy_((self._next + slot0.numel()) % self.n)
-        self.k[:, ids] = k.to(self.k.device)
-        self.v[:, ids] = v.to(self.v.device)
-        self.owner[ids] = slot0
-        self.pool.slot_entry[slot0] = (self.base + ids).to(torch.int32)
-
-    def lookup(self, slot0: torch.Tensor, need: torch.Tensor):
-        """For hits whose position 0 is slot0: (entry, found) where its kept copy is still there."""
-        slot0 = slot0.to(torch.int64)
-        e = self.pool.slot_entry[slot0].to(torch.int64) - self.base
-        inside = (e >= 0) & (e < self.n)
-        e = torch.where(inside, e, 0)
-        return e, need & inside & (self.owner[e] == slot0)
+    def claim(self, rows: list[int], prefix_lens: list[int], keys: list[Key | None]) -> list[int]:
+        """Rows handed to new requests (their latest claim each): queue fresh prompts' sinks for
+        the next publish, copy stored sinks into rows with a cached prefix. -> the rows that got one."""
+        restored, entries = [], []
+        for row, p, key in zip(rows, prefix_lens, keys):
+            self._to_publish.pop(row, None)  # the row's previous claim computed nothing it keeps
+            if key is None:
+                continue
+            if p == 0:
+                self._to_publish[row] = key
+            elif key in self._index:
+                self._index.move_to_end(key)
+                restored.append(row)
+                entries.append(self._index[key])
+        if restored:
+            dev = self.k.device
+            r = torch.tensor(restored, dtype=torch.int64, device=dev)
+            e = torch.tensor(entries, dtype=torch.int64, device=dev)
+            self.pool.sink_k_layers[:, r] = self.k[:, e]
+            self.pool.sink_v_layers[:, r] = self.v[:, e]
+        return restored

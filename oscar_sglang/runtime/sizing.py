@@ -49,8 +49,9 @@ def bf16_bytes_per_token(shape: ModelKVShape) -> int:
     return shape.num_layers * shape.num_kv_heads * (shape.head_dim + shape.v_head_dim) * BF16_BYTES
 
 
-# sinks kept for later radix hits (runtime/sink_store.py): one entry a request row, within this
-# share of the KV budget (the per-token recipe's 64-token sinks would otherwise take 5% of it)
+# sinks kept by their token ids for cache hits (runtime/sink_store.py): one entry a request row,
+# within this share of the KV budget (the per-token recipe's 64-token sinks would otherwise take
+# 5% of it)
 SINK_STORE_MAX_FRACTION = 0.01
 
 
@@ -68,14 +69,13 @@ def side_bytes_per_request(shape: ModelKVShape, sink: int, recent: int) -> int:
 
 
 def sink_store_plan(available_bytes: int, rows: int, shape: ModelKVShape, sink: int) -> tuple[int, int]:
-    """(entries, bytes) of the sinks kept for later radix hits (runtime/sink_store.py): one entry
-    (S BF16 tokens of every layer and an int64 owner) a request row, as many as fit in
-    SINK_STORE_MAX_FRACTION of the budget (at least 1: the entry rows with nothing to keep write),
-    and an int64 a row. Taken from the token budget, not the rows' (a cache: it never limits
-    concurrency)."""
-    entry = shape.num_layers * shape.num_kv_heads * sink * (shape.head_dim + shape.v_head_dim) * BF16_BYTES + 8
-    entries = max(1, min(int(rows), int(SINK_STORE_MAX_FRACTION * available_bytes) // entry))
-    return entries, entries * entry + 8 * int(rows)
+    """(entries, bytes) of the sinks kept by their token ids for cache hits (runtime/sink_store.py):
+    one entry (S BF16 tokens of every layer) a request row, as many as fit in
+    SINK_STORE_MAX_FRACTION of the budget (at least 1). Taken from the token budget, not the rows'
+    (a cache: it never limits concurrency)."""
+    entry = shape.num_layers * shape.num_kv_heads * sink * (shape.head_dim + shape.v_head_dim) * BF16_BYTES
+    entries = max(1, min(int(rows), int(SINK_STORE_MAX_FRACTION * available_bytes) // entry)) if entry else 0
+    return entries, entries * entry
 
 
 def kv_head_range(total_kv_heads: int, attn_tp_size: int, attn_tp_rank: int) -> tuple[int, int]:

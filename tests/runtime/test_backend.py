@@ -104,6 +104,12 @@ def _ref_mixed(x_rot_bf16, kv_len, own, clip, sink_start=None):
                         sink_start=sink_start).double()
 
 
+def prompt(first=1000, n=64):
+    """A stand-in for SGLang's Req as the alloc hook sees it: prompt token ids (their first S name
+    the sink the store keeps; requests sharing a prefix share them)."""
+    return SimpleNamespace(origin_input_ids=list(range(first, first + n)))
+
+
 def _reference(q, keys, vals):
     """q [Hq, D] float64; keys/vals list of [n, H, D] float64 in one space (already matched)."""
     k = torch.cat(keys)
@@ -155,7 +161,7 @@ def test_extend_chunks_radix_share_and_decode(backend_cls, seed, new_tokens):
     kAr, vAr, kBr, vBr = _rot(kA, Rk), _rot(vA, Rv), _rot(kB, Rk), _rot(vB, Rv)
     RvT = Rv.double().T
     b.req_to_token = req_to_token
-    sink0 = {rowA: 0, rowB: 0}  # B's sink copies come from A's row (carried over)
+    sink0 = {rowA: 0, rowB: 0}  # B's sink comes from the sink store (A's first tokens)
 
     def extend(reqs):
         """reqs: list of (row, k, v, q, start, end, own) -> outputs per request (float32)."""
@@ -173,7 +179,7 @@ def test_extend_chunks_radix_share_and_decode(backend_cls, seed, new_tokens):
         fb.forward_mode = SimpleNamespace(is_extend=lambda: True)
         for r, *_, s, e, own in reqs:
             if s == own:  # a new request: the alloc hook queued its row and radix-hit length
-                note_new_rows([r], [s])
+                note_new_rows([r], [s], [prompt()])
         b.forward_metadata = SimpleNamespace(
             qo_indptr=torch.cat([torch.zeros(1, dtype=torch.int64), ext.cumsum(0)]),
             kv_indptr=torch.cat([torch.zeros(1, dtype=torch.int32), pre.cumsum(0).int()]),

@@ -4,18 +4,20 @@ on CPU, tiny shapes), against a float64 reference (oscar_kernels.reference.forma
 Format k3c32-v2t32-s4-w32: 3-bit keys per channel over pages of B = 32 slots, 2-bit values in
 groups of 32, sink 4, ring 32 (one block). Slots are page-aligned as SGLang's paged allocator
 gives them (position p of a request at page * 32 + p % 32). Scenario, one layer, GQA 4/2, D 64:
-  1. request A prefills 62 tokens in two chunks, 40 then 22: block 0 completes inside chunk 1,
-     chunk 1 ends inside block 1 (chunk 2 reads that block from the ring), and block 1
-     completes only in decode (3.);
+  1. request A prefills 62 tokens in two chunks, 40 then 22: block 0 completes inside chunk 1
+     (page-canonical: its new tokens read block 0 back quantised, own_start 32), chunk 1 ends
+     inside block 1 (chunk 2 starts off a page boundary: it reads that block from the ring and
+     its new tokens in BF16), and block 1 completes only in decode (3.);
   2. request B shares A's first page (a page-aligned radix hit of 32 tokens) and prefills 10
-     more; A's sink copies and its ring copies of positions 30, 31 are still intact and carry
-     over (sink_start 0, own_start 30);
+     more; A's sink copies carry over (sink_start 0); its ring copies of positions 30, 31 are
+     not read (own_start 32: a hit reads its prefix as the cache holds it, whatever the ring
+     still has);
   3. both decode 3 tokens as one batch: A's position 63 completes block 1 inside a decode step;
   4. both take one more token as a batched extend with their whole cache as prefix.
 Every output is compared with softmax attention in float64 over what the format says each
-reader sees (BF16 sink / ring copies where valid, the complete blocks' quantised keys elsewhere,
-exact values for the new tokens of an extend); stored codes and params are bit-exact with the
-reference quantiser.
+reader sees (BF16 sink / ring copies where valid, the complete blocks' quantised keys elsewhere;
+a page-canonical extend's new tokens in complete blocks as quantised, the others exact); stored
+codes and params are bit-exact with the reference quantiser.
 """
 import math
 from types import SimpleNamespace
@@ -28,7 +30,7 @@ from oscar_kernels.format import KVFormat
 
 from .fake_flashinfer import fake_flashinfer_new_tokens, fake_flashinfer_prefix
 from .test_backend import (  # noqa: F401
-    Hq, H, D, _close, _decode_batch, _heavy, _reference, _rot, _signed_perm, backend_cls,
+    Hq, H, D, _close, _decode_batch, _heavy, _reference, _rot, _signed_perm, backend_cls, prompt,
 )
 
 pytestmark = pytest.mark.slow  # the module's cases take minutes on 2 cores: make test, not test-fast
@@ -116,7 +118,10 @@ def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, 
     kAr, vAr, kBr, vBr = _rot(kA, Rk), _rot(vA, Rv), _rot(kB, Rk), _rot(vB, Rv)
     RvT = Rv.double().T
     b.req_to_token = req_to_token
-    state = {rowA: (0, 0), rowB: (30, 0)}  # (own_start, sink_start) each reader should have
+    # (own_start, sink_start) each reader should have: a page-canonical extend trusts its ring from
+    # its last incomplete page on (A: 40 // 32 * 32; B: 42 // 32 * 32, so B's carried ring copies
+    # of positions 30, 31 are not read)
+    state = {rowA: (32, 0), rowB: (32, 0)}
     g = Hq // H
 
     def extend(reqs):
@@ -133,7 +138,7 @@ def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, 
         )
         for r, *_, s, e, new in reqs:
             if new:  # the alloc hook queued its row and radix-hit length
-                note_new_rows([r], [s])
+                note_new_rows([r], [s], [prompt()])
         b.forward_metadata = SimpleNamespace(
             qo_indptr=torch.cat([torch.zeros(1, dtype=torch.int64), ext.cumsum(0)]),
             kv_indptr=torch.cat([torch.zeros(1, dtype=torch.int32), pre.cumsum(0).int()]),
@@ -149,6 +154,12 @@ def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, 
         row, k, v, q, s, e, _ = req
         own, ss = state[row]
         qr = torch.einsum("thgd,hde->thge", q.reshape(-1, H, g, D), Rk).reshape(-1, Hq, D)
+        if s % B == 0:  # page-canonical: every reader of [0, e) sees the cache's own reading of it
+            assert own == e // B * B
+            Ks, Vs = _seen(kr[:e], "k", e, own, ss), _seen(vr[:e], "v", e, own, ss) @ RvT
+            for i, t in enumerate(range(s, e)):
+                _close(o[i], _reference(qr[t].double(), [Ks[: t + 1]], [Vs[: t + 1]]))
+            return
         if s:
             Kp, Vp = _seen(kr[:s], "k", s, own, ss), _seen(vr[:s], "v", s, own, ss) @ RvT
         for i, t in enumerate(range(s, e)):
@@ -173,7 +184,7 @@ def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, 
     vc, vp = ref.quantize_rows(vAr[:LA].float(), 2, 32)
     assert torch.equal(pool.v_codes[0][slotsA[:LA]], vc) and torch.equal(pool.v_params[0][slotsA[:LA]], vp)
 
-    # 2. B: page-aligned radix hit on A's first page; sink and ring positions 30, 31 carry over
+    # 2. B: page-aligned radix hit on A's first page; the sink carries over, the ring is not read
     bx = (rowB, kB, vB, qB, share, share + LB_new, True)
     o = extend([bx])
     assert (pool.own_start[rowB].item(), pool.sink_start[rowB].item()) == state[rowB]

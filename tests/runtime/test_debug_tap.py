@@ -80,6 +80,7 @@ def _record_rank(monkeypatch, tmp_path, rank, gen, forget_v_unrotation=False, un
     pool = SimpleNamespace(
         local=lambda layer_id: 0, k_rot=[rk], v_rot=[rv], k_clip=[1.0], v_clip=[v_clip],
         sink=fmt.sink, recent=fmt.window, own_start=torch.zeros(8, dtype=torch.long),
+        sink_start=torch.zeros(8, dtype=torch.long),
         layout=SimpleNamespace(name="channel", dequantises_prefix=True),
         kv_format=SimpleNamespace(name=NAME, k_bits=[4] * 8, k_group=fmt.k_group, v_group=fmt.v_group),
         info={"attn_tp": [rank, 2], "recipe": "test", "rotation_sha256": None, "group_size": fmt.v_group})
@@ -142,10 +143,14 @@ def test_a_faulty_rank_fails_the_check(monkeypatch, tmp_path, seed, fault, wrong
         assert c[wrong] > 0.5 and c[right] < 0.01, c
 
 
-def test_the_backend_taps_the_prefix_its_reader_sees(backend_cls, monkeypatch, tmp_path, seed):
+# cut 70: chunk 2 starts off a page boundary (BF16 among its new tokens); 64: a page-canonical
+# chunk 2 (its new tokens in complete pages read quantised), which the analysis emulates too
+@pytest.mark.parametrize("cut", [70, 64])
+def test_the_backend_taps_the_prefix_its_reader_sees(backend_cls, monkeypatch, tmp_path, seed, cut):
     """A real pool and backend (tests/runtime/test_backend_channel.py's one-layer setup: blocks of
-    32, sink 4, ring 32): a request of 110 tokens prefilled as 70 + 40 with the tap on; the second
-    chunk's reader sees the sink, positions 4-37 from the quantised blocks 0-1, the ring after."""
+    32, sink 4, ring 32): a request of 110 tokens prefilled as `cut` + the rest with the tap on;
+    the second chunk's reader sees the sink, positions 4-63 from the quantised blocks 0-1, the
+    ring after (chunk 1 was page-canonical: own_start 64)."""
     from oscar_sglang.runtime.pool import note_new_rows
 
     from .test_backend import H as H1, Hq as Hq1, _heavy, _rot
@@ -157,7 +162,7 @@ def test_the_backend_taps_the_prefix_its_reader_sees(backend_cls, monkeypatch, t
     monkeypatch.setattr(debug_tap, "_counter", itertools.count())
     b, pool, layer, Rk, Rv = _make(backend_cls)
     pool.info["attn_tp"] = [0, 1]
-    row, n, cut = 1, 110, 70
+    row, n = 1, 110
     k, v = _heavy(n, D1), _heavy(n, D1)
     q = torch.randn(n, Hq1, D1).bfloat16().float()
     b.req_to_token = torch.zeros(4, 128, dtype=torch.int64)
@@ -180,8 +185,9 @@ def test_the_backend_taps_the_prefix_its_reader_sees(backend_cls, monkeypatch, t
     d = tmp_path / "tap" / "rank0"
     first, second = (torch.load(d / f"extend_0000{i}.pt", weights_only=False) for i in (0, 1))
     assert first["prefix_k"] is None and second["prefix"] == cut
-    want_k = _seen(_rot(k, Rk)[:cut], "k", cut, 0, 0)  # what the format says a reader of 70 keys sees
-    want_v = _seen(_rot(v, Rv)[:cut], "v", cut, 0, 0)
+    # what the format says a reader of `cut` keys sees: chunk 1 was page-canonical (own_start 64)
+    want_k = _seen(_rot(k, Rk)[:cut], "k", cut, cut // B * B, 0)
+    want_v = _seen(_rot(v, Rv)[:cut], "v", cut, cut // B * B, 0)
     assert second["prefix_k"].shape == (cut, H1, D1)
     # the body differs from the BF16 copies (so the comparison sees the quantisation), the sink does not
     assert not torch.allclose(want_k[4:38], _rot(k, Rk)[4:38].double(), atol=1e-3)

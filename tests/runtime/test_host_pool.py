@@ -1,11 +1,10 @@
 """Int2HostPool (runtime/host_pool.py) on tiny CPU pools: whole pages device -> host -> another
-device pool at other page indices, byte for byte, with the page-0 sink; flat pages; refusals.
+device pool at other page indices, byte for byte; flat pages; refusals.
 
 Pools are filled by the real store kernel (TRITON_INTERPRET on CPU) in three formats: per-channel
 keys with different bits per layer (2 then 3), per-channel 3-bit keys, and the per-token recipe.
-Two prefixes: A (row 1, three pages) keeps its sink in its request row; C (row 2, one page) has
-its row handed to a new request, so its sink goes to the device sink store. Both sinks must
-arrive with their page-0 pages and be found by a radix hit on the second pool.
+(The page-0 sink travels with no page: the device's sink store keeps it by token ids,
+tests/runtime/test_radix_copies.py.)
 """
 import inspect
 
@@ -16,7 +15,7 @@ import sglang.srt.mem_cache.pool_host.base as host_base
 from sglang.srt.mem_cache.pool_host.base import HostKVCache
 
 from oscar_sglang.runtime import host_pool as hp
-from oscar_sglang.runtime.host_pool import SINK_HEADER, Int2HostPool, storage_salt
+from oscar_sglang.runtime.host_pool import Int2HostPool, storage_salt
 from oscar_sglang.runtime.pool import OscarInt2KVPool, note_new_rows, take_pending_rows
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -59,7 +58,6 @@ def _prefill(pool, req_to_token, row, pages):
     pool.apply_pending_resets(req_to_token)
     rows, pre = torch.tensor([row]), torch.tensor([0])
     pool.note_extend(rows, pre)
-    pool.note_first_positions(rows, pre, req_to_token)
     for layer in range(pool.layer_num):
         k = (torch.randn(n, H, D) * 2).bfloat16()
         v = torch.randn(n, H, D).bfloat16()
@@ -80,25 +78,16 @@ def _page_bytes(pool, layer, name, pages):
 def _filled(spec):
     pool = _pool(*spec)
     r2t = torch.zeros(ROWS, 128, dtype=torch.int64)
-    _prefill(pool, r2t, 1, [1, 2, 3])   # A: sink in row 1
-    _prefill(pool, r2t, 2, [4])         # C: sink published to the store when row 2 is reused
-    note_new_rows([2], [0])
-    pool.apply_pending_resets(r2t)
+    _prefill(pool, r2t, 1, [1, 2, 3])
+    _prefill(pool, r2t, 2, [4])
     return pool
 
 
 @pytest.mark.parametrize("spec", FORMATS, ids=[f[0] for f in FORMATS])
-def test_pages_round_trip_byte_exact_with_sinks(spec, seed):
+def test_pages_round_trip_byte_exact(spec, seed):
     src = _filled(spec)
-    B, L, S = src.page_size, src.layer_num, src.sink
-    a0, c0 = 1 * B, 4 * B
-    sink_a = src.sink_k_layers[:, 1].clone(), src.sink_v_layers[:, 1].clone()
-    ok, k, v = Int2HostPool(src, 2.0, 0, B).device_sinks(src, torch.tensor([a0, 2 * B, c0]))
-    assert ok.tolist() == [True, False, True]  # A from its row, C from the sink store
-    assert torch.equal(_bits(k[0]), _bits(sink_a[0]))
-    sink_c = k[2].clone(), v[2].clone()
-
-    host = Int2HostPool(src, 2.0, 0, B, sink_entries=4)  # (1% of these tiny pools: one entry)
+    B, L = src.page_size, src.layer_num
+    host = Int2HostPool(src, 2.0, 0, B)
     # page sizes: every section of every layer, nothing else but alignment
     want = sum(_page_bytes(src, i, n, [1]).numel() for i in range(L) for n in SECTIONS)
     assert host.page_bytes == want  # (these shapes need no padding)
@@ -122,81 +111,33 @@ def test_pages_round_trip_byte_exact_with_sinks(spec, seed):
                     (layer, name, a, b)
     # nothing else written: page 4 of dst (not a target) still zero
     assert not any(_page_bytes(dst, i, n, [4]).any() for i in range(L) for n in SECTIONS)
-
-    # sinks: A's page 1 -> dst page 5, C's page 4 -> dst page 2; the other slots trust no copy
-    entry, found = dst.sinks.lookup(torch.tensor([5 * B, 2 * B, 3 * B]), torch.ones(3, dtype=torch.bool))
-    assert found.tolist() == [True, True, False]
-    assert torch.equal(_bits(dst.sinks.k[:, entry[0]]), _bits(sink_a[0]))
-    assert torch.equal(_bits(dst.sinks.v[:, entry[0]]), _bits(sink_a[1]))
-    assert torch.equal(_bits(dst.sinks.k[:, entry[1]]), _bits(sink_c[0]))
-    assert torch.equal(_bits(dst.sinks.v[:, entry[1]]), _bits(sink_c[1]))
-    others = torch.cat([_slots([5], B)[1:], _slots([3, 1], B), _slots([2], B)[1:]])
-    assert (dst.slot_entry[others] == -1).all()
-
-    # a radix hit on A's loaded pages in dst copies the BF16 sink into its row (sink_start 0)
-    r2t = torch.zeros(ROWS, 128, dtype=torch.int64)
-    hit = _slots([5, 3], B)
-    r2t[3, :len(hit)] = hit
-    note_new_rows([3], [len(hit)])
-    dst.apply_pending_resets(r2t)
-    assert dst.sink_start[3].item() == 0
-    assert torch.equal(_bits(dst.sink_k_layers[:, 3]), _bits(sink_a[0]))
-    assert torch.equal(_bits(dst.sink_v_layers[:, 3]), _bits(sink_a[1]))
-    assert S <= B
+    assert (dst.slot_entry[_slots(dst_pages, B)] == -1).all()
 
 
 @pytest.mark.parametrize("spec", FORMATS[::2], ids=[f[0] for f in FORMATS[::2]])
-def test_flat_pages_and_sink_invalidation(spec, seed):
+def test_flat_pages(spec, seed):
     src = _filled(spec)
     B = src.page_size
-    host = Int2HostPool(src, 2.0, 0, B, sink_entries=4)
+    host = Int2HostPool(src, 2.0, 0, B)
     host.backup_from_device_all_layer(src, _slots([1, 2], B), _slots([1, 2], B), "kernel")
 
     dummy = host.get_dummy_flat_data_page()
-    assert dummy.dtype == torch.uint8 and dummy.shape == (host.flat_page_bytes,)
-    sink_bytes = 2 * src.layer_num * src.sink * H * 2 * D
-    assert host.flat_page_bytes == host.page_bytes + SINK_HEADER + sink_bytes
-    assert not dummy.any()
-
-    with_sink, plain = host.get_data_page(1 * B), host.get_data_page(2 * B)
-    assert with_sink.shape == plain.shape == dummy.shape
-    assert with_sink[host.page_bytes] == 1 and plain[host.page_bytes] == 0
-    assert not plain[host.page_bytes:].any()
-    assert torch.equal(with_sink[:host.page_bytes], host.kv_buffer[1])
-    assert torch.equal(with_sink[host.page_bytes + SINK_HEADER:][:sink_bytes // 2],
-                       _bits(src.sink_k_layers[:, 1]).reshape(-1))
+    assert dummy.dtype == torch.uint8 and dummy.shape == (host.page_bytes,) and not dummy.any()
+    first = host.get_data_page(1 * B)
+    assert torch.equal(first, host.kv_buffer[1])
 
     # the file backend's read path: a dummy page filled from storage, set at another host page
-    dummy.copy_(with_sink)
+    dummy.copy_(first)
     host.set_from_flat_data_page(5 * B, dummy)
-    assert torch.equal(host.get_data_page(5 * B), with_sink)
-    host.set_from_flat_data_page(6 * B, plain.clone())
-    assert torch.equal(host.get_data_page(6 * B), plain)
+    assert torch.equal(host.get_data_page(5 * B), first)
+    host.set_from_flat_data_page(6 * B, host.get_data_page(2 * B).clone())
 
-    # loaded from the stored copy: same bytes and sink as from the original host page
+    # loaded from the stored copies: the same bytes as from the original host pages
     dst = _pool(*spec)
     for layer in range(src.layer_num):
         host.load_to_device_per_layer(dst, _slots([5, 6], B), _slots([3, 4], B), layer, "kernel")
         for name in SECTIONS:
             assert torch.equal(_page_bytes(dst, layer, name, [3, 4]), _page_bytes(src, layer, name, [1, 2]))
-    entry, found = dst.sinks.lookup(torch.tensor([3 * B, 4 * B]), torch.ones(2, dtype=torch.bool))
-    assert found.tolist() == [True, False]
-    assert torch.equal(_bits(dst.sinks.k[:, entry[0]]), _bits(src.sink_k_layers[:, 1]))
-
-    # invalidation: host page 5 written again with a page that starts no prefix loses its sink
-    host.backup_from_device_all_layer(src, _slots([5], B), _slots([3], B), "kernel")
-    assert host.get_data_page(5 * B)[host.page_bytes] == 0
-    host.set_from_flat_data_page(5 * B, with_sink)
-    assert host.get_data_page(5 * B)[host.page_bytes] == 1
-    host.set_from_flat_data_page(5 * B, plain)
-    assert not host.get_data_page(5 * B)[host.page_bytes:].any()
-
-    # host sink entries reused in turn: an entry taken by another page is no longer found
-    small = Int2HostPool(src, 2.0, 0, B, sink_entries=1)
-    small.set_from_flat_data_page(1 * B, with_sink)
-    small.set_from_flat_data_page(2 * B, with_sink)
-    assert small.get_data_page(1 * B)[small.page_bytes] == 0
-    assert torch.equal(small.get_data_page(2 * B), with_sink)
 
 
 def test_refusals(seed):
@@ -220,7 +161,7 @@ def test_refusals(seed):
     with pytest.raises(ValueError, match="--hicache-storage-backend file"):
         Int2HostPool(src, 2.0, 0, B, allocator_type="shm")
     with pytest.raises(ValueError, match="flat INT2 page"):
-        host.set_from_flat_data_page(B, torch.zeros(host.flat_page_bytes - 1, dtype=torch.uint8))
+        host.set_from_flat_data_page(B, torch.zeros(host.page_bytes - 1, dtype=torch.uint8))
 
 
 def test_is_a_host_kv_cache_with_its_signatures():

@@ -1,15 +1,15 @@
-"""Radix-hit carry-over of BF16 side copies (pool.carry_over_side_copies), on a tiny CPU pool.
-
-A request that inherits slots from the radix cache gets the BF16 sink / ring copies of those
-slots into its own row while they are intact (no newer token has overwritten the entry), all of
-the sink or none of it, the ring from the newest position backwards; otherwise it reads them as
-INT2 (sink_start / own_start = the radix-hit length). The stores go through the real store kernel
-(TRITON_INTERPRET on CPU), which records where each slot's copy lives.
+"""What a request with a cached prefix gets in its row (pool.apply_pending_resets and the sink
+store, runtime/sink_store.py), on a tiny CPU pool: the BF16 sink kept by the prompt's first S token
+ids, the same however many requests came in between; never another row's ring copies. The stores
+go through the real store kernel (TRITON_INTERPRET on CPU).
 """
+from types import SimpleNamespace
+
 import pytest
 import torch
 
-from oscar_sglang.runtime.pool import INT32_MAX, OscarInt2KVPool, note_new_rows, take_pending_rows
+from oscar_sglang.runtime.pool import OscarInt2KVPool, note_new_rows, take_pending_rows
+from oscar_sglang.runtime.sink_store import sink_key
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -35,135 +35,105 @@ def _store(pool, row, slots, start, total):
     return k, v
 
 
-def _claim(pool, req_to_token, row, slots, prefix):
-    """A new request on `row` whose first `prefix` positions are the radix-cached `slots`."""
+def _req(ids, **kw):
+    return SimpleNamespace(origin_input_ids=list(ids), **kw)
+
+
+def _claim(pool, req_to_token, row, slots, prefix, ids):
+    """A new request on `row` (prompt ids) whose first `prefix` positions are the cached `slots`:
+    the alloc hook's claim, applied at the next forward, then the extend's note."""
     req_to_token[row, :prefix] = torch.tensor(slots[:prefix])
-    note_new_rows([row], [prefix])
+    note_new_rows([row], [prefix], [_req(ids)])
     pool.apply_pending_resets(req_to_token)
+    pool.note_extend(torch.tensor([row]), torch.tensor([prefix], dtype=torch.int32))
 
 
-def test_carry_over_sink_and_ring_then_invalidation(seed):
+def _fresh(pool, req_to_token, row, slots, ids):
+    """A request with no cached prefix on `row`, prefilled as the backend does (its sink its own)."""
+    _claim(pool, req_to_token, row, slots, 0, ids)
+    req_to_token[row, :len(slots)] = torch.tensor(slots)
+    return _store(pool, row, slots, 0, len(slots))
+
+
+def _next_forward(pool):
+    pool.apply_pending_resets(None)
+
+
+def test_a_hit_gets_the_sink_kept_by_its_first_tokens_whatever_came_in_between(seed):
     pool = _pool()
-    req_to_token = torch.zeros(ROWS, 64, dtype=torch.int64)
-    # A: 20 tokens on row 1 (sink copies of 0..3, ring copies of 12..19)
+    r2t = torch.zeros(ROWS, 64, dtype=torch.int64)
+    ids_a = [7, 8, 9, 10] + list(range(100, 116))
     slots_a = list(range(1, 21))
-    note_new_rows([1], [0])
-    pool.apply_pending_resets(req_to_token)
-    kA, vA = _store(pool, 1, slots_a, 0, 20)
-    assert pool.sink_start[1] == INT32_MAX  # note_extend (backend) sets it; untouched here
+    kA, vA = _fresh(pool, r2t, 1, slots_a, ids_a)
+    assert len(pool.sinks) == 0  # kept at the start of the next forward, after the store ran
+    _next_forward(pool)
+    assert len(pool.sinks) == 1
 
-    # E inherits all of A: everything carries over -> sink from 0, ring from 12
-    _claim(pool, req_to_token, 2, slots_a, 20)
-    assert pool.sink_start[2].item() == 0 and pool.own_start[2].item() == 12
+    # a hit while A's row still holds everything: the kept sink, and no ring copy (own_start = P)
+    _claim(pool, r2t, 2, slots_a, 16, ids_a[:16] + [1, 2])
+    assert pool.sink_start[2].item() == 0 and pool.own_start[2].item() == 16
     torch.testing.assert_close(pool.sink_k[0][2], kA[:S].view(S, H, D), rtol=0, atol=0)
     torch.testing.assert_close(pool.sink_v[0][2], vA[:S].view(S, H, D), rtol=0, atol=0)
-    ring_pos = torch.arange(12, 20)
-    torch.testing.assert_close(pool.ring_k[0][2, ring_pos % W], kA[12:20], rtol=0, atol=0)
-    torch.testing.assert_close(pool.ring_v[0][2, ring_pos % W], vA[12:20], rtol=0, atol=0)
+    first = pool.sink_k[0][2].clone(), pool.sink_v[0][2].clone()
 
-    # B inherits A's first 16: ring copies of 8..11 are gone (overwritten by 16..19), 12..15 are
-    # intact -> own_start 12; the sink carries over
-    _claim(pool, req_to_token, 3, slots_a, 16)
-    assert pool.sink_start[3].item() == 0 and pool.own_start[3].item() == 12
-    torch.testing.assert_close(pool.ring_k[0][3, torch.arange(12, 16) % W], kA[12:16], rtol=0, atol=0)
-    torch.testing.assert_close(pool.sink_k[0][3], kA[:S].view(S, H, D), rtol=0, atol=0)
+    # every row handed to other requests, whose sinks are their own (other first tokens): the
+    # same hit gets the same sink
+    for row, base in ((1, 30), (2, 35), (3, 40), (4, 45)):
+        _fresh(pool, r2t, row, list(range(base, base + 4)), [1, 2, 3, row])
+        _next_forward(pool)
+    _claim(pool, r2t, 3, slots_a, 16, ids_a[:16])
+    assert pool.sink_start[3].item() == 0 and pool.own_start[3].item() == 16
+    torch.testing.assert_close(pool.sink_k[0][3], first[0], rtol=0, atol=0)
+    torch.testing.assert_close(pool.sink_v[0][3], first[1], rtol=0, atol=0)
 
-    # rows 1, 2 and 3 are reused by new requests that overwrite their sink entries: nothing of
-    # A's sink is left, so C (radix hit of 3 on A) reads it as INT2 and its row stays untouched
-    for row, base in ((1, 40), (2, 50), (3, 60)):
-        note_new_rows([row], [0])
-        pool.apply_pending_resets(req_to_token)
-        _store(pool, row, list(range(base, base + 4)), 0, 4)
+    # a prefix that starts with other tokens finds nothing: its sink is read as INT2, every time
     before = pool.sink_k[0][4].clone()
-    _claim(pool, req_to_token, 4, slots_a, 3)
-    assert pool.sink_start[4].item() == 3 and pool.own_start[4].item() == 3
-    assert torch.equal(pool.sink_k[0][4], before)
-
-
-def test_partial_sink_does_not_carry(seed):
-    """The sink carries over all together or not at all (the kernels read one sink range)."""
-    pool = _pool()
-    req_to_token = torch.zeros(ROWS, 64, dtype=torch.int64)
-    note_new_rows([1], [0])
-    pool.apply_pending_resets(req_to_token)
-    _store(pool, 1, list(range(1, 11)), 0, 10)
-    # slot 3 (position 2) is freed and reused elsewhere at a non-side position: its pointer says -1
-    _store(pool, 5, [3], 30, 100)
-    _claim(pool, req_to_token, 2, list(range(1, 11)), 10)
-    assert pool.sink_start[2].item() == 10
-    # ring copies of positions 4..9 are intact and carry over independently
-    assert pool.own_start[2].item() == 4
-
-
-def test_pending_rows_carry_prefix_lengths():
-    take_pending_rows()
-    note_new_rows([3, 5], [0, 17])
-    note_new_rows([3], [9])  # row 3 freed and claimed again before the forward: latest wins
-    assert take_pending_rows() == [(3, 0), (5, 17), (3, 9)]
-    assert take_pending_rows() == []
-
-
-def _fresh(pool, req_to_token, row, slots, total):
-    """A request with no radix hit on `row`, prefilled as the backend does (its sink is its own)."""
-    req_to_token[row, :len(slots)] = torch.tensor(slots)
-    note_new_rows([row], [0])
-    pool.apply_pending_resets(req_to_token)
-    rows, pre = torch.tensor([row]), torch.tensor([0], dtype=torch.int32)
-    pool.note_extend(rows, pre)
-    pool.note_first_positions(rows, pre, req_to_token)
-    return _store(pool, row, slots, 0, total)
-
-
-def test_a_hit_finds_the_sink_after_its_owners_row_was_reused(seed):
-    """The same radix hit gets the same BF16 sink whether or not the owner's row has been handed
-    to another request in between (the copy kept by the slot of position 0, sink_store.py); a
-    slot written again, or a copy pushed out by later ones, gives INT2 as before."""
-    pool = _pool()
-    req_to_token = torch.zeros(ROWS, 64, dtype=torch.int64)
-    slots_a = list(range(1, 21))
-    kA, vA = _fresh(pool, req_to_token, 1, slots_a, 20)
-
-    # a hit while A's row still holds the sink, then the same hit after that row was reused
-    _claim(pool, req_to_token, 2, slots_a, 16)
-    assert pool.sink_start[2].item() == 0
-    first = pool.sink_k[0][2].clone()
-    _fresh(pool, req_to_token, 1, list(range(40, 44)), 4)  # row 1 reused (row 2 holds A's sink now)
-    assert 1 not in pool.sinks.owner.tolist()
-    _fresh(pool, req_to_token, 2, list(range(44, 48)), 4)  # row 2 reused: A's sink kept
-    assert pool.sinks.owner.tolist().count(1) == 1
-    _claim(pool, req_to_token, 3, slots_a, 16)
-    assert pool.sink_start[3].item() == 0  # the ring entries of 12..15 are intact: own_start 12
-    torch.testing.assert_close(pool.sink_k[0][3], first, rtol=0, atol=0)
-    torch.testing.assert_close(pool.sink_k[0][3], kA[:S].view(S, H, D), rtol=0, atol=0)
-    torch.testing.assert_close(pool.sink_v[0][3], vA[:S].view(S, H, D), rtol=0, atol=0)
-    # the row that took the kept copy points A's sink slots at itself (a later hit finds it there)
-    assert pool.entry_owner[3 * S + torch.arange(S)].tolist() == slots_a[:S]
-
-    # A's position-0 slot written again (its page reused): nobody finds the old copy, and the row
-    # that held it does not keep it for the slot when it is reused
-    _store(pool, 5, [slots_a[0]], 7, 8)
-    _fresh(pool, req_to_token, 3, list(range(50, 54)), 4)  # row 3, which held A's sink, reused
-    assert pool.sinks.owner.tolist().count(1) == 1  # only the copy kept before (the slot moved on)
-    before = pool.sink_k[0][4].clone()
-    _claim(pool, req_to_token, 4, slots_a, 16)
+    _claim(pool, r2t, 4, slots_a, 16, [99] + ids_a[1:16])
     assert pool.sink_start[4].item() == 16 and torch.equal(pool.sink_k[0][4], before)
 
 
-def test_kept_sinks_are_reused_in_turn(seed):
-    """A kept copy lasts until as many more sinks were kept as the store has entries (one a row
-    but the one rows with nothing to keep write); those rows take no entry."""
+def test_kept_sinks_are_least_recently_used_within_their_entries(seed):
     pool = _pool()
     n = pool.sinks.n
-    assert n == ROWS - 1
-    req_to_token = torch.zeros(ROWS, 64, dtype=torch.int64)
-    slots_a = list(range(1, 9))
-    _fresh(pool, req_to_token, 1, slots_a, 8)
-    _fresh(pool, req_to_token, 1, [9, 10, 11, 12], 4)  # row 1 reused: A's sink kept
-    assert pool.sinks.owner.tolist().count(1) == 1
-    kept, i = 0, 0
-    while kept < n:  # rows 2 and 3 in turn; each reuse after the first keeps one sink
-        row = 2 + i % 2
-        _fresh(pool, req_to_token, row, [13 + 4 * i + j for j in range(4)], 4)
-        kept += i >= 2
-        i += 1
-        assert (1 in pool.sinks.owner.tolist()) == (kept < n), (kept, n)
+    assert n == ROWS
+    r2t = torch.zeros(ROWS, 64, dtype=torch.int64)
+    for i in range(n):  # n different first tokens, kept one each
+        _fresh(pool, r2t, 1 + i % (ROWS - 1), [1 + 4 * i + j for j in range(4)], [i, 0, 0, 0])
+        _next_forward(pool)
+    assert len(pool.sinks) == n
+    _claim(pool, r2t, 2, list(range(1, 5)), 4, [0, 0, 0, 0])  # a hit uses key 0: most recent now
+    _fresh(pool, r2t, 1, [60, 61, 62, 63], [n, 0, 0, 0])  # one more: key 1 (least recent) goes
+    _next_forward(pool)
+    _claim(pool, r2t, 3, list(range(1, 5)), 4, [0, 0, 0, 0])
+    _claim(pool, r2t, 4, list(range(5, 9)), 4, [1, 0, 0, 0])
+    assert pool.sink_start[3].item() == 0 and pool.sink_start[4].item() == 4
+
+
+def test_a_row_claimed_again_before_its_forward_keeps_nothing_of_the_first_claim(seed):
+    """The sink is kept for the row's latest claim only: a claim whose forward never ran (the row
+    freed and handed on before it) computed nothing."""
+    pool = _pool()
+    r2t = torch.zeros(ROWS, 64, dtype=torch.int64)
+    note_new_rows([1], [0], [_req([5, 5, 5, 5, 5])])
+    note_new_rows([1], [0], [_req([6, 6, 6, 6, 6])])
+    pool.apply_pending_resets(r2t)
+    _store(pool, 1, [1, 2, 3, 4, 5], 0, 5)
+    _next_forward(pool)
+    assert list(pool.sinks._index) == [(None, 6, 6, 6, 6)]
+
+
+def test_sink_keys():
+    assert sink_key(_req([1, 2, 3, 4, 5]), 4) == (None, 1, 2, 3, 4)
+    assert sink_key(_req([1, 2, 3, 4], lora_id="a"), 4) == ("a", 1, 2, 3, 4)
+    assert sink_key(_req([1, 2, 3]), 4) is None  # shorter than the sink
+    assert sink_key(_req([1, 2, 3, 4], input_embeds=[[0.0]]), 4) is None
+    assert sink_key(_req([1, 2, 3, 4], multimodal_inputs=object()), 4) is None
+    assert sink_key(_req([1, 2, 3, 4]), 0) is None
+
+
+def test_pending_rows_carry_prefix_lengths_and_keys():
+    take_pending_rows()
+    note_new_rows([3, 5], [0, 17])
+    note_new_rows([3], [9], [_req([1, 2, 3, 4])])  # row 3 freed and claimed again: latest wins
+    assert take_pending_rows() == [(3, 0, None), (5, 17, None), (3, 9, (None, 1, 2, 3, 4))]
+    assert take_pending_rows() == []

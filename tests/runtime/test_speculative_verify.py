@@ -86,7 +86,9 @@ def test_verify_attends_to_the_int2_prefix_and_causally_to_its_drafts(backend_cl
 
     def check(o, L, dk, dv):
         """o: the verify's outputs at L; dk / dv: the drafts' K / V (un-rotated)."""
-        Kp, Vp = _seen(kr[:L], "k", L, 0, 0), _seen(vr[:L], "v", L, 0, 0) @ RvT
+        own = L0 // B * B  # the prefill was page-canonical: its ring is read from its last page on
+        assert pool.own_start[row].item() == own
+        Kp, Vp = _seen(kr[:L], "k", L, own, 0), _seen(vr[:L], "v", L, own, 0) @ RvT
         qr = torch.einsum("thgd,hde->thge", q[L:L + N].reshape(-1, H, g, D), Rk).reshape(-1, Hq, D)
         for j in range(N):
             sp = torch.einsum("hd,nhd->hn", qr[j].double(), Kp.repeat_interleave(g, 1))

@@ -76,8 +76,8 @@ def test_random_geometries_against_the_format_arithmetic(tmp_path):
         per_tok = L * h * ((kb * D // 8 + 4 * D // B) + (2 * D // 8 + 4)) + 4
         side = L * h * 132 * 2 * D * 2 + 4 * (2 + 132)
         reqs = min(1024, int(0.2 * budget) // side - 1)
-        entry = L * h * 4 * 2 * D * 2 + 8  # a sink kept for radix hits: one a row, within 1%
-        store = max(1, min(reqs + 1, int(0.01 * budget) // entry)) * entry + 8 * (reqs + 1)
+        entry = L * h * 4 * 2 * D * 2  # a sink kept by token ids for cache hits: one a row, within 1%
+        store = max(1, min(reqs + 1, int(0.01 * budget) // entry)) * entry
         want = (budget - (reqs + 1) * side - store) // per_tok // B * B
         r = rows[2]
         assert (r["bytes_per_token"], r["max_running_requests"], r["kv_tokens"]) == (per_tok, reqs, want), (geom, tp)
