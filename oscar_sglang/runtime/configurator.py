@@ -344,7 +344,7 @@ def build_pool(kvc, sizes, req_to_token_pool):
     plan.max_running_requests = reqs
     plan.side_bytes_total = (reqs + 1) * plan.side_bytes_per_request
     plan.sink_store_entries, plan.sink_store_bytes_total = sizing.sink_store_plan(
-        plan.available_bytes, reqs + 1, shape, fmt.sink)
+        plan.available_bytes, shape, fmt.sink)
 
     # the rotation file's clip ratios apply where the format asks for them (kclip / vclip; the
     # per-token recipe does); keys per channel are never clipped (it costs retrieval)

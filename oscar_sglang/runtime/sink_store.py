@@ -17,8 +17,8 @@ the start of each forward; no host synchronisation):
   the start of the next one (`publish`: the store kernel has run by then, in stream order, and a
   row handed on in between still holds it, since nothing writes a row before its next forward);
   a request with a cached prefix gets the stored sink copied into its row (`restore`), if any.
-* Entries are least-recently-used within `entries` (sizing.sink_store_plan: one a request row,
-  within 1% of the KV budget). A key that is not stored (evicted, or no key: a prompt shorter than
+* Entries are least-recently-used within `entries` (sizing.sink_store_plan: as many as 1% of the
+  KV budget holds, at most 4,096). A key that is not stored (evicted, or no key: a prompt shorter than
   the sink, embeddings instead of token ids) leaves a hit reading its sink as INT2, every time
   alike.
 """

@@ -49,10 +49,13 @@ def bf16_bytes_per_token(shape: ModelKVShape) -> int:
     return shape.num_layers * shape.num_kv_heads * (shape.head_dim + shape.v_head_dim) * BF16_BYTES
 
 
-# sinks kept by their token ids for cache hits (runtime/sink_store.py): one entry a request row,
-# within this share of the KV budget (the per-token recipe's 64-token sinks would otherwise take
-# 5% of it)
+# sinks kept by their token ids for cache hits (runtime/sink_store.py): as many as this share of
+# the KV budget holds, up to SINK_STORE_MAX_ENTRIES. A row count is not enough: between two turns
+# of a chat, more requests with other first tokens than there are rows may come and go, and a
+# least-recently-used store would lose the chat's sink (bench/path_invariance.py's
+# warm_after_others, 2026-12-02: 65 entries, 128 such requests)
 SINK_STORE_MAX_FRACTION = 0.01
+SINK_STORE_MAX_ENTRIES = 4096
 
 
 def side_bytes_per_request(shape: ModelKVShape, sink: int, recent: int) -> int:
@@ -68,13 +71,15 @@ def side_bytes_per_request(shape: ModelKVShape, sink: int, recent: int) -> int:
     )
 
 
-def sink_store_plan(available_bytes: int, rows: int, shape: ModelKVShape, sink: int) -> tuple[int, int]:
+def sink_store_plan(available_bytes: int, shape: ModelKVShape, sink: int) -> tuple[int, int]:
     """(entries, bytes) of the sinks kept by their token ids for cache hits (runtime/sink_store.py):
-    one entry (S BF16 tokens of every layer) a request row, as many as fit in
-    SINK_STORE_MAX_FRACTION of the budget (at least 1). Taken from the token budget, not the rows'
-    (a cache: it never limits concurrency)."""
+    entries of S BF16 tokens of every layer, as many as fit in SINK_STORE_MAX_FRACTION of the
+    budget, at least 1 and at most SINK_STORE_MAX_ENTRIES. Taken from the token budget, not the
+    rows' (a cache: it never limits concurrency)."""
     entry = shape.num_layers * shape.num_kv_heads * sink * (shape.head_dim + shape.v_head_dim) * BF16_BYTES
-    entries = max(1, min(int(rows), int(SINK_STORE_MAX_FRACTION * available_bytes) // entry)) if entry else 0
+    if not entry:
+        return 0, 0
+    entries = max(1, min(SINK_STORE_MAX_ENTRIES, int(SINK_STORE_MAX_FRACTION * available_bytes) // entry))
     return entries, entries * entry
 
 
@@ -191,7 +196,7 @@ def plan_pool(
             reqs = max(cap, 1)
 
     side_total = (reqs + 1) * per_req
-    store_entries, store_total = sink_store_plan(available_bytes, reqs + 1, shape, fmt.sink)
+    store_entries, store_total = sink_store_plan(available_bytes, shape, fmt.sink)
     cell = per_tok + draft_bytes_per_token
     fixed = side_total + store_total
     tokens = (available_bytes - fixed) // cell if available_bytes > fixed else 0
@@ -233,8 +238,7 @@ def plan_from_max_tokens(
     per_req = side_bytes_per_request(shape, fmt.sink, fmt.recent)
     tokens = max_total_num_tokens // page_size * page_size
     side_total = (max_running_requests + 1) * per_req
-    store_entries, store_total = sink_store_plan(tokens * per_tok + side_total, max_running_requests + 1,
-                                                 shape, fmt.sink)
+    store_entries, store_total = sink_store_plan(tokens * per_tok + side_total, shape, fmt.sink)
     return PoolPlan(
         available_bytes=tokens * per_tok + side_total + store_total,
         bytes_per_token=per_tok,

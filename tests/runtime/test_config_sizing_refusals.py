@@ -157,13 +157,15 @@ def test_bytes_per_token_formula():
     small = Z.ModelKVShape(2, 2, 64, 64)
     assert Z.int2_bytes_per_token(small, token_fmt(small, 128)) == 2 * 2 * 2 * (16 + 4) + 4
     assert Z.side_bytes_per_request(QWEN3_8B, 64, 256) == 36 * 8 * 320 * 256 * 2 + 4 * (2 + 320)
-    # the sinks kept by token ids for cache hits (runtime/sink_store.py): one entry (a sink of every
-    # layer) a row, within 1% of the budget, at least one
+    # the sinks kept by token ids for cache hits (runtime/sink_store.py): entries of a sink of every
+    # layer, as many as 1% of the budget holds, at least one, at most SINK_STORE_MAX_ENTRIES
     entry = 36 * 8 * 64 * 256 * 2
-    assert Z.sink_store_plan(100 * entry, 10, QWEN3_8B, 64) == (1, entry)
-    assert Z.sink_store_plan(10_000 * entry, 10, QWEN3_8B, 64) == (10, 10 * entry)
-    assert Z.sink_store_plan(550 * entry, 10, QWEN3_8B, 64) == (5, 5 * entry)
-    assert Z.sink_store_plan(10_000 * entry, 10, QWEN3_8B, 0) == (0, 0)  # no sink, no store
+    assert Z.sink_store_plan(100 * entry, QWEN3_8B, 64) == (1, entry)
+    assert Z.sink_store_plan(1_000 * entry, QWEN3_8B, 64) == (10, 10 * entry)
+    assert Z.sink_store_plan(550 * entry, QWEN3_8B, 64) == (5, 5 * entry)
+    most = Z.SINK_STORE_MAX_ENTRIES
+    assert Z.sink_store_plan(1000 * most * entry, QWEN3_8B, 64) == (most, most * entry)
+    assert Z.sink_store_plan(10_000 * entry, QWEN3_8B, 0) == (0, 0)  # no sink, no store
 
 
 def test_bytes_per_token_of_channel_formats():

@@ -340,7 +340,7 @@ def test_configurator_and_pool(kvc, monkeypatch, caplog):
     per_req = sizing.side_bytes_per_request(shape, 4, 8)
     assert cfg.max_running_requests == 5
     # the rows' side buffers and their share of the sinks kept for radix hits, then tokens
-    store = sizing.sink_store_plan(avail, 6, shape, 4)[1]
+    store = sizing.sink_store_plan(avail, shape, 4)[1]
     assert cfg.max_total_num_tokens == (avail - 6 * per_req - store) // per_tok
     assert isinstance(pool, OscarInt2KVPool)
     assert pool.k_codes[0].shape == (cfg.max_total_num_tokens + 1, 2, 16)
@@ -382,7 +382,7 @@ def test_channel_format_pool(kvc, monkeypatch, caplog):
     per_tok = sizing.int2_bytes_per_token(shape, fmt)
     assert per_tok == 3 * 2 * ((32 + 4) + (16 + 4)) + 4
     per_req = sizing.side_bytes_per_request(shape, 4, 128)
-    store = sizing.sink_store_plan(avail, 4, shape, 4)[1]
+    store = sizing.sink_store_plan(avail, shape, 4)[1]
     assert cfg.max_total_num_tokens == (avail - 4 * per_req - store) // per_tok // 64 * 64
     n = cfg.max_total_num_tokens + 64
     assert pool.k_codes[1].shape == (n, 2, 32) and pool.k_params[1].shape == (n // 64, 2, 64, 2)
