@@ -624,9 +624,18 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         )
 
     # ------------------------------------------------------------------ forward
+    def _wait_for_layer(self, layer) -> None:
+        """HiCache loads pages host -> device layer by layer on its own stream; the forward waits
+        for this layer's before reading it (what SGLang's MHA pool does in get_key_buffer). No
+        counter (no HiCache) or no load in flight: nothing."""
+        counter = self.pool.layer_transfer_counter
+        if counter is not None:
+            counter.wait_until(layer.layer_id - self.pool.start_layer)
+
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None,
                        score_mod=None, aux_tensors=None):
         self._check(layer, k, v, sinks, score_mod)
+        self._wait_for_layer(layer)
         fb = forward_batch
         Hq, H = layer.tp_q_head_num, layer.tp_k_head_num
         D, Dv = layer.qk_head_dim, layer.v_head_dim
@@ -688,6 +697,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None,
                        score_mod=None, aux_tensors=None):
         self._check(layer, k, v, sinks, score_mod)
+        self._wait_for_layer(layer)
         fb = forward_batch
         Hq, H = layer.tp_q_head_num, layer.tp_k_head_num
         D, Dv = layer.qk_head_dim, layer.v_head_dim

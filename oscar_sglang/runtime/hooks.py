@@ -14,7 +14,9 @@ did not apply keeps an error that every int2 code path raises (state.require_hoo
   reload     WeightUpdater.update_weights_from_*  AROUND refused while the weights hold R_v
   sizing     create_memory_pool_configurator    AROUND  Int2PoolConfigurator
   pool       KVCacheConfigurator._build_token_to_kv_pool  AROUND  OscarInt2KVPool
-  rows       ReqToTokenPool.alloc               AROUND  new request rows -> own_start reset
+  rows       ReqToTokenPool.alloc               AROUND  new request rows -> reset, stored sink
+  hicache    HiRadixCache.__init__              AROUND  an INT2 pool gets the INT2 host pool
+  salt       HiCacheController._generate_storage_config AFTER  storage keys name format + rotation
   accept     eagle_sample (EAGLE family, NGRAM)  AFTER   rejected drafts' ring entries rolled back
   chains     NgramCorpus.batch_get              AFTER   NGRAM's breadth-1 trees -> chains
   info       Scheduler.get_internal_state       AFTER   /server_info shows what was loaded
@@ -221,6 +223,37 @@ def around_req_to_token_alloc(orig, self, reqs, *args, **kwargs):
     return out
 
 
+def around_hiradix_init(orig, self, params, server_args, *args, **kwargs):
+    """HiRadixCache.__init__ builds its host pool from the device pool's class (MHA, MLA, ...) and
+    refuses others; an INT2 pool gets runtime/host_pool.Int2HostPool. Its two lookups (the
+    isinstance of MHATokenToKVPool and get_mha_host_pool_cls, module globals of hiradix_cache)
+    admit the INT2 pool for this call only, then are put back; every other pool goes through
+    unchanged."""
+    from .pool import OscarInt2KVPool
+
+    pool = params.token_to_kv_pool_allocator.get_kvcache()
+    if not isinstance(pool, OscarInt2KVPool):
+        return orig(self, params, server_args, *args, **kwargs)
+    import sglang.srt.mem_cache.hiradix_cache as hiradix
+
+    from .host_pool import Int2HostPool
+
+    mha, pick = hiradix.MHATokenToKVPool, hiradix.get_mha_host_pool_cls
+    hiradix.MHATokenToKVPool = (mha, OscarInt2KVPool)
+    hiradix.get_mha_host_pool_cls = lambda device_pool: (
+        Int2HostPool if isinstance(device_pool, OscarInt2KVPool) else pick(device_pool))
+    try:
+        return orig(self, params, server_args, *args, **kwargs)
+    finally:
+        hiradix.MHATokenToKVPool, hiradix.get_mha_host_pool_cls = mha, pick
+
+
+def after_generate_storage_config(result, controller, *args, **kwargs):
+    from .host_pool import after_generate_storage_config as salted
+
+    return salted(result, controller, *args, **kwargs)
+
+
 def after_eagle_sample(result, verify_input, batch, *args, **kwargs):
     # (predict, accept_lens, accept_index): roll back the rejected drafts of an int2 pool
     from .draft_rollback import active, after_accept
@@ -299,6 +332,11 @@ HOOKS = [
     # loads, so they bind the hooked function: speculative.check_accept_hook verifies it at start)
     ("sglang.srt.speculative.eagle_utils.eagle_sample", "AFTER", after_eagle_sample),
     ("sglang.srt.speculative.cpp_ngram.ngram_corpus.NgramCorpus.batch_get", "AFTER", after_ngram_batch_get),
+    # HiCache: an INT2 pool gets the INT2 host pool, and storage keys name the INT2 format and
+    # rotation (HiCache itself is refused at start until it has run on a GPU: refusals.py)
+    ("sglang.srt.mem_cache.hiradix_cache.HiRadixCache.__init__", "AROUND", around_hiradix_init),
+    ("sglang.srt.managers.cache_controller.HiCacheController._generate_storage_config", "AFTER",
+     after_generate_storage_config),
     ("sglang.srt.managers.scheduler.Scheduler.get_internal_state", "AFTER", after_get_internal_state),
     ("sglang.srt.observability.metrics_collector.SchedulerMetricsCollector.log_stats", "AFTER", after_log_stats),
 ]

@@ -1,8 +1,9 @@
 """Int2HostPool: a host-memory tier of the INT2 pool for SGLang's hierarchical cache (HiCache).
 
-Not wired into HiCache yet: HiCache stays refused at start (runtime/refusals.py) until the whole
-path is built and measured. This module is its first building block: host memory in SGLang's
-`page_first` layout and byte-exact page copies between it and an OscarInt2KVPool.
+Wired into HiCache through runtime/hooks.py (HiRadixCache.__init__ gets this pool for an INT2
+device pool; the backend waits for each layer's load before reading it), but HiCache stays refused
+at start (runtime/refusals.py) until the path has run on a GPU and been measured
+(bench/path_invariance.py --hicache and the issue's load test).
 
 Host memory (`kv_buffer`): uint8 [page_num, page_bytes], one contiguous blob per page. A page's
 blob holds, layer after layer (local layers 0..L-1), four sections, each padded to 16 bytes so
@@ -42,9 +43,8 @@ is a chain of token hashes (mem_cache/utils.get_hash_str, HiCacheController), an
 HiCacheFile.__init__ builds config_suffix from HiCacheStorageConfig.model_name and the TP / PP
 ranks. HiCacheController._generate_storage_config returns that config, so an AFTER hook on it
 that appends `storage_salt(kv_format, rotation_sha256)` to model_name
-(`after_generate_storage_config` below) gives every int2 format and rotation its own keys, none
-shared with a BF16 server. Not registered in runtime/hooks.py: HiCache is refused at start, and
-the hook is inert without an int2 pool anyway. Whether the other storage backends use
+(`after_generate_storage_config` below, registered in runtime/hooks.py) gives every int2 format
+and rotation its own keys, none shared with a BF16 server. Whether the other storage backends use
 model_name in their keys was not checked.
 """
 from __future__ import annotations

@@ -49,8 +49,10 @@ def server_args_problems(args, env=None) -> list[str]:
     p += speculative_problems(args, env)
     if _on(args, "enable_hierarchical_cache") or _on(args, "enable_hisparse"):
         p.append(
-            "HiCache (--enable-hierarchical-cache / --enable-hisparse) is not supported: host "
-            "offload copies KV slots assuming SGLang's BF16 layout."
+            "HiCache (--enable-hierarchical-cache / --enable-hisparse) is not supported yet with "
+            "--kv-cache-dtype int2: the INT2 host tier is built but has not run on a GPU, so it "
+            "is not offered. Serve without it (the device radix cache works), or use "
+            "--kv-cache-dtype fp8_e4m3 with HiCache."
         )
     if getattr(args, "disaggregation_mode", "null") not in (None, "null"):
         p.append(
