@@ -190,3 +190,36 @@ def test_speculative_decoding_is_counted_as_the_servers_size_it(tmp_path):
     assert [r["kv_tokens"] for r in json.loads(out.read_text())["rows"]] == [r["kv_tokens"] for r in spec.values()]
     assert cli.main(["plan", "--model-path", str(model), "--kv-budget-gib", "1",
                      "--speculative-draft-layers", "-1"]) == 2
+
+
+def test_host_tokens_of_a_hicache_tier(tmp_path, capsys):
+    """--hicache-size / --hicache-ratio: the host tier as SGLang's HostKVCache sizes it, INT2 pages
+    at the device's bytes a token less its 4-byte slot pointer (what Int2HostPool stores)."""
+    model = _config(tmp_path, LLAMA)
+    geom = P.model_geometry(str(model))
+    budget = int(51.567 * GIB)
+    by = {r["kv_cache"] if r["kv_cache"] != "int2" else "int2": r
+          for r in P.plan_rows(budget, geom, ["default"], hicache_size_gb=200)}
+    assert by["bf16"]["host_bytes_per_token"] == 32 * 8 * 256 * 2
+    assert by["int2"]["host_bytes_per_token"] == by["int2"]["bytes_per_token"] - 4
+    for r in by.values():
+        assert r["host_tokens"] == int(200e9 // r["host_bytes_per_token"])
+    assert by["int2"]["host_tokens"] / by["bf16"]["host_tokens"] > 4.5  # <= 0.25 x BF16's bytes
+    ratio = P.plan_rows(budget, geom, ["default"], hicache_ratio=2.0)
+    assert all(r["host_tokens"] == int(2 * r["kv_tokens"]) for r in ratio)
+    assert "host tokens (GiB)" in P.table(ratio)
+    assert "host tokens" not in P.table(P.plan_rows(budget, geom, ["default"]))  # not asked: unchanged
+    import argparse
+
+    from oscar_sglang.tools.commands import plan as cmd
+
+    parser = argparse.ArgumentParser()
+    cmd.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["plan", "--model-path", str(model), "--kv-budget-gib", "51.567",
+                              "--formats", "default", "--hicache-ratio", "2"])
+    args.argv = ["plan"]
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "Host tokens" in out and "refused at start" in out
+    args.hicache_ratio = -1
+    assert args.func(args) == 2

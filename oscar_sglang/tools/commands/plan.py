@@ -46,6 +46,12 @@ def add_parser(sub) -> None:
     p.add_argument("--speculative-num-draft-tokens", type=int, default=0,
                    help="speculative decoding: drafts a verify step (the INT2 pool keeps their rollback "
                         "buffers per request; default 0: no speculation)")
+    p.add_argument("--hicache-ratio", type=float, default=0.0,
+                   help="HiCache's host tier as SGLang sizes it, a multiple of the device pool's tokens "
+                        "(adds a host-tokens column; int2 refuses HiCache at start until it has run on "
+                        "a GPU)")
+    p.add_argument("--hicache-size", type=float, default=0.0,
+                   help="HiCache's host tier in GB (1e9 bytes), as SGLang's flag; overrides the ratio")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the rows as JSON")
     p.set_defaults(func=run)
 
@@ -88,14 +94,16 @@ def model_geometry(model_path: str) -> dict:
 
 def plan_rows(budget_bytes: int, geom: dict, formats: list[str], *, tp_size: int = 1,
               max_running_requests: int | None = None, cfg=None, draft_layers: int = 0,
-              draft_tokens: int = 0) -> list[dict]:
+              draft_tokens: int = 0, hicache_ratio: float = 0.0, hicache_size_gb: float = 0.0) -> list[dict]:
     """One row per KV cache: SGLang's BF16 and FP8 pools (no side buffers) and each format as the
     plugin sizes it (runtime/sizing.plan_pool); a format the server would refuse gets its reason.
     cfg: the plugin's OscarConfig (runtime/config.load_config; None = no OSCAR_* variable set):
     its sink / recent sizes, per-token group and default request sizing apply, as in a server.
     draft_layers / draft_tokens: speculative decoding's share, as the servers size it (SGLang
     scales a BF16 / FP8 token by (layers + draft layers) / layers; the INT2 pool adds the draft's
-    BF16 cache a token and the rollback buffers a request)."""
+    BF16 cache a token and the rollback buffers a request). hicache_ratio / hicache_size_gb: each
+    row's host tier as SGLang's HostKVCache sizes it (size / bytes a token, or ratio x device
+    tokens), INT2 pages without the device's 4-byte slot pointer (runtime/host_pool.py)."""
     from ...runtime import sizing
     from ...runtime.config import OscarConfig
     from ...runtime.draft_rollback import DraftRollback
@@ -143,21 +151,30 @@ def plan_rows(budget_bytes: int, geom: dict, formats: list[str], *, tp_size: int
     for r in rows:
         if "kv_tokens" in r:
             r["x_bf16"], r["x_fp8"] = r["kv_tokens"] / bf16, r["kv_tokens"] / fp8
+            if hicache_ratio or hicache_size_gb:
+                per = r["bytes_per_token"] - (sizing.INT32_BYTES if r["kv_cache"] == "int2" else 0)
+                r["host_bytes_per_token"] = per
+                r["host_tokens"] = (int(hicache_size_gb * 1e9 // per) if hicache_size_gb
+                                    else int(r["kv_tokens"] * hicache_ratio))
+                r["host_gib"] = r["host_tokens"] * per / GIB
     return rows
 
 
 def table(rows: list[dict]) -> str:
+    host = any("host_tokens" in r for r in rows)
     lines = ["| KV cache | stored format | bits / element | bytes / token | KV tokens | x BF16 | x FP8 "
-             "| running requests (side buffers) |", "|---|---|---:|---:|---:|---:|---:|---|"]
+             "| running requests (side buffers) |" + (" host tokens (GiB) |" if host else ""),
+             "|---|---|---:|---:|---:|---:|---:|---|" + ("---:|" if host else "")]
     for r in rows:
         name = r["kv_cache"] if r["kv_cache"] != "int2" else f"int2 `{r['format_requested']}`"
         if "refused" in r:
-            lines.append(f"| {name} | refused: {r['refused']} | | | | | | |")
+            lines.append(f"| {name} | refused: {r['refused']} | | | | | | |" + (" |" if host else ""))
             continue
         side = ("any (none)" if r["max_running_requests"] is None
                 else f"{r['max_running_requests']:,} ({r['side_buffer_gib']:.2f} GiB)")
+        extra = f" {r['host_tokens']:,} ({r['host_gib']:.1f}) |" if host else ""
         lines.append(f"| {name} | {r['format'] or '-'} | {r['bits_per_element']:.3f} | {r['bytes_per_token']:,} "
-                     f"| {r['kv_tokens']:,} | {r['x_bf16']:.2f}x | {r['x_fp8']:.2f}x | {side} |")
+                     f"| {r['kv_tokens']:,} | {r['x_bf16']:.2f}x | {r['x_fp8']:.2f}x | {side} |" + extra)
     return "\n".join(lines)
 
 
@@ -176,6 +193,8 @@ def run(args) -> int:
             raise PlanInputError("--kv-budget-gib must be > 0 and --tp-size >= 1")
         if args.speculative_draft_layers < 0 or args.speculative_num_draft_tokens < 0:
             raise PlanInputError("--speculative-draft-layers and --speculative-num-draft-tokens must be >= 0")
+        if args.hicache_ratio < 0 or args.hicache_size < 0:
+            raise PlanInputError("--hicache-ratio and --hicache-size must be >= 0")
         geom = model_geometry(args.model_path)
         if args.tp_size > 1 and geom["num_kv_heads"] % args.tp_size and args.tp_size % geom["num_kv_heads"]:
             raise PlanInputError(f"--tp-size {args.tp_size} does not divide the model's "
@@ -185,13 +204,19 @@ def run(args) -> int:
         rows = plan_rows(budget, geom, formats, tp_size=args.tp_size,
                          max_running_requests=args.max_running_requests, cfg=cfg,
                          draft_layers=args.speculative_draft_layers,
-                         draft_tokens=args.speculative_num_draft_tokens)
+                         draft_tokens=args.speculative_num_draft_tokens,
+                         hicache_ratio=args.hicache_ratio, hicache_size_gb=args.hicache_size)
     except PlanInputError as e:
         print(f"plan: {e}", file=sys.stderr)
         return 2
     print(f"{geom['model']}: {geom['num_layers']} layers, {geom['num_kv_heads']} KV heads of "
           f"{geom['head_dim']} dims, TP {args.tp_size}; KV budget {args.kv_budget_gib:g} GiB per GPU")
     print(table(rows))
+    if args.hicache_ratio or args.hicache_size:
+        print("Host tokens: HiCache's host tier per GPU as SGLang sizes it "
+              + (f"(--hicache-size {args.hicache_size:g} GB)" if args.hicache_size
+                 else f"(--hicache-ratio {args.hicache_ratio:g} x the device tokens)")
+              + "; with int2, HiCache is refused at start until its host tier has run on a GPU.")
     if args.max_running_requests is None:
         print(f"Running requests: the server's default, at most {cfg.default_max_running_requests:,} "
               f"and side buffers within {cfg.side_buffer_fraction:.0%} of the budget "
