@@ -774,12 +774,13 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         o_new, lse_new = self._new_tokens.run(q_r, k_m, v_m, layer, layer.logit_cap, want_lse=True)
         new = (self._unrot_o(o_new, lid), lse_new, self._new_tokens.lse_base2)
         if imd.use_prefix_fi:
-            return self._extend_prefix_flashinfer(q3, k3, v3, layer, fb, new), k_r, v_r
-        return self._extend_prefix_int2(q3, k3, v3, layer, fb, imd, cap, new=new), k_r, v_r
+            return self._extend_prefix_flashinfer(q3, k3, v3, layer, fb, new, q_rot=q_r), k_r, v_r
+        return self._extend_prefix_int2(q3, k3, v3, layer, fb, imd, cap, new=new, q_rot=q_r), k_r, v_r
 
-    def _extend_prefix_int2(self, q3, k3, v3, layer, fb, imd, cap, new_tokens=None, new=None):
+    def _extend_prefix_int2(self, q3, k3, v3, layer, fb, imd, cap, new_tokens=None, new=None, q_rot=None):
         """New tokens (LSE out; `new` = (o, lse, lse in base 2) where already computed) + the
-        prefix read in place by the INT2-aware prefix kernel, merged by LSE into the model's dtype."""
+        prefix read in place by the INT2-aware prefix kernel (q_rot: q @ R_k where already
+        computed), merged by LSE into the model's dtype."""
         md = self.forward_metadata
         new_tokens = new_tokens or self._new_tokens
         if new is None:
@@ -787,7 +788,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             new = (o_new, lse_new, new_tokens.lse_base2)
         o_new, lse_new, lse_new_base2 = new
         o_pre, lse_pre = self.pool.layout.extend_prefix(
-            self._rot_q(q3, layer.layer_id),
+            self._rot_q(q3, layer.layer_id) if q_rot is None else q_rot,
             md.qo_indptr,
             **self._cached_kv_args(layer, fb),
             max_len_extend=md.max_extend_len,
@@ -799,10 +800,10 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         return ops.merge_attention_states(o_pre, lse_pre, o_new, lse_new,
                                           lse_b_base2=lse_new_base2, out_dtype=q3.dtype)
 
-    def _extend_prefix_flashinfer(self, q3, k3, v3, layer, fb, new=None):
-        """New tokens (`new` as in _extend_prefix_int2) + the prefix as BF16 pieces through
-        FlashInfer (OSCAR_PREFIX_ATTENTION), merged piece by piece; the last merge writes the
-        model's dtype."""
+    def _extend_prefix_flashinfer(self, q3, k3, v3, layer, fb, new=None, q_rot=None):
+        """New tokens (`new` and q_rot as in _extend_prefix_int2) + the prefix as BF16 pieces
+        through FlashInfer (OSCAR_PREFIX_ATTENTION), merged piece by piece; the last merge writes
+        the model's dtype."""
         if new is None:
             o, lse = self._new_tokens.run(q3, k3, v3, layer, layer.logit_cap, want_lse=True)
             new = (o, lse, self._new_tokens.lse_base2)
@@ -810,7 +811,8 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         local = self.pool.local(layer.layer_id)
         soft_cap = layer.logit_cap if layer.logit_cap and layer.logit_cap > 0 else None
         pieces = self._prefix_fi.pieces
-        parts = self._prefix_fi.run(self._rot_q(q3, layer.layer_id), layer, self._cached_kv_args(layer, fb),
+        q_rot = self._rot_q(q3, layer.layer_id) if q_rot is None else q_rot
+        parts = self._prefix_fi.run(q_rot, layer, self._cached_kv_args(layer, fb),
                                     soft_cap)
         for i, (o_p, lse_p) in enumerate(parts):
             if self._v_unrot[local] is not None:
