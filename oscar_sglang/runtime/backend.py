@@ -105,10 +105,11 @@ class CanonicalExtend:
 
     first_tokens: torch.Tensor | None  # the canonical requests' new tokens (None: all of them)
     after_tokens: torch.Tensor | None  # the others' (None: none), stored after attention
-    kv_indptr: torch.Tensor       # [B + 1]: each canonical request's whole sequence (0 elsewhere)
-    kv_indices: torch.Tensor
+    # the read-back of new tokens in complete pages (None / empty rows: no new token completes one)
+    kv_indptr: torch.Tensor | None   # [B + 1]: each canonical request's whole sequence (0 elsewhere)
+    kv_indices: torch.Tensor | None
     first: torch.Tensor           # [B] its first new position (a page boundary)
-    out_indptr: torch.Tensor      # [B + 1]: its new positions in complete pages, compact rows
+    out_indptr: torch.Tensor | None  # [B + 1]: its new positions in complete pages, compact rows
     rows: torch.Tensor            # [n] those positions' rows among the forward's new tokens
     max_len: int                  # host: the most such positions of one request
 
@@ -388,22 +389,25 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         rows = fb.req_pool_indices.to(torch.int64)
         own = self.pool.own_start
         own.index_copy_(0, rows, torch.where(canon, complete, own.index_select(0, rows).to(torch.int64)).to(own.dtype))
-        n_b = torch.where(canon, (complete - pre).clamp_min(0), 0)
         n_cpu = [((p + e) // page * page - p) if f else 0 for p, e, f in zip(pre_cpu, ext_cpu, flags)]
         total = sum(n_cpu)
         B = len(flags)
-        kv_indptr = torch.zeros(B + 1, dtype=torch.int32, device=dev)
-        lens = torch.where(canon, seq, 0)
-        kv_indptr[1:] = torch.cumsum(lens, 0)
-        kv_indices = torch.empty(sum(p + e for p, e, f in zip(pre_cpu, ext_cpu, flags) if f),
-                                 dtype=torch.int32, device=dev)
-        ops.fill_kv_indices(self.req_to_token, fb.req_pool_indices, lens, kv_indptr, kv_indices)
-        out_indptr = torch.zeros(B + 1, dtype=torch.int64, device=dev)
-        out_indptr[1:] = torch.cumsum(n_b, 0)
-        qo = self.forward_metadata.qo_indptr[:B].to(torch.int64)
-        j = torch.arange(total, device=dev)
-        new_rows = (torch.repeat_interleave(qo, n_b, output_size=total)
-                    + j - torch.repeat_interleave(out_indptr[:B], n_b, output_size=total))
+        kv_indptr = kv_indices = out_indptr = None
+        new_rows = torch.zeros(0, dtype=torch.int64, device=dev)
+        if total:  # some new tokens complete a page: where to read them back from
+            n_b = torch.where(canon, (complete - pre).clamp_min(0), 0)
+            kv_indptr = torch.zeros(B + 1, dtype=torch.int32, device=dev)
+            lens = torch.where(canon, seq, 0)
+            kv_indptr[1:] = torch.cumsum(lens, 0)
+            kv_indices = torch.empty(sum(p + e for p, e, f in zip(pre_cpu, ext_cpu, flags) if f),
+                                     dtype=torch.int32, device=dev)
+            ops.fill_kv_indices(self.req_to_token, fb.req_pool_indices, lens, kv_indptr, kv_indices)
+            out_indptr = torch.zeros(B + 1, dtype=torch.int64, device=dev)
+            out_indptr[1:] = torch.cumsum(n_b, 0)
+            qo = self.forward_metadata.qo_indptr[:B].to(torch.int64)
+            j = torch.arange(total, device=dev)
+            new_rows = (torch.repeat_interleave(qo, n_b, output_size=total)
+                        + j - torch.repeat_interleave(out_indptr[:B], n_b, output_size=total))
         first_tokens = after_tokens = None
         if not all(flags):  # a mixed batch: which new tokens are stored before attention, which after
             starts = [0]
@@ -753,7 +757,10 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         k_m, v_m = k_r, v_r
         n = canon.rows.shape[0]
         if n:
-            k_m, v_m = k_r.clone(), v_r.clone()
+            # the read-back overwrites rows: in place where the rotation made new tensors, on a
+            # copy where k_r / v_r are the model's k / v (no rotation, or R_v in the weights)
+            k_m = k_r.clone() if k_r.data_ptr() == k3.data_ptr() else k_r
+            v_m = v_r.clone() if v_r.data_ptr() == v3.data_ptr() else v_r
             bufs = self.pool.layer_buffers(lid)
             fmt = self.pool.kernel_format_args(lid)
             out_k = k_r.new_empty((n, *k_r.shape[1:]))

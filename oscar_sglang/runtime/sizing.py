@@ -134,7 +134,7 @@ class PoolPlan:
             f"BF16 sink+recent side buffers {self.side_bytes_per_request / (1 << 20):.1f} MiB "
             f"per request x {self.max_running_requests + 1} rows "
             f"(max_running_requests={self.max_running_requests} + 1 padding) = "
-            f"{self.side_bytes_total / gib:.2f} GiB; sinks kept for later radix hits "
+            f"{self.side_bytes_total / gib:.2f} GiB; sinks kept by token ids for cache hits "
             f"{self.sink_store_bytes_total / gib:.2f} GiB; budget {self.available_bytes / gib:.2f} GiB"
             + self._speculative_part()
         )
