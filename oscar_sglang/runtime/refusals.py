@@ -27,6 +27,35 @@ def _on(args, name) -> bool:
     return bool(getattr(args, name, False))
 
 
+def hicache_problems(args) -> list[str]:
+    """HiCache with the INT2 pool: the host tier (runtime/host_pool.py) copies whole pages of its
+    own page_first blob with the "kernel" io backend and keeps its memory in torch pinned tensors,
+    so the file storage backend is the one whose pages it can hand over."""
+    if _on(args, "enable_hisparse"):
+        return ["HiSparse (--enable-hisparse) is not supported with --kv-cache-dtype int2: its "
+                "sparse host pool copies KV in SGLang's BF16 layout. Use --enable-hierarchical-cache "
+                "(the INT2 host tier) instead."]
+    if not _on(args, "enable_hierarchical_cache"):
+        return []
+    from .host_pool import IO_BACKEND, LAYOUT, STORAGE_BACKENDS
+
+    p = []
+    layout = getattr(args, "hicache_mem_layout", LAYOUT)
+    if layout != LAYOUT:
+        p.append(f"--hicache-mem-layout {layout} is not supported with --kv-cache-dtype int2: the "
+                 f"INT2 host tier keeps one blob per page. Use --hicache-mem-layout {LAYOUT} (the default).")
+    io = getattr(args, "hicache_io_backend", IO_BACKEND)
+    if io != IO_BACKEND:
+        p.append(f"--hicache-io-backend {io} is not supported with --kv-cache-dtype int2: the INT2 host "
+                 f"tier copies whole pages itself. Use --hicache-io-backend {IO_BACKEND} (the default).")
+    storage = getattr(args, "hicache_storage_backend", None)
+    if storage is not None and storage not in STORAGE_BACKENDS:
+        p.append(f"--hicache-storage-backend {storage} is not supported with --kv-cache-dtype int2 (it "
+                 "needs zero-copy page buffers or shared host memory the INT2 host tier does not "
+                 f"provide). Use --hicache-storage-backend {' or '.join(STORAGE_BACKENDS)}, or none.")
+    return p
+
+
 def server_args_problems(args, env=None) -> list[str]:
     """Problems with resolved ServerArgs for kv_cache_dtype == "int2"."""
     env = os.environ if env is None else env
@@ -47,13 +76,7 @@ def server_args_problems(args, env=None) -> list[str]:
             )
             break
     p += speculative_problems(args, env)
-    if _on(args, "enable_hierarchical_cache") or _on(args, "enable_hisparse"):
-        p.append(
-            "HiCache (--enable-hierarchical-cache / --enable-hisparse) is not supported yet with "
-            "--kv-cache-dtype int2: the INT2 host tier is built but has not run on a GPU, so it "
-            "is not offered. Serve without it (the device radix cache works), or use "
-            "--kv-cache-dtype fp8_e4m3 with HiCache."
-        )
+    p += hicache_problems(args)
     if getattr(args, "disaggregation_mode", "null") not in (None, "null"):
         p.append(
             "PD disaggregation (--disaggregation-mode) is not supported: KV transfer assumes "

@@ -344,6 +344,7 @@ def test_passes_against_a_stub_server(tmp_path):
     assert list(p) == ["cold", "warm_serial", "sibling_serial", "warm_batch_1", "warm_batch_2", "warm_after_others"]
     # every cold request came after a flush that succeeded (two refusals retried): no hit
     assert p["cold"]["cached_tokens"] == [0] * 6 and p["cold"]["hit_share"] == 0.0
+    assert p["warm_serial"]["host_cached_tokens"] == [0] * 6  # no cached_tokens_details: no host tier
     # one per cold request, one before sibling_serial, the pool's before and after; and retried
     assert state["flushes"] == 6 + 1 + 2 and state["calls"] == state["flushes"] + 2
     # own prefix: the page-aligned prompt; siblings: the first of a document misses, the next hits
@@ -365,6 +366,16 @@ def test_passes_against_a_stub_server(tmp_path):
     out = json.loads((tmp_path / "outputs_int2_64tok.json").read_text())
     assert [text_digest(t) for t in out["cold"]["texts"]] == p["cold"]["output_sha1"]
     assert all(len(x) == 6 for x in out["warm_batch_2"]["output_ids"])
+
+
+def test_pass_stats_count_host_tier_hits():
+    rec = lambda meta: types.SimpleNamespace(meta_info=meta, error=None, output_ids=[1, 2], output_tokens=2)
+    recs = [rec({"cached_tokens": 128, "cached_tokens_details": {"device": 64, "host": 64}}),
+            rec({"cached_tokens": 64, "cached_tokens_details": {"device": 64, "host": 0}}),
+            rec({"cached_tokens": 0})]
+    st = pi.pass_stats(recs, ["a", "b", "c"])
+    assert st["cached_tokens"] == [128, 64, 0] and st["host_cached_tokens"] == [64, 0, 0]
+    assert st["host_hit_share"] == pytest.approx(1 / 3) and st["hit_share"] == pytest.approx(2 / 3)
 
 
 def test_a_flush_that_never_succeeds_is_an_error():

@@ -276,6 +276,9 @@ def _args(**kw):
 
 def test_good_args_pass():
     assert F.server_args_problems(_args(), env={}) == []
+    hicache = dict(enable_hierarchical_cache=True, hicache_mem_layout="page_first", hicache_io_backend="kernel")
+    assert F.server_args_problems(_args(**hicache), env={}) == []
+    assert F.server_args_problems(_args(**hicache, hicache_storage_backend="file"), env={}) == []
     assert F.server_args_problems(_args(prefill_attention_backend="oscar_triton"), env={}) == []
     assert F.server_args_problems(_args(triton_attention_num_kv_splits=2), env={}) == []
 
@@ -288,8 +291,13 @@ def test_good_args_pass():
         (dict(decode_attention_backend="flashinfer"), {}, ["decode attention backend", "flashinfer"]),
         (dict(prefill_attention_backend="fa3"), {}, ["prefill attention backend"]),
         (dict(speculative_algorithm="DFLASH"), {}, ["--speculative-algorithm DFLASH", "NGRAM"]),
-        (dict(enable_hierarchical_cache=True), {}, ["HiCache"]),
-        (dict(enable_hisparse=True), {}, ["HiCache"]),
+        (dict(enable_hierarchical_cache=True, hicache_mem_layout="layer_first"), {},
+         ["--hicache-mem-layout layer_first", "page_first"]),
+        (dict(enable_hierarchical_cache=True, hicache_io_backend="direct"), {},
+         ["--hicache-io-backend direct", "kernel"]),
+        (dict(enable_hierarchical_cache=True, hicache_storage_backend="mooncake"), {},
+         ["--hicache-storage-backend mooncake", "file"]),
+        (dict(enable_hisparse=True), {}, ["HiSparse", "--enable-hierarchical-cache"]),
         (dict(disaggregation_mode="prefill"), {}, ["PD disaggregation"]),
         (dict(dcp_size=2), {}, ["--dcp-size"]),
         (dict(attn_cp_size=2), {}, ["--attn-cp-size"]),

@@ -104,6 +104,9 @@ def test_server_args_resolve_to_oscar_backend(sgl, tiny_model):
     assert a.triton_attention_num_kv_splits == 64
     c = _prepare(sgl, tiny_model, "--triton-attention-num-kv-splits", "16")
     assert c.triton_attention_num_kv_splits == 16
+    # HiCache with its defaults (page_first, io "kernel") and the file tier passes the checks
+    h = _prepare(sgl, tiny_model, "--enable-hierarchical-cache", "--hicache-storage-backend", "file")
+    assert h.enable_hierarchical_cache and h.hicache_mem_layout == "page_first"
     # a non-int2 server is untouched by the plugin
     b = sgl.prepare_server_args(["--model-path", tiny_model, "--skip-tokenizer-init", "--device", "cpu"])
     assert b.kv_cache_dtype == "auto" and b.attention_backend != "oscar_triton"
@@ -150,7 +153,8 @@ def test_unservable_formats_refused_at_start(sgl, tiny_model, monkeypatch, fmt, 
         (["--decode-attention-backend", "triton", "--prefill-attention-backend", "oscar_triton"], "decode attention backend"),
         (["--speculative-algorithm", "NGRAM", "--speculative-ngram-max-bfs-breadth", "4"], "NGRAM draft trees"),
         (["--speculative-algorithm", "NGRAM", "--speculative-ngram-match-type", "PROB"], "match-type PROB"),
-        (["--enable-hierarchical-cache"], "HiCache"),
+        (["--enable-hierarchical-cache", "--hicache-mem-layout", "layer_first"], "--hicache-mem-layout layer_first"),
+        (["--enable-hierarchical-cache", "--hicache-storage-backend", "nixl"], "--hicache-storage-backend nixl"),
         (["--disaggregation-mode", "prefill"], "PD disaggregation"),
         (["--enable-two-batch-overlap"], "two-batch"),
         (["--enable-memory-saver"], "--enable-memory-saver is not supported"),
