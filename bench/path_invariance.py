@@ -38,8 +38,9 @@ A row per server (and per --max-new-tokens / --ignore-eos / --hicache): the pass
 cached_tokens per request (hit share and mean: proof the hits happened; the host tier's share of
 them from SGLang's cached_tokens_details, which a host pass must show), prompt lengths and the
 shared-prefix lengths; greedy_identical_radix_vs_cold, _sibling_vs_cold, _batch_vs_cold (batch 1),
-_batch2_vs_cold, _batch1_vs_batch2, _after_others_vs_cold and _host_vs_cold (null, host_tier
-"not built", without --hicache); per comparison the first differing output token of each prompt
+_batch2_vs_cold, _batch1_vs_batch2, _after_others_vs_cold, _host_vs_cold and _host_vs_device
+(the host pass against warm_after_others, the same prefixes from the device cache) (null, host_tier
+"off", without --hicache); per comparison the first differing output token of each prompt
 (divergence: early or late); /server_info's oscar_int2 after the run; the pool's leak (tokens and
 side rows) from before the first pass to after the last. Full output texts and ids go to --logs.
 
@@ -102,8 +103,10 @@ COMPARISONS = (
     ("batch1_vs_batch2", "greedy_identical_batch1_vs_batch2", "warm_batch_1", "warm_batch_2"),
     ("after_others_vs_cold", "greedy_identical_after_others_vs_cold", "warm_after_others", "cold"),
     ("host_vs_cold", "greedy_identical_host_vs_cold", "host", "cold"),
+    # the host tier against the device cache: the same prefix pages, loaded back from host memory
+    ("host_vs_device", "greedy_identical_host_vs_device", "host", "warm_after_others"),
 )
-HOST_NOT_BUILT = "not built"
+HOST_OFF = "off"  # a row without --hicache: no host tier, its host passes not measured
 
 
 # ------------------------------------------------------------------------------ prompts
@@ -266,7 +269,8 @@ def variant_tag(max_new_tokens: int, ignore_eos: bool) -> str:
 def summary(rows: List[dict], default_tokens: int = 64) -> dict:
     """The checks (spec_decode.summary's shape): per output length measured (and always the default)
     and per path, int2's identity >= BF16's - IDENTITY_SLACK (the host path from --hicache rows,
-    the others from rows without), and no pool leak on the int2 server."""
+    the others from an int2 / BF16 pair without HiCache, else from a pair with it: those passes
+    never read the host tier), and no pool leak on the int2 server (the same choice of row)."""
     checks = _results.Checks()
     check = checks.check
 
@@ -274,13 +278,19 @@ def summary(rows: List[dict], default_tokens: int = 64) -> dict:
                                             if r.get("max_new_tokens") is not None}
     for n, ie in sorted(variants):
         tag = variant_tag(n, ie)
+        def pair(tiers):  # (int2 row, bf16 row) of the first HiCache setting that has both
+            for hicache in tiers:
+                i2, bf = (_one(rows, config=c, max_new_tokens=n, ignore_eos=ie, hicache=hicache) for c in ("int2", "bf16"))
+                if i2 and bf:
+                    return i2, bf
+            return None, None
+
         for path, metric, _, _ in COMPARISONS:
-            hicache = path == "host_vs_cold"
-            i2, bf = (_one(rows, config=c, max_new_tokens=n, ignore_eos=ie, hicache=hicache) for c in ("int2", "bf16"))
+            i2, bf = pair((True,) if path.startswith("host") else (False, True))
             a, b = (i2 or {}).get(metric), (bf or {}).get(metric)
             check(f"{path}_{tag}_int2_ge_bf16_minus_{IDENTITY_SLACK:g}",
                   None if a is None or b is None else a >= b - IDENTITY_SLACK - 1e-12, int2=a, bf16=b)
-        r = _one(rows, config="int2", max_new_tokens=n, ignore_eos=ie, hicache=False)
+        r = pair((False, True))[0]
         leak, side = (r or {}).get("pool_leak_tokens"), (r or {}).get("side_rows_leak")
         check(f"no_pool_leak_{tag}_int2", None if leak is None or side is None else
               leak == 0 and side == 0 and not r.get("side_free_leak"),
@@ -446,13 +456,13 @@ def config_job(cfg, ctx: dict, args, results, gpu: Optional[str], port: int) -> 
     tag = variant_tag(args.max_new_tokens, args.ignore_eos) + ("_hicache" if args.hicache else "")
     log = Path(args.logs) / f"{cfg.name}_{tag}_{port}.log"
     base = {"config": cfg.name, "kv": cfg.kv, "max_new_tokens": args.max_new_tokens, "ignore_eos": args.ignore_eos,
-            "hicache": args.hicache, "host_tier": "hicache" if args.hicache else HOST_NOT_BUILT,
+            "hicache": args.hicache, "host_tier": "hicache" if args.hicache else HOST_OFF,
             "model": ctx["served"], "gpu": gpu, "prompts": len(ctx["ids"]), "prompts_sha256": ctx["digest"],
             "documents": ctx["documents"], "siblings": args.siblings, "prompt_tokens": [len(x) for x in ctx["ids"]],
             "shared_prefix_tokens": ctx["shared"], "server_command": shlex.join(cmd[1:]),
             "server_env": cfg.env, "log": log.name}
     if not args.hicache:
-        base["greedy_identical_host_vs_cold"] = None
+        base["greedy_identical_host_vs_cold"] = base["greedy_identical_host_vs_device"] = None
     print(f"=== {cfg.name} ({tag}): {shlex.join(cmd)}", flush=True)
     srv = _server(cmd, cfg.env, log, port, gpu)
     t0 = time.time()

@@ -25,6 +25,7 @@ NIAH_H100 = "bench/results/niah_server_h100.json"
 KERNELS = "bench/results/kernels/2026-11-29_1712_issue18-default-vs-previous_h200.json"
 SPEC_DECODE = "bench/results/spec_decode_h200.json"  # python -m bench.spec_decode; may not exist yet
 PATH_INVARIANCE = "bench/results/path_invariance_h200.json"  # python -m bench.path_invariance; may not exist yet
+NIAH_PREFILL = "bench/results/niah_prefill_reads_h200.json"  # python -m bench.niah_server, both OSCAR_PREFILL_READS
 
 LOADS = (  # (row label, load key): the four throughput loads, N requests x (prompt + output tokens)
     ("output tok/s, 256 requests x (2K in + 256 out)", "256x2048+256"),
@@ -269,7 +270,8 @@ def render_spec_decode(doc: Path) -> list[str]:
 PATH_COLUMNS = (("radix hit", "greedy_identical_radix_vs_cold"), ("sibling hit", "greedy_identical_sibling_vs_cold"),
                 ("batch 1", "greedy_identical_batch_vs_cold"), ("batch 2", "greedy_identical_batch2_vs_cold"),
                 ("batch 1 = batch 2", "greedy_identical_batch1_vs_batch2"),
-                ("after rows reused", "greedy_identical_after_others_vs_cold"), ("host tier", "greedy_identical_host_vs_cold"))
+                ("after rows reused", "greedy_identical_after_others_vs_cold"), ("host tier", "greedy_identical_host_vs_cold"),
+                ("host tier = device cache", "greedy_identical_host_vs_device"))
 
 
 def render_path_invariance(doc: Path) -> list[str]:
@@ -297,7 +299,7 @@ def render_path_invariance(doc: Path) -> list[str]:
             cells = ["error: " + " ".join(str(r["error"]).split())[:120].replace("|", "/")] + [""] * (len(PATH_COLUMNS) - 1)
         else:
             cells = ["-" if r.get(k) is None else f"{r[k]:.3f}" for _, k in PATH_COLUMNS]
-        out.append(f"| {r.get('config')} | {tokens} | " + " | ".join(cells) + " |")
+        out.append(f"| {_server(r)} | {tokens} | " + " | ".join(cells) + " |")
     hits = [r for r in rows if r.get("passes")]
     if hits:
         names = [p for p in ("cold", "warm_serial", "sibling_serial", "warm_batch_1", "warm_batch_2",
@@ -306,10 +308,47 @@ def render_path_invariance(doc: Path) -> list[str]:
                 "| server | output tokens | " + " | ".join(names) + " |", "|---|---|" + "---:|" * len(names)]
         for r in hits:
             cells = [_ms(r["passes"][p].get("hit_share")) if p in r["passes"] else "-" for p in names]
-            out.append(f"| {r.get('config')} | {r.get('max_new_tokens')} | " + " | ".join(cells) + " |")
+            out.append(f"| {_server(r)} | {r.get('max_new_tokens')} | " + " | ".join(cells) + " |")
     checks = (s.get("summary") or {}).get("checks") or {}
     if checks:
         out += ["", "Checks: " + ", ".join(f"`{k}` {'pass' if v else 'FAIL'}" for k, v in checks.items()) + "."]
+    return out
+
+
+def _server(row: dict) -> str:
+    """A results row's server: its config, and for int2 which prefill it ran (OSCAR_PREFILL_READS)."""
+    return row.get("config", "-") + (f" (prefill reads {row['prefill_reads']})" if row.get("prefill_reads") else "")
+
+
+def render_prefill_reads(doc: Path) -> list[str]:
+    """OSCAR_PREFILL_READS' trade-off: served NIAH (cold prompts) from the NIAH file and the greedy
+    identity of cache hits with cold answers from the path-invariance file, int2 in each mode
+    beside BF16 (each file's own BF16 row)."""
+    niah, paths = load(NIAH_PREFILL), load(PATH_INVARIANCE)
+
+    def mode(r: dict) -> str | None:
+        return "BF16" if r.get("kv") == "bf16" else r.get("prefill_reads")
+
+    n = {mode(r): r for r in niah["rows"] if not failed(r)}
+    pth: dict = {}
+    for r in paths["rows"]:
+        if not failed(r):
+            pth.setdefault(mode(r), {}).update({k: v for k, v in r.items() if k.startswith("greedy_identical")
+                                               and v is not None})
+    cols = (("radix hit = cold", "greedy_identical_radix_vs_cold"), ("host tier = cold", "greedy_identical_host_vs_cold"),
+            ("host tier = device cache", "greedy_identical_host_vs_device"))
+    out = [f"{link(NIAH_PREFILL, doc)} ({niah['device'].split(',')[0]}, {day(niah['date'])}) and "
+           f"{link(PATH_INVARIANCE, doc)} ({paths['device']}, {day(paths['date'])}); their commit_note says "
+           "what each server ran. NIAH: exact match over the file's prompts, cold prefills (radix cache "
+           "off); the other columns: share of the path-invariance prompts whose greedy answer on the path "
+           "equals the same server's cold answer. Made by:",
+           *commands_block(niah)[:-1], *top_commands(paths), "```", "",
+           "| KV cache | NIAH | " + " | ".join(h for h, _ in cols) + " |", "|---|---:|" + "---:|" * len(cols)]
+    for m, label in (("BF16", "BF16"), ("exact", "int2, `OSCAR_PREFILL_READS=exact` (default)"),
+                     ("cache", "int2, `OSCAR_PREFILL_READS=cache`")):
+        row, ids = n.get(m), pth.get(m, {})
+        out.append(f"| {label} | {'-' if row is None else format(row['niah'], '.3f')} | "
+                   + " | ".join("-" if ids.get(k) is None else f"{ids[k]:.3f}" for _, k in cols) + " |")
     return out
 
 
@@ -320,6 +359,7 @@ RENDERERS = {
     "kernel-decode-h200": render_kernel_decode,
     "spec-decode": render_spec_decode,
     "path-invariance": render_path_invariance,
+    "prefill-reads": render_prefill_reads,
 }
 REGION = re.compile(r"(<!-- generated:([\w-]+) -->\n)(.*?)(<!-- /generated:\2 -->)", re.S)
 

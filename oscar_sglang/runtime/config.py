@@ -17,6 +17,7 @@ BACKEND = "oscar_triton"  # the only attention backend that reads the INT2 pool
 
 NEW_TOKEN_ATTENTION = S.NEW_TOKEN_ATTENTION.choices
 DECODE_STORE = S.DECODE_STORE.choices
+PREFILL_READS = S.PREFILL_READS.choices
 PREFIX_ATTENTION = S.PREFIX_ATTENTION.choices
 BUILTIN_RECIPES = S.BUILTIN_ROTATIONS
 # the default format's sink / recent sizes: OscarConfig's defaults cannot disagree with it
@@ -48,6 +49,7 @@ class OscarConfig:
     new_token_attention: str = S.NEW_TOKEN_ATTENTION.default
     prefix_attention: str | None = None  # None: resolved by resolved_prefix_attention()
     decode_store: str = S.DECODE_STORE.default
+    prefill_reads: str = S.PREFILL_READS.default
     sources: dict = field(default_factory=dict, compare=False)  # setting -> env var it came from
 
     @property
@@ -78,6 +80,7 @@ FIELDS = {
     "side_buffer_fraction": S.SIDE_BUFFER_FRACTION, "allow_model_mismatch": S.ALLOW_MODEL_MISMATCH,
     "v_absorb": S.V_ABSORB, "new_token_attention": S.NEW_TOKEN_ATTENTION,
     "prefix_attention": S.PREFIX_ATTENTION, "decode_store": S.DECODE_STORE,
+    "prefill_reads": S.PREFILL_READS,
 }
 
 

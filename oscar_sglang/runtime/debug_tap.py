@@ -91,6 +91,7 @@ def record_extend(backend, layer, fb, q3, k3, v3, o) -> None:
             "prefix": prefix, "seq_len": int(fb.seq_lens[0]),
             "row": int(fb.req_pool_indices[0]), "own_start": int(backend.pool.own_start[fb.req_pool_indices[0]]),
             "sink_start": int(backend.pool.sink_start[fb.req_pool_indices[0]]),
+            "canonical": bool(getattr(backend, "_canonical_prefill", False)),  # OSCAR_PREFILL_READS=cache
         },
         os.path.join(out_dir, f"extend_{next(_counter):05d}.pt"),
     )
@@ -153,9 +154,10 @@ def check_request(meta: dict, chunks: list[dict]) -> dict:
         sink_start = min(c.get("sink_start", own), 2**31 - 1)  # (taps before it was recorded)
         qr = torch.einsum("thgd,hde->thge", q.reshape(E, H, g, D), Rk).reshape(E, Hq, D).to(dt).double()
         causal = torch.arange(E).view(-1, 1) < torch.arange(E).view(1, -1)
-        if meta.get("channel") and P % meta["group"] == 0:
-            # a page-canonical chunk (backend._prepare_canonical): its new tokens in complete pages
-            # are read as the cache holds them too, own_start = the start of its last page
+        if meta.get("channel") and P % meta["group"] == 0 and c.get("canonical"):
+            # a page-canonical chunk (OSCAR_PREFILL_READS=cache, backend._prepare_canonical): its
+            # new tokens in complete pages are read as the cache holds them too, own_start = the
+            # start of its last page
             Kp = cached(Kr, "k", meta["k_clip"], P + E, own, sink_start)
             Vp = cached(Vr, "v", meta["v_clip"], P + E, own, sink_start)
             s_all = torch.einsum("thd,lhd->htl", qr, Kp.repeat_interleave(g, 1)) * sm

@@ -14,8 +14,9 @@ buffers and runs the store:
   [rows, W, H, D] (position p at p % W), rows = max_running_requests + 1 (row 0 is SGLang's
   padding row, used by padded CUDA-graph slots).
 * own_start / sink_start int32 [rows]: first position whose ring / sink copy the readers take.
-  Normally the first position the request computed itself (a page-canonical extend moves
-  own_start to the start of its last incomplete page: backend._prepare_canonical); earlier
+  Normally the first position the request computed itself (with OSCAR_PREFILL_READS=cache a
+  page-canonical extend moves own_start to the start of its last incomplete page:
+  backend._prepare_canonical); earlier
   positions came from a cache and are read as INT2, except the sink, which a hit gets from the
   sink store (below). A hit never reads another row's ring copies: what it reads must not depend
   on whether that row still holds them.

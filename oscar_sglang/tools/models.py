@@ -7,6 +7,7 @@ default: no download needed).
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from ..common.embedded import (  # noqa: F401  (re-exported for the tools)
@@ -53,12 +54,20 @@ def _dequantised_copy(path: str, gguf: str) -> Path:
     out = dequantised_copy_dir(Path(path) / gguf)
     if (out / "config.json").is_file():
         return out
-    tmp = out.with_name(out.name + ".tmp")
+    # a folder of this process's own: servers started side by side each make the copy once, the
+    # first to finish keeps it and the others drop theirs (a rename onto a full folder fails)
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
     tok = AutoTokenizer.from_pretrained(path, gguf_file=gguf)
     lm = AutoModelForCausalLM.from_pretrained(path, gguf_file=gguf, dtype=torch.float32)
     lm.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    tmp.rename(out)
+    try:
+        tmp.rename(out)
+    except OSError:
+        if not (out / "config.json").is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -133,7 +133,7 @@ def _row(config, radix, host=None, tokens=64, ignore_eos=False, hicache=False, l
            "pool_leak_tokens": leak, "side_rows_leak": side if config == "int2" else None, "side_free_leak": {}}
     for _, metric, _, _ in pi.COMPARISONS:
         row[metric] = radix
-    row["greedy_identical_host_vs_cold"] = host
+    row["greedy_identical_host_vs_cold"] = row["greedy_identical_host_vs_device"] = host
     return {**row, **more}
 
 
@@ -145,14 +145,19 @@ def test_checks_pass_at_their_limit_and_name_what_was_not_measured():
                  "after_others_vs_cold"):
         assert c[f"{path}_64tok_int2_ge_bf16_minus_0.02"], path
     assert s["check_values"]["radix_vs_cold_64tok_int2_ge_bf16_minus_0.02"] == {"int2": 0.94, "bf16": 0.96}
-    # the host tier is not built: not measured, so failing, and all_checks_pass says so
-    assert s["not_measured"] == ["host_vs_cold_64tok_int2_ge_bf16_minus_0.02"] and not s["all_checks_pass"]
+    # no HiCache rows: the host paths not measured, so failing, and all_checks_pass says so
+    assert s["not_measured"] == ["host_vs_cold_64tok_int2_ge_bf16_minus_0.02",
+                                 "host_vs_device_64tok_int2_ge_bf16_minus_0.02"] and not s["all_checks_pass"]
     assert c["no_pool_leak_64tok_int2"]
     rows += [_row("int2", 0.5, host=0.9, hicache=True), _row("bf16", 0.5, host=0.92, hicache=True)]
     s = pi.summary(rows)
     assert s["all_checks_pass"] and not s["not_measured"]
     # the hicache rows' other paths do not stand in for the device rows'
     assert s["check_values"]["radix_vs_cold_64tok_int2_ge_bf16_minus_0.02"]["int2"] == 0.94
+    # ... but where only HiCache servers ran, their device-cache passes are the measurement
+    only = pi.summary(rows[-2:])
+    assert only["check_values"]["radix_vs_cold_64tok_int2_ge_bf16_minus_0.02"] == {"int2": 0.5, "bf16": 0.5}
+    assert only["checks"]["no_pool_leak_64tok_int2"] and only["all_checks_pass"]
 
 
 def test_checks_fail_below_the_limit_per_output_length_and_on_leaks():
@@ -237,8 +242,8 @@ def test_render_path_invariance_table(tmp_path, monkeypatch):
     assert "[path_invariance_h200.json](../bench/results/path_invariance_h200.json)" in text
     assert "NVIDIA H200" in text and "2026-12-03" in text and "python -m bench.path_invariance" in text
     lines = [line for line in text.splitlines() if line.startswith("| int2 |") or line.startswith("| bf16 |")]
-    assert lines[0] == "| int2 | 64 | " + " | ".join(["0.671"] * 6 + ["-"]) + " |"  # int2 first
-    assert lines[1] == "| bf16 | 64 | " + " | ".join(["0.960"] * 6 + ["-"]) + " |"
+    assert lines[0] == "| int2 | 64 | " + " | ".join(["0.671"] * 6 + ["-", "-"]) + " |"  # int2 first
+    assert lines[1] == "| bf16 | 64 | " + " | ".join(["0.960"] * 6 + ["-", "-"]) + " |"
     assert lines[2].startswith("| int2 | 64, HiCache | error: ServerError: server exited with 1 / refused |")
     assert "| int2 | 64 | 0.00 | 1.00 |" in text  # the hit shares of the passes run
     assert "`radix_vs_cold_64tok_int2_ge_bf16_minus_0.02` FAIL" in text

@@ -81,3 +81,19 @@ def test_paths_stage_configurations_are_the_benchmarks():
     assert [(c.name, c.kv) for c in args.config_list] == [("int2", "int2"), ("bf16", "bf16")]
     # the stage writes the file the renderer reads, under the machine's tag
     assert "path_invariance_$MACHINE.json" in text and "paths)" in text
+
+
+def test_hicache_stage_parts_and_gpus_are_the_benchmarks():
+    from bench import hicache
+
+    text = SCRIPT.read_text()
+    parts = re.search(r"\$\{HICACHE_PARTS:-([^}]*)\}", text).group(1)
+    gpus = re.search(r"\$\{HICACHE_GPUS:-([^}]*)\}", text).group(1)
+    assert parts == hicache.DEFAULT_PARTS == "load,file,aborts"
+    args = hicache.parse_args(["--part", parts, "--gpus", gpus])
+    assert args.parts == ["load", "file", "aborts"]
+    # one slot per load server: the four start together on GPU 0
+    assert [n for n, _ in hicache.load_jobs(args)] == list(hicache.LOAD_CONFIGS) and args.gpu_list == ["0"] * 4
+    assert hicache.parse_args(["--part", "paths", "--gpus", gpus]).parts == ["paths"]
+    # the stage writes the file the issue names, under the machine's tag; paths needs the wheel
+    assert "hicache_$MACHINE.json" in text and "hicache)" in text and "*,paths,*)" in text

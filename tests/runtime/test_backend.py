@@ -276,6 +276,12 @@ def test_fused_decode_store_is_refused_for_the_per_token_recipe(backend_cls, mon
         b._decode_store()
     monkeypatch.setenv("OSCAR_DECODE_STORE", "split")
     assert b._decode_store() is False
+    # page-canonical prefill reads a request's pages back: the per-token recipe cannot
+    monkeypatch.setenv("OSCAR_PREFILL_READS", "cache")
+    with pytest.raises(ValueError, match="OSCAR_PREFILL_READS=cache needs a per-channel key format"):
+        b._prefill_reads()
+    monkeypatch.setenv("OSCAR_PREFILL_READS", "exact")
+    assert b._prefill_reads() is False
     with pytest.raises(ValueError, match="per-channel format store options"):
         z = torch.zeros(1, H, D)
         pool.store(0, torch.zeros(1, dtype=torch.int64), z, z, torch.zeros(1, dtype=torch.int64),

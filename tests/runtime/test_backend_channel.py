@@ -5,7 +5,8 @@ Format k3c32-v2t32-s4-w32: 3-bit keys per channel over pages of B = 32 slots, 2-
 groups of 32, sink 4, ring 32 (one block). Slots are page-aligned as SGLang's paged allocator
 gives them (position p of a request at page * 32 + p % 32). Scenario, one layer, GQA 4/2, D 64:
   1. request A prefills 62 tokens in two chunks, 40 then 22: block 0 completes inside chunk 1
-     (page-canonical: its new tokens read block 0 back quantised, own_start 32), chunk 1 ends
+     (OSCAR_PREFILL_READS=cache, page-canonical: its new tokens read block 0 back quantised,
+     own_start 32; exact, the default: they read each other in BF16, own_start 0), chunk 1 ends
      inside block 1 (chunk 2 starts off a page boundary: it reads that block from the ring and
      its new tokens in BF16), and block 1 completes only in decode (3.);
   2. request B shares A's first page (a page-aligned radix hit of 32 tokens) and prefills 10
@@ -39,7 +40,9 @@ B, S, W = 32, 4, 32
 FMT = KVFormat(D, k_bits=3, k_layout="channel", k_group=B, v_group=32, sink=S, window=W)
 
 
-def _make(backend_cls, rows=4, pages=8, new_tokens="triton", prefix="int2", absorbed=False):
+def _make(backend_cls, rows=4, pages=8, new_tokens="triton", prefix="int2", absorbed=False, reads="exact"):
+    """A one-layer backend on the format above; reads: OSCAR_PREFILL_READS (exact, the default, or
+    cache: page-canonical prefill)."""
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
     from oscar_sglang.runtime.new_tokens import TritonNewTokens
@@ -58,6 +61,7 @@ def _make(backend_cls, rows=4, pages=8, new_tokens="triton", prefix="int2", abso
         rv = torch.eye(D).expand(1, 1, D, D)
     b = backend_cls.__new__(backend_cls)
     b.pool, b.v_head_dim, b.max_kv_splits = pool, D, 4
+    b._canonical_prefill = reads == "cache"
     b._prepare_rotations(torch.bfloat16)
     b._new_tokens = (TritonNewTokens(extend_attention_fwd, torch.zeros(rows + 1, dtype=torch.int32))
                      if new_tokens == "triton" else fake_flashinfer_new_tokens(Hq, H, D, D))
@@ -81,12 +85,13 @@ def _seen(x_rot, which, kv_len, own, sink_start):
 # absorbed: R_v in the weights, so the decode's merge writes the model's dtype directly
 # store: OSCAR_DECODE_STORE, a decode step's q and k rotated by GEMMs and stored in two launches
 # (split) or all in one store launch (fused)
-@pytest.mark.parametrize("new_tokens,prefix,absorbed,store", [
-    ("triton", "int2", False, "split"), ("flashinfer", "int2", False, "split"),
-    ("flashinfer", "flashinfer", False, "split"), ("flashinfer", "flashinfer", True, "split"),
-    ("triton", "int2", False, "fused"), ("flashinfer", "flashinfer", True, "fused")])
+# reads: OSCAR_PREFILL_READS (exact: a prompt reads its own tokens in BF16; cache: page-canonical)
+@pytest.mark.parametrize("new_tokens,prefix,absorbed,store,reads", [
+    ("triton", "int2", False, "split", "exact"), ("flashinfer", "int2", False, "split", "cache"),
+    ("flashinfer", "flashinfer", False, "split", "exact"), ("flashinfer", "flashinfer", True, "split", "cache"),
+    ("triton", "int2", False, "fused", "cache"), ("flashinfer", "flashinfer", True, "fused", "exact")])
 def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, seed, new_tokens,
-                                                                  prefix, absorbed, store, monkeypatch):
+                                                                  prefix, absorbed, store, reads, monkeypatch):
     from oscar_sglang.runtime.pool import note_new_rows
 
     if prefix == "flashinfer":  # every forward with a prefix through FlashInfer, however short its extends
@@ -94,7 +99,11 @@ def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, 
 
         monkeypatch.setattr(backend_module, "PREFIX_FI_MIN_ROWS_PER_KEY", 1)
 
-    b, pool, layer, Rk, Rv = _make(backend_cls, new_tokens=new_tokens, prefix=prefix, absorbed=absorbed)
+    b, pool, layer, Rk, Rv = _make(backend_cls, new_tokens=new_tokens, prefix=prefix, absorbed=absorbed,
+                                   reads=reads)
+    monkeypatch.setenv("OSCAR_PREFILL_READS", reads)
+    assert b._prefill_reads() is (reads == "cache")
+    canonical = reads == "cache"
     assert pool.layout.name == "channel" and pool.k_codes[0].shape[-1] == 3 * D // 8
     monkeypatch.setenv("OSCAR_DECODE_STORE", store)
     assert b._decode_store() is (store == "fused")
@@ -119,9 +128,10 @@ def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, 
     RvT = Rv.double().T
     b.req_to_token = req_to_token
     # (own_start, sink_start) each reader should have: a page-canonical extend trusts its ring from
-    # its last incomplete page on (A: 40 // 32 * 32; B: 42 // 32 * 32, so B's carried ring copies
-    # of positions 30, 31 are not read)
-    state = {rowA: (32, 0), rowB: (32, 0)}
+    # its last incomplete page on (A: 40 // 32 * 32; B: 42 // 32 * 32); an exact one from the first
+    # position it computed (A: 0, B: its prefix 32). B's carried ring copies of positions 30, 31 are
+    # read in neither.
+    state = {rowA: (32 if canonical else 0, 0), rowB: (32, 0)}
     g = Hq // H
 
     def extend(reqs):
@@ -154,7 +164,7 @@ def test_channel_layout_chunks_radix_share_decode_and_mixed_extend(backend_cls, 
         row, k, v, q, s, e, _ = req
         own, ss = state[row]
         qr = torch.einsum("thgd,hde->thge", q.reshape(-1, H, g, D), Rk).reshape(-1, Hq, D)
-        if s % B == 0:  # page-canonical: every reader of [0, e) sees the cache's own reading of it
+        if canonical and s % B == 0:  # page-canonical: every reader of [0, e) sees the cache's reading of it
             assert own == e // B * B
             Ks, Vs = _seen(kr[:e], "k", e, own, ss), _seen(vr[:e], "v", e, own, ss) @ RvT
             for i, t in enumerate(range(s, e)):

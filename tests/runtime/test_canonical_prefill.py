@@ -1,4 +1,4 @@
-"""Page-canonical prefill (backend._prepare_canonical): a prompt's answer must not depend on how
+"""Page-canonical prefill (OSCAR_PREFILL_READS=cache, backend._prepare_canonical): a prompt's answer must not depend on how
 its prefix reached the cache. On the default layout (per-channel keys over page blocks,
 TRITON_INTERPRET on CPU, test_backend_channel.py's format: pages of 32, sink 4, ring 32):
 
@@ -8,9 +8,9 @@ TRITON_INTERPRET on CPU, test_backend_channel.py's format: pages of 32, sink 4, 
   after A's ring was overwritten. The outputs of [P, L) and of the decode steps after them are
   equal across A, B and C (rounding only: the INT2 pages are read by different kernels), and
   equal the float64 reference of the canonical reading.
-* Against that, the reading before page-canonical prefill (a cold prompt in BF16, a hit reading
-  its prefix INT2 and whatever ring copies survived): the same outputs differ by far more than the
-  rounding allowed here, so the check would see a regression.
+* Against that, the default reading (OSCAR_PREFILL_READS=exact: a cold prompt in BF16, a hit
+  reading its prefix INT2): the same outputs differ by far more than the rounding allowed here,
+  so the check would see a regression.
 """
 import math
 
@@ -32,7 +32,7 @@ def _relerr(a, b):
 def test_a_hit_answers_as_the_cold_prefill_whatever_the_rows_hold(backend_cls, seed, L, P):
     from oscar_sglang.runtime.pool import note_new_rows
 
-    b, pool, layer, Rk, Rv = _make(backend_cls, rows=4, pages=12)
+    b, pool, layer, Rk, Rv = _make(backend_cls, rows=4, pages=12, reads="cache")
     rowA, rowB = 1, 2
     k, v = _heavy(L + 2, D), _heavy(L + 2, D)
     q = torch.randn(L + 2, Hq, D).bfloat16().float()
@@ -84,7 +84,7 @@ def test_a_hit_answers_as_the_cold_prefill_whatever_the_rows_hold(backend_cls, s
 
 def test_the_reading_before_it_differs_by_more_than_the_bound(backend_cls, seed):
     """What the bound above separates: a cold prompt read in BF16 against a hit reading its prefix
-    as INT2 (the reading before page-canonical prefill) differ by tens of times 2e-3."""
+    as INT2 (OSCAR_PREFILL_READS=exact, the default) differ by tens of times 2e-3."""
     b, pool, layer, Rk, Rv = _make(backend_cls)
     L, P = 75, 64
     k, v = _heavy(L, D), _heavy(L, D)

@@ -110,6 +110,14 @@ def test_decode_store_defaults_to_split():
     assert cfg.decode_store == "fused" and cfg.sources["decode_store"] == "OSCAR_DECODE_STORE"
 
 
+def test_prefill_reads_defaults_to_exact():
+    assert C.load_config({}).prefill_reads == "exact"
+    cfg = C.load_config({"OSCAR_PREFILL_READS": "Cache"})
+    assert cfg.prefill_reads == "cache" and cfg.sources["prefill_reads"] == "OSCAR_PREFILL_READS"
+    with pytest.raises(C.OscarConfigError, match="OSCAR_PREFILL_READS"):
+        C.load_config({"OSCAR_PREFILL_READS": "bf16"})
+
+
 def test_prefix_attention_defaults_to_flashinfer_for_per_channel_formats():
     cfg = C.load_config({})
     assert cfg.prefix_attention is None and "prefix_attention" not in cfg.sources

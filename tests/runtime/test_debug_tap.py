@@ -145,12 +145,14 @@ def test_a_faulty_rank_fails_the_check(monkeypatch, tmp_path, seed, fault, wrong
 
 # cut 70: chunk 2 starts off a page boundary (BF16 among its new tokens); 64: a page-canonical
 # chunk 2 (its new tokens in complete pages read quantised), which the analysis emulates too
-@pytest.mark.parametrize("cut", [70, 64])
-def test_the_backend_taps_the_prefix_its_reader_sees(backend_cls, monkeypatch, tmp_path, seed, cut):
+# reads: OSCAR_PREFILL_READS (cache: chunk 1 page-canonical, own_start 64; exact: own_start 0)
+@pytest.mark.parametrize("cut,reads", [(70, "cache"), (64, "cache"), (64, "exact")])
+def test_the_backend_taps_the_prefix_its_reader_sees(backend_cls, monkeypatch, tmp_path, seed, cut, reads):
     """A real pool and backend (tests/runtime/test_backend_channel.py's one-layer setup: blocks of
     32, sink 4, ring 32): a request of 110 tokens prefilled as `cut` + the rest with the tap on;
-    the second chunk's reader sees the sink, positions 4-63 from the quantised blocks 0-1, the
-    ring after (chunk 1 was page-canonical: own_start 64)."""
+    the second chunk's reader sees the sink, then (page-canonical chunk 1: own_start 64) positions
+    4-63 from the quantised blocks 0-1 and the ring after, or (exact: own_start 0) the ring's
+    copies of the last 32 positions and the quantised blocks before."""
     from oscar_sglang.runtime.pool import note_new_rows
 
     from .test_backend import H as H1, Hq as Hq1, _heavy, _rot
@@ -160,7 +162,7 @@ def test_the_backend_taps_the_prefix_its_reader_sees(backend_cls, monkeypatch, t
     monkeypatch.setattr(debug_tap, "TAP_LAYER", 0)
     monkeypatch.setattr(debug_tap, "_meta_saved", False)
     monkeypatch.setattr(debug_tap, "_counter", itertools.count())
-    b, pool, layer, Rk, Rv = _make(backend_cls)
+    b, pool, layer, Rk, Rv = _make(backend_cls, reads=reads)
     pool.info["attn_tp"] = [0, 1]
     row, n = 1, 110
     k, v = _heavy(n, D1), _heavy(n, D1)
@@ -185,9 +187,10 @@ def test_the_backend_taps_the_prefix_its_reader_sees(backend_cls, monkeypatch, t
     d = tmp_path / "tap" / "rank0"
     first, second = (torch.load(d / f"extend_0000{i}.pt", weights_only=False) for i in (0, 1))
     assert first["prefix_k"] is None and second["prefix"] == cut
-    # what the format says a reader of `cut` keys sees: chunk 1 was page-canonical (own_start 64)
-    want_k = _seen(_rot(k, Rk)[:cut], "k", cut, cut // B * B, 0)
-    want_v = _seen(_rot(v, Rv)[:cut], "v", cut, cut // B * B, 0)
+    # what the format says a reader of `cut` keys sees
+    own = cut // B * B if reads == "cache" else 0
+    want_k = _seen(_rot(k, Rk)[:cut], "k", cut, own, 0)
+    want_v = _seen(_rot(v, Rv)[:cut], "v", cut, own, 0)
     assert second["prefix_k"].shape == (cut, H1, D1)
     # the body differs from the BF16 copies (so the comparison sees the quantisation), the sink does not
     assert not torch.allclose(want_k[4:38], _rot(k, Rk)[4:38].double(), atol=1e-3)

@@ -53,8 +53,8 @@ def _forward(b, layer, req_to_token, rows, starts, n, q, k, v, mode=None):
         .float().reshape(-1, Hq, D), fb
 
 
-def _backend(backend_cls):
-    b, pool, layer, Rk, Rv = _make(backend_cls, rows=4, pages=8)
+def _backend(backend_cls, reads="exact"):
+    b, pool, layer, Rk, Rv = _make(backend_cls, rows=4, pages=8, reads=reads)
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
     from oscar_sglang.runtime.new_tokens import TritonNewTokens
@@ -65,10 +65,11 @@ def _backend(backend_cls):
     return b, pool, layer, Rk, Rv
 
 
-def test_verify_attends_to_the_int2_prefix_and_causally_to_its_drafts(backend_cls, seed):
+@pytest.mark.parametrize("reads", ["exact", "cache"])  # OSCAR_PREFILL_READS of the prefill before it
+def test_verify_attends_to_the_int2_prefix_and_causally_to_its_drafts(backend_cls, seed, reads):
     from oscar_sglang.runtime.draft_rollback import DraftRollback
 
-    b, pool, layer, Rk, Rv = _backend(backend_cls)
+    b, pool, layer, Rk, Rv = _backend(backend_cls, reads)
     assert isinstance(pool.drafts, DraftRollback) and pool.drafts.n == N
     row, L0 = 1, 45  # block 0 complete, block 1 (32..63) in the ring
     n_all = L0 + 3 * N
@@ -86,7 +87,8 @@ def test_verify_attends_to_the_int2_prefix_and_causally_to_its_drafts(backend_cl
 
     def check(o, L, dk, dv):
         """o: the verify's outputs at L; dk / dv: the drafts' K / V (un-rotated)."""
-        own = L0 // B * B  # the prefill was page-canonical: its ring is read from its last page on
+        # a page-canonical prefill's ring is read from its last page on, an exact one's from 0
+        own = L0 // B * B if reads == "cache" else 0
         assert pool.own_start[row].item() == own
         Kp, Vp = _seen(kr[:L], "k", L, own, 0), _seen(vr[:L], "v", L, own, 0) @ RvT
         qr = torch.einsum("thgd,hde->thge", q[L:L + N].reshape(-1, H, g, D), Rk).reshape(-1, Hq, D)
