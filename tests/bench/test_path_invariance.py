@@ -262,20 +262,12 @@ def _stub(refuse=()):
     request is being finished), /v1/loads and /server_info for the pool."""
     from http.server import ThreadingHTTPServer
 
-    from tests.http_stub import JSONHandler
+    from tests.http_stub import PoolStub
 
     state = {"cache": [], "calls": 0, "flushes": 0, "requests": 0}
     lock = threading.Lock()
 
-    class Stub(JSONHandler):
-        protocol_version = "HTTP/1.0"
-
-        def do_GET(self):
-            if self.path == "/v1/loads":
-                return self._json(200, {"loads": [{"num_used_tokens": 0, "num_running_reqs": 0, "num_waiting_reqs": 0}]})
-            return self._json(200, {"max_total_num_tokens": 100000,
-                                    "internal_states": [{"oscar_int2": {"tokens_free": 100000, "side_rows_free": 8}}]})
-
+    class Stub(PoolStub):
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
             if self.path == "/flush_cache":

@@ -614,6 +614,33 @@ def test_bench_main_end_to_end_with_stand_in_servers(tmp_path, monkeypatch, para
     assert niah_run["lengths"] == [1024] and len(niah_run["depths"]) == 10  # context 1100
 
 
+def test_bench_hits_runs_every_prompt_twice_with_the_radix_cache_on(tmp_path, monkeypatch):
+    """--hits: the radix cache flag dropped, the pool raised to keep every prompt, the harness run
+    twice on the same prompts; the row has niah_hit beside niah."""
+    b = load_bench()
+    port = free_ports(1)
+    started = []
+
+    def fake_command(cfg, model_path, served, p, server_args):
+        started.append(server_args)
+        return [sys.executable, "-c", OPENAI_SERVER, str(p)]
+
+    monkeypatch.setattr(b, "server_command", fake_command)
+    monkeypatch.setattr(b, "embedded_model", lambda: ("chars", "fake-model"))
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    rc = b.main(["--configs", "int2", "--port", str(port), "--min-trials", "100", "--concurrency", "8",
+                 "--startup-timeout", "60", "--parallel", "2", "--hits"])
+    assert rc == 0
+    (flags,) = started
+    assert "--disable-radix-cache" not in flags
+    assert flags[flags.index("--max-total-tokens") + 1] == str(b.HIT_POOL_TOKENS)
+    data = json.loads((tmp_path / "out" / "niah_server_h100.json").read_text())
+    (r,) = data["rows"]
+    assert r["niah"] == 1.0 and r["niah_hit"] == 1.0 and r["niah_hit_same_prompts"] and "niah_hit" in data["notes"]
+    assert (tmp_path / "out" / "niah_hit" / "niah_int2.json").is_file()
+    assert b.hit_server_args(["--max-total-tokens", "9999999", "--disable-radix-cache"]) == ["--max-total-tokens", "9999999"]
+
+
 def test_side_by_side_ports_stay_below_the_ephemeral_range(capsys):
     """SGLang's NCCL port comes from the OS (ephemeral range): HTTP ports of servers started side by
     side must stay below it, or a server started first can hold a later one's port."""
