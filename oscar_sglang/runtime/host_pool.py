@@ -21,9 +21,11 @@ that every section can be viewed as its dtype:
 INT2 bytes.
 
 Copies (`backup_from_device_all_layer`, `load_to_device_per_layer`) are torch gathers / scatters
-over the pool's head-major views: correct on CPU and CUDA, but a device -> host copy into
-scattered host pages synchronises (torch stages the source on the host); a Triton page-copy
-kernel over pointer tables is the later optimisation. They take whole pages only: indices whose
+over the pool's head-major views: correct on CPU and CUDA. A load checks its indices once (at
+layer 0: one host synchronisation a load) and copies each layer's bytes through pinned memory,
+asynchronously on the load stream; a backup (all layers at once, on the write stream) copies into
+pageable memory first, which synchronises that stream. A Triton page-copy kernel over pointer
+tables would drop the staging; not built (the load has not been timed yet: bench/hicache.py). They take whole pages only: indices whose
 runs of B are not [p * B, ..., p * B + B - 1] are refused. io_backend "kernel" (SGLang's default
 with --hicache-mem-layout page_first) names this copy; "direct" / "kernel_ascend" are refused.
 
@@ -253,15 +255,32 @@ class Int2HostPool(HostKVCache):
             parts.append(torch.zeros((len(dp), self.page_bytes - at), dtype=torch.uint8, device=slots.device))
         self.kv_buffer[hp] = torch.cat(parts, 1).to(self.kv_buffer.device)
 
+    def _load_plan(self, device_pool, host_indices, device_indices, layer_id, io_backend):
+        """The checked (host pages, device pages, device slots) of one load, worked out at its
+        layer 0 and reused by its other layers: HiCacheController passes the same index tensors
+        for every layer of a load (host indices moved to the GPU for io "kernel"), and checking
+        them costs a host synchronisation, once per load instead of once per layer."""
+        key = (host_indices.data_ptr(), host_indices.numel(), device_indices.data_ptr(), device_indices.numel())
+        plan = getattr(self, "_plan", None)
+        if layer_id == 0 or plan is None or plan[0] != key:
+            plan = (key, self._page_pairs(device_pool, host_indices, device_indices, io_backend))
+            self._plan = plan
+        return plan[1]
+
     def load_to_device_per_layer(self, device_pool, host_indices, device_indices, layer_id, io_backend) -> None:
         """One layer of whole pages host -> device; layer 0 also resets the loaded slots' side-copy
         pointers (module docstring)."""
-        pages = self._page_pairs(device_pool, host_indices, device_indices, io_backend)
+        pages = self._load_plan(device_pool, host_indices, device_indices, layer_id, io_backend)
         if pages is None:
             return
         hp, dp, slots = pages
         lo, hi = self.layer_range[layer_id]
-        data = self.kv_buffer[hp, lo:hi].to(slots.device, non_blocking=True)
+        # the layer's byte range of each page, gathered into pinned memory so that the copy to the
+        # device is asynchronous on the load stream (torch's pinned allocator keeps the buffer
+        # until that copy is done)
+        staged = self._empty((len(hp), hi - lo), torch.uint8)
+        torch.index_select(self.kv_buffer[:, lo:hi], 0, hp, out=staged)
+        data = staged.to(slots.device, non_blocking=True)
         for sec in self.sections:
             if sec.layer == layer_id:
                 self._scatter(device_pool, sec, dp, slots, data[:, sec.offset - lo:])

@@ -114,6 +114,29 @@ def test_pages_round_trip_byte_exact(spec, seed):
     assert (dst.slot_entry[_slots(dst_pages, B)] == -1).all()
 
 
+def test_a_load_checks_its_indices_once(monkeypatch, seed):
+    """HiCacheController passes the same index tensors for every layer of a load: they are checked
+    (a host synchronisation on a GPU) at layer 0 only; another load's indices are checked again,
+    even when it were to start past layer 0."""
+    src = _filled(FORMATS[0])
+    B, L = src.page_size, src.layer_num
+    host = Int2HostPool(src, 2.0, 0, B)
+    host.backup_from_device_all_layer(src, _slots([5, 2], B), _slots([1, 2], B), "kernel")
+    calls = []
+    real = host._page_pairs
+    monkeypatch.setattr(host, "_page_pairs", lambda *a: calls.append(1) or real(*a))
+    dst = _pool(*FORMATS[0])
+    hi, di = _slots([5, 2], B), _slots([3, 1], B)
+    for layer in range(L):
+        host.load_to_device_per_layer(dst, hi, di, layer, "kernel")
+    assert len(calls) == 1
+    other = _slots([2], B)
+    host.load_to_device_per_layer(dst, _slots([5], B), other, L - 1, "kernel")
+    assert len(calls) == 2
+    for name in SECTIONS:
+        assert torch.equal(_page_bytes(dst, L - 1, name, [2]), _page_bytes(src, L - 1, name, [1]))
+
+
 @pytest.mark.parametrize("spec", FORMATS[::2], ids=[f[0] for f in FORMATS[::2]])
 def test_flat_pages(spec, seed):
     src = _filled(spec)
