@@ -123,6 +123,14 @@ class Int2PoolConfigurator(DefaultPoolConfigurator):
                 sizing.ModelKVShape(int(layers), shape.num_kv_heads, shape.head_dim, shape.v_head_dim))
         return out
 
+    def _pd_decode_rows(self) -> int:
+        """The decode side of PD keeps request rows for requests in transfer beyond
+        max_running_requests + 1 (SGLang's DecodeReqToTokenPool), each with side buffers."""
+        args = self._server_args
+        if getattr(args, "disaggregation_mode", None) != "decode":
+            return 0
+        return int(getattr(args, "disaggregation_decode_extra_slots", 0) or 0)
+
     def calculate_pool_sizes(self, available_bytes: int, page_size: int) -> MemoryPoolConfig:
         cfg = self._oscar_cfg
         plan = sizing.plan_pool(
@@ -133,6 +141,7 @@ class Int2PoolConfigurator(DefaultPoolConfigurator):
             requested_max_running_requests=_requested_max_running_requests(),
             default_max_running_requests=cfg.default_max_running_requests,
             side_buffer_fraction=cfg.side_buffer_fraction,
+            extra_rows=self._pd_decode_rows(),
             **self._speculative_bytes(),
         )
         for note in plan.notes:
@@ -341,8 +350,12 @@ def build_pool(kvc, sizes, req_to_token_pool):
         plan = sizing.plan_from_max_tokens(
             sizes.max_total_num_tokens, shape, fmt=fmt, max_running_requests=reqs,
         )
+    # a side row per request row: max_running_requests + 1, and on the decode side of PD the rows
+    # of requests in transfer (DecodeReqToTokenPool)
+    rows = int(req_to_token_pool.req_to_token.shape[0])
     plan.max_running_requests = reqs
-    plan.side_bytes_total = (reqs + 1) * plan.side_bytes_per_request
+    plan.extra_rows = max(0, rows - (reqs + 1))
+    plan.side_bytes_total = rows * plan.side_bytes_per_request
     plan.sink_store_entries, plan.sink_store_bytes_total = sizing.sink_store_plan(
         plan.available_bytes, shape, fmt.sink)
 
@@ -389,7 +402,7 @@ def build_pool(kvc, sizes, req_to_token_pool):
         v_head_dim=mc.v_head_dim,
         layer_num=li.num_effective_layers,
         device=kvc.device,
-        req_rows=req_to_token_pool.size + 1,
+        req_rows=rows,
         sink_store_entries=plan.sink_store_entries,
         kv_format=fmt,
         k_clip=k_clip,

@@ -21,6 +21,11 @@ did not apply keeps an error that every int2 code path raises (state.require_hoo
   chains     NgramCorpus.batch_get              AFTER   NGRAM's breadth-1 trees -> chains
   info       Scheduler.get_internal_state       AFTER   /server_info shows what was loaded
   metrics    SchedulerMetricsCollector.log_stats AFTER  int2 pool gauges (--enable-metrics)
+  PD (pd_buffers.py; PD itself is still refused at start by refusals.py):
+  pd-state   setup_state_kv_args                AFTER   side rows sent as a per-request state component
+  pd-rows    DecodePreallocQueue._pre_alloc     AROUND  received rows keep the transferred side state
+  pd-dtype   CommonKVManager.__init__           BEFORE  "int2" -> "int2:<format>:<rotation>" both sides compare
+  pd-pair    CommonKVManager.try_ensure_parallel_info AROUND  format / TP / PP mismatches named at pairing
 """
 from __future__ import annotations
 
@@ -28,6 +33,12 @@ import logging
 import sys
 
 from .config import BACKEND, INT2
+from .pd_buffers import (
+    after_setup_state_kv_args,
+    around_pre_alloc,
+    around_try_ensure_parallel_info,
+    before_kv_manager_init,
+)
 from .state import RUNTIME_INFO, mark_installed, require_hooks
 
 logger = logging.getLogger("oscar_sglang")
@@ -339,6 +350,19 @@ HOOKS = [
      after_generate_storage_config),
     ("sglang.srt.managers.scheduler.Scheduler.get_internal_state", "AFTER", after_get_internal_state),
     ("sglang.srt.observability.metrics_collector.SchedulerMetricsCollector.log_stats", "AFTER", after_log_stats),
+    # PD disaggregation (runtime/pd_buffers.py; refused at start until it has run on a GPU)
+    ("sglang.srt.disaggregation.utils.setup_state_kv_args", "AFTER", after_setup_state_kv_args),
+    ("sglang.srt.disaggregation.decode.DecodePreallocQueue._pre_alloc", "AROUND", around_pre_alloc),
+    ("sglang.srt.disaggregation.common.conn.CommonKVManager.__init__", "BEFORE", before_kv_manager_init),
+    ("sglang.srt.disaggregation.common.conn.CommonKVManager.try_ensure_parallel_info", "AROUND",
+     around_try_ensure_parallel_info),
+]
+
+# functions SGLang's modules import by name (`from ... import f`): HookRegistry rebinds the copies
+# of modules imported before it applied; verify_hooks checks that they hold the hooked function
+BY_NAME = [
+    ("sglang.srt.disaggregation.prefill", "setup_state_kv_args", after_setup_state_kv_args),
+    ("sglang.srt.disaggregation.decode", "setup_state_kv_args", after_setup_state_kv_args),
 ]
 
 
@@ -369,6 +393,12 @@ def verify_hooks() -> list[str]:
                 missing.append(target)
         except Exception as e:  # unresolvable target: SGLang moved it
             missing.append(f"{target} ({type(e).__name__}: {e})")
+    for module, name, hook in BY_NAME:
+        try:
+            if not _contains(getattr(pkgutil.resolve_name(module), name), hook):
+                missing.append(f"{module}.{name} (imported by name)")
+        except Exception as e:
+            missing.append(f"{module}.{name} ({type(e).__name__}: {e})")
     return missing
 
 

@@ -1,18 +1,22 @@
-"""What prefill-decode disaggregation would need from the INT2 pool: its buffers in the form
-SGLang's KV managers register and copy, the per-request BF16 side rows as per-request state, the
-string the two sides compare, and the PD settings it cannot serve. Not wired in: PD stays refused
-at start (runtime/refusals.py) until a transfer has been measured end to end.
+"""Prefill-decode disaggregation (PD) with the INT2 pool: its buffers in the form SGLang's KV
+managers register and copy, the per-request BF16 side rows as per-request state, the string the
+two sides compare, the decode side's row bookkeeping, and the PD settings it cannot serve. Wired
+(hooks.py registers and verifies the hooks below at start) but PD stays refused at start
+(refusals.py) until a transfer has run on GPUs.
 
-How SGLang 0.5.17 moves KV (disaggregation/prefill.py, decode.py, mooncake/conn.py):
+How SGLang 0.5.17 moves KV (disaggregation/prefill.py, decode.py, utils.py, mooncake/conn.py,
+nixl/conn.py):
 * both sides register `pool.get_contiguous_buf_infos()` -> (ptrs, lens, item_lens), one entry per
   buffer; a request's pages are sent as `ptr + page * item_len` for `item_len` bytes (runs of
   consecutive pages as one block), page = slot // page_size, for every entry;
 * the MHA sender (`_send_kvcache_generic` with `get_mha_kv_ptrs_with_pp`) cuts the list in two
   equal halves, K then V, pairs source entry i with destination entry i (same layer count on both
   sides) and uses item_lens[i] for entry i of the K half and item_lens[n + i] for the V half;
-* per-request state travels as a state component (`setup_state_kv_args`): for MAMBA, entry i of
-  `get_state_buf_infos()` is copied from `ptr + index * item_len` for `item_len` bytes, with one
-  index per request (`req_index_to_mamba_index_mapping[req_pool_idx]` on the prefill side).
+* per-request state travels as state components (`setup_state_kv_args` fills kv_args.state_*):
+  for MAMBA, entry i of the component is copied from `ptr + index * item_len` for `item_len`
+  bytes (`_send_mamba_state`), with one index per request on each side,
+  `req_to_token_pool.req_index_to_mamba_index_mapping[req_pool_idx]` (prefill.py's and decode.py's
+  `_mamba_payload`); it is sent with the request's last chunk, after its forward.
 
 Head-major buffers: the INT2 pool stores each layer's codes and params as [H, N, ...] memory
 viewed as [N, H, ...], so one head's page is contiguous but a page's heads are N slots apart.
@@ -20,20 +24,45 @@ One entry per buffer cannot say that with `ptr + page * item_len`, so the list h
 (layer, head) of each buffer: ptr = the head's base, item_len = one page of that head. The
 contract allows it (entries are opaque byte regions; nothing but the half split and the
 per-layer PP slicing reads their count) and it is what `send_kvcache` does for any entry. Costs:
-H times as many transfer blocks per page run, and a prefill and decode with different PP sizes
-would be sliced by "layer" index into the wrong entries (pd_parallel_problems refuses that).
+H times as many transfer blocks per page run (and registered regions), and a prefill and decode
+with different PP sizes would be sliced by "layer" index into the wrong entries
+(pd_parallel_problems refuses that).
 
-What wiring it in would still take (none of it done or measured):
-* get_contiguous_buf_infos returning contiguous_buf_infos (pool.pd_buf_infos);
-* the side state registered: setup_state_kv_args appends state only for pool classes it knows, so
-  an AFTER hook on it would append a MAMBA component from state_buf_infos on both sides, and
-  both ReqToTokenPools would need a `req_index_to_mamba_index_mapping` (the identity on rows),
-  which prefill.py and decode.py read for the source and destination index;
-* the decode side's row reset: its ReqToTokenPool.alloc (hooked) queues a reset of the new row,
-  applied at the next forward, after the transferred side state has landed, so it would set
-  own_start / sink_start back to "trust nothing"; rows that receive state must skip that reset;
-* registering after_kv_manager_init / around_try_ensure_parallel_info and the refusal functions
-  below, and lifting the blanket PD refusal once a transfer has been run on a device.
+Wired (the hooks' bodies are below; hooks.py registers them):
+* pool.get_contiguous_buf_infos / get_state_buf_infos return contiguous_buf_infos /
+  state_buf_infos (pool.py);
+* setup_state_kv_args (AFTER, after_setup_state_kv_args): on both sides, for an INT2 pool, appends
+  a MAMBA state component of state_buf_infos (SGLang's own dispatch appends nothing for a pool
+  class it does not know) and gives the ReqToTokenPool / DecodeReqToTokenPool the identity
+  `req_index_to_mamba_index_mapping` (the side rows are the request rows), so a request's sink,
+  ring, own_start and sink_start travel with its last chunk; the ring holds the open page's keys;
+* DecodePreallocQueue._pre_alloc (AROUND, around_pre_alloc): the decode side's row of a request
+  is noted as received (pool.note_received_rows): no reset after the state lands, and the next
+  forward drops the side-copy pointers of the row and its slots (they are not sent);
+* CommonKVManager.__init__ (BEFORE, before_kv_manager_init): an int2 server registers (prefill,
+  inside __init__) and compares (decode) compat_dtype_string, "int2:<format>:<rotation sha256
+  prefix>", instead of the bare "int2";
+* CommonKVManager.try_ensure_parallel_info (AROUND, around_try_ensure_parallel_info): the decode
+  side's pairing check names both INT2 formats when the strings differ, and refuses a prefill
+  with another attention TP or PP size (only known at pairing: the two servers start apart);
+* refused at start (refusals.server_args_problems via pd_start_problems): decode-side radix cache
+  and offload, speculative decoding with a draft model, transfer backends other than mooncake /
+  nixl, SGLANG_DISAGG_STAGING_BUFFER;
+* the decode side's side rows: DecodeReqToTokenPool has max_running_requests +
+  disaggregation_decode_extra_slots + 1 rows, and the pool has as many side rows (configurator.py,
+  sized by sizing.plan_pool's extra_rows).
+
+What remains (none of it run):
+* a prefill -> decode transfer on GPUs through a real engine (mooncake over TCP or RDMA, nixl) and
+  sglang-router: the decode side's reads equal to a single server's (path invariance across the
+  transfer) and NIAH within noise; the registration of 4 * layers * heads KV regions with the
+  engine; then the blanket refusal in refusals.py goes;
+* retraction on the decode side: SGLang offloads a retracted request's KV with get_cpu_copy, which
+  the INT2 pool refuses (its side rows would not come back), so a decode server that runs out of
+  KV fails there instead of retracting;
+* SGLang writes the transferred state with no ordering against the decode server's forward stream
+  (as for Mamba state): a row freed by a request whose last forward is still in flight (overlap
+  scheduling) could be written by a transfer while that forward reads it; not measured.
 """
 from __future__ import annotations
 
@@ -189,30 +218,104 @@ def mismatch_message(prefill: str | None, decode: str | None) -> str | None:
             f"rotation file (INT2 pages are only meaningful in the format and rotation that wrote them).")
 
 
-def after_kv_manager_init(result, self, *args, **kwargs):
-    """AFTER hook body for CommonKVManager.__init__ (not registered: PD is refused): an int2
-    server registers and compares compat_dtype_string instead of the bare "int2"."""
-    if getattr(self, "kv_cache_dtype_str", None) == INT2:
+def before_kv_manager_init(self, args=None, *rest, **kwargs):
+    """BEFORE hook body for CommonKVManager.__init__: an int2 server's KVArgs carry
+    compat_dtype_string instead of the bare "int2". Before, not after: the prefill side registers
+    the string with the bootstrap server inside __init__ (register_to_bootstrap), and the decode
+    side compares it with self.kv_cache_dtype_str, copied from the KVArgs there."""
+    if getattr(args, "kv_cache_dtype_str", None) == INT2:
         from .state import RUNTIME_INFO
 
-        self.kv_cache_dtype_str = compat_dtype_string(RUNTIME_INFO)
-    return result
+        if not RUNTIME_INFO.get("kv_format"):
+            raise RuntimeError("oscar-sglang: a PD KV manager with kv_cache_dtype int2 but no INT2 pool "
+                               "in this process (configurator.build_pool did not run)")
+        args.kv_cache_dtype_str = compat_dtype_string(RUNTIME_INFO)
+    return None
 
 
 _MISMATCH = re.compile(r"prefill server has kv_cache_dtype=(\S+?), but decode server has kv_cache_dtype=(\S+?)\.")
 
 
-def around_try_ensure_parallel_info(orig, self, *args, **kwargs):
-    """AROUND hook body for CommonKVManager.try_ensure_parallel_info (not registered): SGLang's
-    dtype check raises "KV cache dtype mismatch" with both strings; where either is an int2 one,
-    say which formats differ instead."""
+def around_try_ensure_parallel_info(orig, self, bootstrap_addr, *args, **kwargs):
+    """AROUND hook body for CommonKVManager.try_ensure_parallel_info (the decode side fetching a
+    prefill server's info): SGLang's dtype check raises "KV cache dtype mismatch" with both
+    strings; where either is an int2 one, say which formats differ instead. An int2 decode
+    refuses a prefill whose attention TP or PP size differs (pd_parallel_problems): the sizes of
+    both are only known here. Both raise, as SGLang's own pairing checks do."""
     try:
-        return orig(self, *args, **kwargs)
+        ok = orig(self, bootstrap_addr, *args, **kwargs)
     except RuntimeError as e:
         m = _MISMATCH.search(str(e))
         if m is None or not any(s.startswith(INT2) for s in m.groups()):
             raise
         raise RuntimeError(mismatch_message(*m.groups())) from e
+    if ok and str(getattr(self, "kv_cache_dtype_str", "")).startswith(INT2):
+        info = self.prefill_info_table[bootstrap_addr]
+        problems = pd_parallel_problems(info.attn_tp_size, self.attn_tp_size, info.pp_size, self.pp_size)
+        if problems:
+            del self.prefill_info_table[bootstrap_addr]  # not paired: a retry checks again
+            raise RuntimeError(f"INT2 PD servers cannot pair (prefill at {bootstrap_addr}): " + " ".join(problems))
+    return ok
+
+
+# ------------------------------------------------------------------------------------ state wiring
+
+
+def _is_int2_pool(pool) -> bool:
+    from .pool import OscarInt2KVPool
+
+    return isinstance(pool, OscarInt2KVPool)
+
+
+def identity_state_mapping(req_to_token_pool) -> torch.Tensor:
+    """What prefill.py and decode.py read as `req_index_to_mamba_index_mapping[req_pool_idx]` for
+    a MAMBA component: the INT2 side rows are the request rows themselves. On the CPU: the payload
+    calls .cpu() on the element it reads, so no device sync per request."""
+    return torch.arange(req_to_token_pool.req_to_token.shape[0], dtype=torch.int32)
+
+
+def after_setup_state_kv_args(result, kv_args, token_to_kv_pool, draft_token_to_kv_pool=None,
+                              total_kv_layers=None, req_to_token_pool=None, *args, **kwargs):
+    """AFTER hook body for disaggregation.utils.setup_state_kv_args (prefill and decode, before
+    the KV manager is built): an INT2 pool's side rows as a MAMBA state component (the one kind
+    SGLang sends per request, one index each) and the identity row mapping on the request pool,
+    which the payloads read on both sides."""
+    if not _is_int2_pool(token_to_kv_pool):
+        return result
+    from sglang.srt.disaggregation.base.conn import StateType
+    from sglang.srt.disaggregation.utils import append_state_component
+
+    problem = None
+    if kv_args.state_types:
+        problem = f"state components {kv_args.state_types} already registered for an INT2 pool"
+    elif req_to_token_pool is None:
+        problem = "no request pool given (the side rows are indexed by its rows)"
+    elif req_to_token_pool.req_to_token.shape[0] > token_to_kv_pool.req_rows:
+        problem = (f"the request pool has {req_to_token_pool.req_to_token.shape[0]} rows, the INT2 "
+                   f"side buffers {token_to_kv_pool.req_rows}")
+    else:
+        identity = identity_state_mapping(req_to_token_pool)
+        mapped = getattr(req_to_token_pool, "req_index_to_mamba_index_mapping", None)
+        if mapped is not None and not torch.equal(mapped.cpu(), identity):  # (ours: set up again)
+            problem = "the request pool maps rows to Mamba state already (a hybrid model's pool)"
+    if problem:
+        raise RuntimeError(f"oscar-sglang: cannot register the INT2 side rows for PD: {problem}")
+    append_state_component(kv_args, StateType.MAMBA, *token_to_kv_pool.get_state_buf_infos())
+    req_to_token_pool.req_index_to_mamba_index_mapping = identity
+    return result
+
+
+def around_pre_alloc(orig, self, req, *args, **kwargs):
+    """AROUND hook body for DecodePreallocQueue._pre_alloc (the decode side gives a request its
+    row and slots before the transfer): the row's side state will come by transfer, so its reset
+    is withdrawn and its side-copy pointers dropped (pool.note_received_rows; kv_committed_len
+    is the token count the prefill sends, set by _pre_alloc)."""
+    out = orig(self, req, *args, **kwargs)
+    if _is_int2_pool(getattr(self, "token_to_kv_pool", None)):
+        from .pool import note_received_rows
+
+        note_received_rows([req.req_pool_idx], [req.kv_committed_len])
+    return out
 
 
 # ------------------------------------------------------------------------------------ refusals
@@ -260,3 +363,31 @@ def pd_draft_problems(args) -> list[str]:
     return [f"PD with --speculative-algorithm {alg} is not supported with the INT2 KV cache: the draft "
             f"model's BF16 KV would be transferred in one list with the INT2 buffers, split into K and V "
             f"halves that do not match either pool. Use NGRAM (no draft model) or no speculation."]
+
+
+# transfer backends whose KV and state addressing was read for the INT2 entries (per-entry item
+# lengths, one state index a request); "fake" (decode-side warmup) moves nothing
+PD_TRANSFER_BACKENDS = ("mooncake", "nixl", "fake")
+
+
+def pd_transfer_problems(args, env) -> list[str]:
+    """Transfer settings the INT2 entries are not known to work with."""
+    p = []
+    backend = getattr(args, "disaggregation_transfer_backend", None)
+    if backend is not None and backend not in PD_TRANSFER_BACKENDS:
+        p.append(f"--disaggregation-transfer-backend {backend} is not supported with the INT2 KV cache: "
+                 f"only mooncake and nixl were checked to copy its per-(layer, head) page entries and its "
+                 f"side rows as SGLang registers them. Use --disaggregation-transfer-backend mooncake or nixl.")
+    if str(env.get("SGLANG_DISAGG_STAGING_BUFFER", "")).lower() in ("1", "true", "yes"):
+        p.append("SGLANG_DISAGG_STAGING_BUFFER is not supported with the INT2 KV cache: the staging path "
+                 "gathers K / V rows of SGLang's BF16 pool layout. Unset it (the INT2 transfer needs the "
+                 "same TP size on both sides anyway).")
+    return p
+
+
+def pd_start_problems(args, env) -> list[str]:
+    """Everything about a PD server (ServerArgs or a stand-in) the INT2 pool refuses at start; the
+    other side's parallel sizes are checked at pairing (around_try_ensure_parallel_info)."""
+    if getattr(args, "disaggregation_mode", "null") in (None, "null"):
+        return []
+    return pd_decode_cache_problems(args) + pd_draft_problems(args) + pd_transfer_problems(args, env)

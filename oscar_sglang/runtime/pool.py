@@ -31,7 +31,9 @@ the request's cached-prefix length and its sink key are queued here; the attenti
 applies them at the start of the next forward, on the forward stream (the alloc runs on the
 scheduler stream, which may run ahead of a forward still reading that row). SGLang allocates a
 batch's rows right before launching that batch's forward, on the same thread, so the forward
-that applies a claim is the request's first.
+that applies a claim is the request's first. On the decode side of PD a row's side state arrives
+with its pages, by transfer (runtime/pd_buffers.py): such rows are not reset, only their side-copy
+pointers dropped (note_received_rows).
 
 Only the oscar_triton backend reads or writes this pool; `set_kv_buffer` refuses, so nothing can
 silently store unrotated BF16 bytes into it.
@@ -61,6 +63,8 @@ HP_DTYPE = torch.bfloat16
 # (see module docstring); the sink's token count, set by the pool (the keys are its first ids)
 _pending_rows: list[tuple[int, int, tuple | None]] = []
 _pending_lock = threading.Lock()
+# (row, tokens) of rows whose side state arrives by PD transfer (note_received_rows)
+_received_rows: list[tuple[int, int]] = []
 _sink_tokens = [0]
 
 
@@ -77,6 +81,28 @@ def take_pending_rows() -> list[tuple[int, int, tuple | None]]:
     with _pending_lock:
         rows = list(_pending_rows)
         _pending_rows.clear()
+    return rows
+
+
+def note_received_rows(rows, n_tokens) -> None:
+    """Called from the DecodePreallocQueue._pre_alloc hook (the decode side of PD; scheduler
+    thread, CPU only): these rows' side state (sink, ring, own_start, sink_start) comes from the
+    prefill server by transfer, which may land before the next forward. A reset queued for them
+    by the alloc hook would then set the received state back to "trust nothing", so it is
+    withdrawn; the next forward only drops the side-copy pointers of the rows and of their first
+    n_tokens slots (apply_pending_resets). (SGLang's DecodeReqToTokenPool.alloc is not
+    ReqToTokenPool.alloc and queues no reset; a pool class inheriting that alloc would.)"""
+    rows = [int(r) for r in rows]
+    with _pending_lock:
+        drop = set(rows)
+        _pending_rows[:] = [c for c in _pending_rows if c[0] not in drop]
+        _received_rows.extend(zip(rows, (int(n) for n in n_tokens)))
+
+
+def take_received_rows() -> list[tuple[int, int]]:
+    with _pending_lock:
+        rows = list(_received_rows)
+        _received_rows.clear()
     return rows
 
 
@@ -222,9 +248,13 @@ class OscarInt2KVPool(KVCache):
     def apply_pending_resets(self, req_to_token: torch.Tensor | None = None) -> None:
         """Forward stream, eager, before the forward: keep the sinks the previous forward computed,
         then reset the rows handed out since (they trust no side copy yet) and give those with a
-        cached prefix their sink from the store. req_to_token: unused (the signature SGLang's
-        hooks and the backend share)."""
+        cached prefix their sink from the store. Rows whose side state came by PD transfer
+        (note_received_rows) keep it. req_to_token: the backend's table (the slots of received
+        rows; None: their slots are left alone)."""
         self.sinks.publish()
+        received = take_received_rows()
+        if received:  # first: a claim queued after the receipt is a later owner of the row
+            self._drop_side_pointers(received, req_to_token)
         pending = take_pending_rows()
         if not pending:
             return
@@ -236,6 +266,25 @@ class OscarInt2KVPool(KVCache):
         restored = self.sinks.claim(rows, [latest[r][0] for r in rows], [latest[r][1] for r in rows])
         if restored:
             self.sink_start.index_fill_(0, torch.tensor(restored, dtype=torch.int64, device=idx.device), 0)
+
+    def _drop_side_pointers(self, received: list[tuple[int, int]], req_to_token) -> None:
+        """Rows whose side state came by PD transfer and the slots it filled: no side-copy
+        pointers (slot_entry / entry_owner are not sent, and what the decode side's rows and
+        slots held belonged to earlier requests; -1 is the store's rule for a fresh write, as the
+        host tier's loads). own_start / sink_start and the sink / ring copies are the transferred
+        ones and stay; the row keeps no sink in the store (its request computed none here)."""
+        rows = sorted({r for r, _ in received})
+        self.sinks.claim(rows, [0] * len(rows), [None] * len(rows))
+        dev = self.entry_owner.device
+        r = torch.tensor(rows, dtype=torch.int64, device=dev)[:, None]
+        S, W = self.sink, self.recent
+        # entry ids as the store writes them: sink r * S + p, ring R * S + r * W + p % W
+        entries = torch.cat([r * S + torch.arange(S, device=dev),
+                             self.req_rows * S + r * W + torch.arange(W, device=dev)], 1)
+        self.entry_owner[entries.reshape(-1)] = -1
+        if req_to_token is not None:
+            slots = torch.cat([req_to_token[row, :n] for row, n in received])
+            self.slot_entry[slots.to(device=dev, dtype=torch.int64)] = -1
 
     def note_extend(self, req_pool_indices: torch.Tensor, extend_prefix_lens: torch.Tensor) -> None:
         """A request computes positions >= its prefix length itself (first chunk: the cached
@@ -319,22 +368,23 @@ class OscarInt2KVPool(KVCache):
 
     def _unsupported(self, *args, **kwargs):
         raise NotImplementedError(
-            "the OSCAR INT2 KV pool does not support KV copies to host / other processes "
-            "(HiCache, PD disaggregation, KV offload are refused at startup)"
+            "the OSCAR INT2 KV pool does not support copying a request's KV to host memory and "
+            "back (SGLang's get_cpu_copy / load_cpu_copy: retraction on the decode side of PD, "
+            "KV offload); the side rows of a request would not travel with its slots"
         )
 
     get_cpu_copy = _unsupported
     load_cpu_copy = _unsupported
-    # PD stays refused (the transfer is not measured); pd_buf_infos / pd_state_buf_infos are what
-    # get_contiguous_buf_infos / get_state_buf_infos would return (runtime/pd_buffers.py)
-    get_contiguous_buf_infos = _unsupported
 
-    def pd_buf_infos(self):
+    # PD disaggregation (runtime/pd_buffers.py; still refused at start): what SGLang's KV managers
+    # register and copy, the INT2 pages per (buffer, layer, head) and the BF16 side rows of a
+    # request as per-request state
+    def get_contiguous_buf_infos(self):
         from .pd_buffers import contiguous_buf_infos
 
         return contiguous_buf_infos(self)
 
-    def pd_state_buf_infos(self):
+    def get_state_buf_infos(self):
         from .pd_buffers import state_buf_infos
 
         return state_buf_infos(self)

@@ -9,8 +9,9 @@ Two kinds of memory (per attention-TP rank, local layers only):
 * per running request (fixed): the BF16 side buffers, sink (S tokens) + recent ring (W tokens),
   K and V, every layer and KV head, plus int32 bookkeeping (own_start, sink_start and the owner
   slot of each of the S + W entries). They exist for every row of the
-  request pool (max_running_requests + 1 padding row), whether a request uses them or not, so
-  they are subtracted from the budget before dividing (SGLang's own sizing has no such term).
+  request pool (max_running_requests + 1 padding row, + the rows the decode side of PD keeps for
+  requests in transfer), whether a request uses them or not, so they are subtracted from the
+  budget before dividing (SGLang's own sizing has no such term).
 
 Plain arithmetic, no torch / sglang import: unit-tested directly.
 """
@@ -105,7 +106,7 @@ class PoolPlan:
     bf16_bytes_per_token: int
     side_bytes_per_request: int
     max_running_requests: int
-    side_bytes_total: int             # (max_running_requests + 1) rows
+    side_bytes_total: int             # (max_running_requests + 1 + extra_rows) rows
     max_total_num_tokens: int
     int2_bytes_total: int
     notes: list[str] = field(default_factory=list)
@@ -115,6 +116,7 @@ class PoolPlan:
     rollback_bytes_per_request: int = 0
     sink_store_entries: int = 0        # sink_store_plan
     sink_store_bytes_total: int = 0
+    extra_rows: int = 0                # the PD decode side's rows for requests in transfer
 
     @property
     def compression(self) -> float:
@@ -132,8 +134,9 @@ class PoolPlan:
             f"{self.bytes_per_token:,} B/token INT2 ({self.compression:.2f}x less than BF16's "
             f"{self.bf16_bytes_per_token:,} B/token) = {self.int2_bytes_total / gib:.2f} GiB; "
             f"BF16 sink+recent side buffers {self.side_bytes_per_request / (1 << 20):.1f} MiB "
-            f"per request x {self.max_running_requests + 1} rows "
-            f"(max_running_requests={self.max_running_requests} + 1 padding) = "
+            f"per request x {self.max_running_requests + 1 + self.extra_rows} rows "
+            f"(max_running_requests={self.max_running_requests} + 1 padding"
+            + (f" + {self.extra_rows} for PD transfers" if self.extra_rows else "") + ") = "
             f"{self.side_bytes_total / gib:.2f} GiB; sinks kept by token ids for cache hits "
             f"{self.sink_store_bytes_total / gib:.2f} GiB; budget {self.available_bytes / gib:.2f} GiB"
             + self._speculative_part()
@@ -161,6 +164,7 @@ def plan_pool(
     side_buffer_fraction: float = settings.SIDE_BUFFER_FRACTION.default,
     draft_bytes_per_token: int = 0,
     rollback_bytes_per_request: int = 0,
+    extra_rows: int = 0,
 ) -> PoolPlan:
     """Split a KV byte budget between the fixed side buffers and the INT2 token pool.
 
@@ -169,13 +173,15 @@ def plan_pool(
     side_buffer_fraction of the budget; an explicit request is lowered only past
     USER_REQUEST_MAX_FRACTION. draft_bytes_per_token / rollback_bytes_per_request: speculative
     decoding's (a draft model's cache a token, the rejected-draft rollback a row): counted in.
+    extra_rows: request rows beyond max_running_requests + 1 (the decode side of PD:
+    --disaggregation-decode-extra-slots), side buffers counted in.
     """
     per_tok = int2_bytes_per_token(shape, fmt)
     per_req = side_bytes_per_request(shape, fmt.sink, fmt.recent) + rollback_bytes_per_request
     notes: list[str] = []
 
     if requested_max_running_requests is None:
-        fit = int(side_buffer_fraction * available_bytes) // per_req - 1
+        fit = int(side_buffer_fraction * available_bytes) // per_req - 1 - extra_rows
         reqs = max(1, min(default_max_running_requests, fit))
         if reqs < default_max_running_requests:
             notes.append(
@@ -186,7 +192,7 @@ def plan_pool(
             )
     else:
         reqs = int(requested_max_running_requests)
-        cap = int(USER_REQUEST_MAX_FRACTION * available_bytes) // per_req - 1
+        cap = int(USER_REQUEST_MAX_FRACTION * available_bytes) // per_req - 1 - extra_rows
         if reqs > cap:
             notes.append(
                 f"--max-running-requests {reqs} lowered to {max(cap, 1)}: its BF16 side buffers "
@@ -195,7 +201,7 @@ def plan_pool(
             )
             reqs = max(cap, 1)
 
-    side_total = (reqs + 1) * per_req
+    side_total = (reqs + 1 + extra_rows) * per_req
     store_entries, store_total = sink_store_plan(available_bytes, shape, fmt.sink)
     cell = per_tok + draft_bytes_per_token
     fixed = side_total + store_total
@@ -222,6 +228,7 @@ def plan_pool(
         rollback_bytes_per_request=int(rollback_bytes_per_request),
         sink_store_entries=store_entries,
         sink_store_bytes_total=int(store_total),
+        extra_rows=int(extra_rows),
     )
 
 

@@ -5,6 +5,7 @@
   buffer, layer and head, in both layouts, and nothing else of the other pool changes;
 * one request row's side state copied the same way (ptr + row * item_len);
 * the compatibility string, its mismatch message, the hook bodies and the PD refusals.
+(tests/runtime/test_pd_wiring.py: the hooks through SGLang's own disaggregation code.)
 """
 import ctypes
 from types import SimpleNamespace
@@ -25,9 +26,10 @@ LAYOUTS = {  # layout -> (format name, page size)
 
 def _pool(layout):
     from oscar_sglang.runtime.kv_format import resolve
-    from oscar_sglang.runtime.pool import OscarInt2KVPool, take_pending_rows
+    from oscar_sglang.runtime.pool import OscarInt2KVPool, take_pending_rows, take_received_rows
 
     take_pending_rows()
+    take_received_rows()
     name, B = LAYOUTS[layout]
     extra = dict(sink=4, recent=8) if layout == "token" else {}
     fmt = resolve(name, head_dim=D, v_head_dim=D, num_layers=L, group_size=64, **extra)
@@ -66,7 +68,7 @@ def test_pages_copied_through_buf_infos_arrive_byte_for_byte(layout, seed):
     a, b = _pool(layout), _pool(layout)
     B = a.page_size
     _fill(a, row=1, n_tokens=int(torch.randint(3 * B + 1, 4 * B, ()).item()))  # last page open
-    infos_a, infos_b = a.pd_buf_infos(), b.pd_buf_infos()
+    infos_a, infos_b = a.get_contiguous_buf_infos(), b.get_contiguous_buf_infos()
     names = pd.kv_buffer_names(a)
     assert len(infos_a[0]) == len(names) == 4 * L * H
     half = len(names) // 2  # SGLang's K / V split
@@ -105,7 +107,7 @@ def test_a_request_rows_side_state_copied_through_state_infos(layout, seed):
     n = int(torch.randint(a.recent + a.sink + 1, (PAGES - 1) * a.page_size + 1, ()).item())  # past the ring
     _fill(a, row=row_a, n_tokens=n)
     a.own_start[row_a], a.sink_start[row_a] = int(torch.randint(0, n, ()).item()), 0
-    infos_a, infos_b = a.pd_state_buf_infos(), b.pd_state_buf_infos()
+    infos_a, infos_b = a.get_state_buf_infos(), b.get_state_buf_infos()
     assert len(infos_a[0]) == len(pd.state_buffer_names(a)) == 4 * L + 2
     assert pd.state_index(row_a) == [row_a]
     before = {name: getattr(b, name).clone() for name, _ in pd.state_buffer_names(b)}
@@ -146,12 +148,17 @@ def test_hook_bodies_rewrite_the_dtype_and_name_both_formats():
     try:
         RUNTIME_INFO.clear()
         RUNTIME_INFO.update(kv_format="k4c64-v2h-s4-w128", rotation_sha256="ab" * 32)
-        mgr = SimpleNamespace(kv_cache_dtype_str="int2")
-        assert pd.after_kv_manager_init("r", mgr) == "r"
-        assert mgr.kv_cache_dtype_str == "int2:k4c64-v2h-s4-w128:" + "ab" * 8
+        kv_args = SimpleNamespace(kv_cache_dtype_str="int2")  # CommonKVManager(args, mode, ...)
+        assert pd.before_kv_manager_init(None, kv_args, "prefill", None) is None
+        assert kv_args.kv_cache_dtype_str == "int2:k4c64-v2h-s4-w128:" + "ab" * 8
+        pd.before_kv_manager_init(None, kv_args, "prefill", None)  # once rewritten, left alone
+        assert kv_args.kv_cache_dtype_str == "int2:k4c64-v2h-s4-w128:" + "ab" * 8
         bf16 = SimpleNamespace(kv_cache_dtype_str="auto")
-        pd.after_kv_manager_init(None, bf16)
+        pd.before_kv_manager_init(None, args=bf16)
         assert bf16.kv_cache_dtype_str == "auto"
+        RUNTIME_INFO.clear()  # no INT2 pool in this process: loud
+        with pytest.raises(RuntimeError, match="no INT2 pool"):
+            pd.before_kv_manager_init(None, SimpleNamespace(kv_cache_dtype_str="int2"))
     finally:
         RUNTIME_INFO.clear()
         RUNTIME_INFO.update(saved)
@@ -196,3 +203,55 @@ def test_pd_refusals():
     assert pd.pd_draft_problems(spec) == []
     spec.disaggregation_mode, spec.speculative_algorithm = "null", "EAGLE"
     assert pd.pd_draft_problems(spec) == []
+
+
+def test_pd_start_refusals_name_what_to_do_instead():
+    from oscar_sglang.runtime import refusals as F
+
+    def args(**kw):
+        base = dict(attention_backend="oscar_triton", disaggregation_mode="decode", dcp_size=1,
+                    disaggregation_transfer_backend="mooncake")
+        return SimpleNamespace(**{**base, **kw})
+
+    assert pd.pd_start_problems(args(), {}) == []
+    assert pd.pd_start_problems(args(disaggregation_mode="null", disaggregation_transfer_backend="mori",
+                                     disaggregation_decode_enable_radix_cache=True), {}) == []
+    (mori,) = pd.pd_start_problems(args(disaggregation_transfer_backend="mori"), {})
+    assert "--disaggregation-transfer-backend mori" in mori and "mooncake or nixl" in mori
+    (staging,) = pd.pd_start_problems(args(), {"SGLANG_DISAGG_STAGING_BUFFER": "1"})
+    assert "SGLANG_DISAGG_STAGING_BUFFER" in staging and "Unset it" in staging
+    (radix,) = pd.pd_start_problems(args(disaggregation_decode_enable_radix_cache=True), {})
+    assert "Drop the flag" in radix
+    # through server_args_problems: each problem, then the blanket refusal naming what lifts it
+    problems = F.server_args_problems(args(disaggregation_decode_enable_radix_cache=True,
+                                           disaggregation_decode_enable_offload_kvcache=True,
+                                           speculative_algorithm="EAGLE", speculative_eagle_topk=1,
+                                           disaggregation_transfer_backend="ascend"), env={})
+    assert len(problems) == 5 and problems[-1] == F.PD_NOT_MEASURED
+    assert "wiring exists" in problems[-1] and "mooncake or nixl" in problems[-1]
+    assert F.server_args_problems(args(), env={}) == [F.PD_NOT_MEASURED]
+
+
+def test_pairing_refuses_other_tp_or_pp_sizes():
+    """around_try_ensure_parallel_info on an int2 decode: SGLang's check has cached the prefill's
+    info; other attention TP / PP sizes are refused there, and the info is dropped again."""
+    addr = "10.0.0.1:8998"
+
+    def manager(tp, pp, dtype="int2:token:" + "ab" * 8):
+        return SimpleNamespace(kv_cache_dtype_str=dtype, attn_tp_size=tp, pp_size=pp, prefill_info_table={})
+
+    def fetch(prefill_tp, prefill_pp):
+        def orig(self, bootstrap_addr):
+            self.prefill_info_table[bootstrap_addr] = SimpleNamespace(attn_tp_size=prefill_tp, pp_size=prefill_pp)
+            return True
+        return orig
+
+    ok = manager(2, 1)
+    assert pd.around_try_ensure_parallel_info(fetch(2, 1), ok, addr) is True and addr in ok.prefill_info_table
+    for (ptp, ppp), word in (((4, 1), "prefill 4, decode 2"), ((2, 2), "PP sizes (prefill 2, decode 1)")):
+        m = manager(2, 1)
+        with pytest.raises(RuntimeError, match="INT2 PD servers cannot pair") as e:
+            pd.around_try_ensure_parallel_info(fetch(ptp, ppp), m, addr)
+        assert word in str(e.value) and addr in str(e.value) and addr not in m.prefill_info_table
+    bf16 = manager(2, 1, dtype="auto")  # not ours: SGLang decides
+    assert pd.around_try_ensure_parallel_info(fetch(4, 1), bf16, addr) is True

@@ -58,7 +58,7 @@ def test_entry_point_applies_every_hook(sgl):
     assert verify_hooks() == []
     assert hooks_ok()
     require_hooks()
-    assert len(HOOKS) == 18
+    assert len(HOOKS) == 22
 
 
 def test_verify_hooks_detects_a_missing_hook(sgl, monkeypatch):
@@ -308,7 +308,7 @@ def kvc(sgl, tiny_model, monkeypatch):
     )
 
 
-def _build(kvc, avail, reqs_cap=None, page_size=1):
+def _build(kvc, avail, reqs_cap=None, page_size=1, extra_rows=0):
     from sglang.srt.model_executor import pool_configurator as pc
 
     from oscar_sglang.runtime.configurator import Int2PoolConfigurator
@@ -320,7 +320,9 @@ def _build(kvc, avail, reqs_cap=None, page_size=1):
     cfg.max_running_requests = 4096 if reqs_cap is None else reqs_cap  # SGLang's estimate
     cfg = pc.create_memory_pool_configurator(kvc).finalize_with_max_running_requests(cfg)
     sizes = SimpleNamespace(max_total_num_tokens=cfg.max_total_num_tokens, max_running_requests=cfg.max_running_requests)
-    req_pool = SimpleNamespace(size=cfg.max_running_requests)
+    # the request pool's table: max_running_requests + 1 rows (+ the PD decode side's extra slots)
+    rows = cfg.max_running_requests + 1 + extra_rows
+    req_pool = SimpleNamespace(size=cfg.max_running_requests, req_to_token=torch.zeros(rows, 1, dtype=torch.int32))
     pool = around_build_token_to_kv_pool(None, kvc, sizes=sizes, is_dsa_model=False, is_dsv4_model=False,
                                          req_to_token_pool=req_pool)
     return cfg, pool
@@ -365,6 +367,36 @@ def test_configurator_and_pool(kvc, monkeypatch, caplog):
         pool.set_kv_buffer(None, None, None, None)
     with pytest.raises(NotImplementedError):
         pool.get_cpu_copy([0])
+
+
+def test_pd_decode_pool_has_a_side_row_per_request_row(kvc, monkeypatch, caplog):
+    """The decode side of PD (SGLang's DecodeReqToTokenPool) keeps extra request rows for
+    requests in transfer: the plan reserves their side buffers and the pool has a side row for
+    each (a row past them would be written out of bounds)."""
+    from oscar_sglang.runtime import sizing
+
+    monkeypatch.setenv("OSCAR_SINK_TOKENS", "4")
+    monkeypatch.setenv("OSCAR_RECENT_TOKENS", "8")
+    monkeypatch.setenv("OSCAR_MAX_RUNNING_REQUESTS", "5")
+    class DecodeArgs:  # resolved ServerArgs are read-only: the decode server's two fields over them
+        disaggregation_mode, disaggregation_decode_extra_slots = "decode", 3
+
+        def __getattr__(self, name):
+            return getattr(base, name)
+
+    base = kvc.server_args
+    monkeypatch.setattr(kvc, "server_args", DecodeArgs())
+    avail = 64 << 20
+    with caplog.at_level(logging.INFO, logger="oscar_sglang"):
+        cfg, pool = _build(kvc, avail, extra_rows=3)
+    shape = sizing.ModelKVShape(3, 2, 64, 64)
+    per_tok = sizing.int2_bytes_per_token(shape, pool.kv_format)
+    per_req = sizing.side_bytes_per_request(shape, 4, 8)
+    store = sizing.sink_store_plan(avail, shape, 4)[1]
+    assert cfg.max_running_requests == 5 and pool.req_rows == 9 and pool.sink_k[0].shape[0] == 9
+    assert cfg.max_total_num_tokens == (avail - 9 * per_req - store) // per_tok
+    assert pool._side_bytes() == 9 * per_req
+    assert "x 9 rows (max_running_requests=5 + 1 padding + 3 for PD transfers)" in caplog.text
 
 
 def test_channel_format_pool(kvc, monkeypatch, caplog):
