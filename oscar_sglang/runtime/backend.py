@@ -376,7 +376,8 @@ class OscarInt2TritonBackend(TritonAttnBackend):
 
     def _prepare_canonical(self, fb) -> CanonicalExtend | None:
         """Page-canonical prefill (OSCAR_PREFILL_READS=cache; the default `exact` skips this):
-        what an extend reads must not depend on how its prefix reached the cache. A cold prefill computes its whole prompt, a radix / host hit of P tokens (always
+        what an extend reads must not depend on how its prefix reached the cache. A cold prefill
+        computes its whole prompt, a radix / host hit of P tokens (always
         whole pages) reads [0, P) from the INT2 pages, so both read every position in a complete
         page as the cache holds it (quantised; the sink in BF16) and only the positions of the last,
         incomplete page in BF16: for a request of length L, own_start = C = L // page * page (its
