@@ -40,11 +40,20 @@
 #            of $HICACHE_BASE (default bench/results/hicache_$MACHINE.json) (not timed yet: about
 #            7-10 min for the default parts; HICACHE_PARTS=load,aborts then =file if it runs over)
 #                                                             -> $OUT/hicache_$MACHINE.json
+#   multi-gpu  python -m bench.multi_gpu --part $MG_PARTS (default tp,dp) on the GPUs $MG_GPUS (default
+#            0,1; nvidia-h200-x2, MACHINE=h200x2): TP 2 int2 / FP8 / BF16 on dummy Llama-3.1-8B with
+#            int2's in-server attention check on every rank, then --dp-size 2, dp attention and two
+#            servers behind sglang-router; --only-missing, so the same command repeated fills the
+#            table job by job (about 7 calls; python -m bench.multi_gpu --help has the plan); the
+#            sglang-router wheel carried in .devkit/router is installed into the unpacked bundle;
+#            more flags in $MG_ARGS; merged into the rows of $MG_BASE (default
+#            bench/results/multi_gpu_$MACHINE.json)          -> $OUT/multi_gpu_$MACHINE.json
 #
 # Environment: OUT (results folder, default /tmp/out), MACHINE (tag in the file names, e.g. h200;
-# default gpu), SHAPES, CONFIGS, LOADS, DEADLINE_S (serving, default 560), NIAH_CONFIGS, NIAH_ARGS,
-# SPEC_PARTS, SPEC_GPUS, SPEC_ARGS, SPEC_BASE, PATHS_CONFIGS, PATHS_GPUS, PATHS_ARGS, PATHS_BASE,
-# HICACHE_PARTS, HICACHE_GPUS, HICACHE_ARGS, HICACHE_BASE.
+# default gpu), SHAPES, CONFIGS, LOADS, DEADLINE_S (serving, default 560; multi-gpu, default 520),
+# NIAH_CONFIGS, NIAH_ARGS, SPEC_PARTS, SPEC_GPUS, SPEC_ARGS, SPEC_BASE, PATHS_CONFIGS, PATHS_GPUS,
+# PATHS_ARGS, PATHS_BASE, HICACHE_PARTS, HICACHE_GPUS, HICACHE_ARGS, HICACHE_BASE, MG_PARTS, MG_GPUS,
+# MG_ARGS, MG_BASE.
 # Carry: .devkit/device-env.sh and .devkit/smollm2_tok.tar.xz always, .devkit/sgl_bundle.tar.xz in
 # the first call (the machine keeps the unpacked bundle while it stays warm; bench/device_kit.sh
 # repacks it with the wheels of .devkit/extra, such as sgl-deep-gemm for a draft model's CUDA
@@ -63,9 +72,9 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 MACHINE=${MACHINE:-gpu}
 for stage in "$@"; do  # all names checked before any work
-  case "$stage" in kernels|serving|part-a|niah|spec|paths|hicache) ;; *) echo "unknown stage '$stage' (kernels, serving, part-a, niah, spec, paths, hicache)"; exit 2 ;; esac
+  case "$stage" in kernels|serving|part-a|niah|spec|paths|hicache|multi-gpu) ;; *) echo "unknown stage '$stage' (kernels, serving, part-a, niah, spec, paths, hicache, multi-gpu)"; exit 2 ;; esac
 done
-[ $# -gt 0 ] || { echo "usage: bash bench/run_stages.sh STAGE [STAGE ...]  (kernels, serving, part-a, niah, spec, paths, hicache)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash bench/run_stages.sh STAGE [STAGE ...]  (kernels, serving, part-a, niah, spec, paths, hicache, multi-gpu)"; exit 2; }
 case "$MACHINE" in *[!A-Za-z0-9_.-]*|"") echo "MACHINE='$MACHINE': letters, digits, _ . - only"; exit 2 ;; esac
 mkdir -p "$OUT" /tmp/gg
 NIAH_CONFIGS=${NIAH_CONFIGS:-"bf16,fp8_e4m3,int2,int2-token:OSCAR_KV_FORMAT=token,k3c64-s4-w128:OSCAR_KV_FORMAT=k3c64-v2t64-s4-w128,\
@@ -153,6 +162,21 @@ for stage in "$@"; do
         --base "${HICACHE_BASE:-bench/results/hicache_$MACHINE.json}" --logs "$OUT/hicache_logs" \
         ${HICACHE_ARGS:-} > "$OUT/hicache.log" 2>&1 || rc=1
       tail -25 "$OUT/hicache.log" ;;
+    multi-gpu)
+      parts=${MG_PARTS:-tp,dp}
+      devkit; say "multi-gpu $parts"
+      # the router jobs' sglang-router wheel (31 MB: not in the bundle's call), kept in the unpacked
+      # bundle while the machine is warm
+      if ls .devkit/router/*.whl > /dev/null 2>&1; then
+        python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/sgl/site .devkit/router/*.whl \
+          >> "$OUT/env.log" 2>&1 || { echo "multi-gpu: .devkit/router wheels failed"; tail "$OUT/env.log"; }
+      fi
+      # --base: rows of an earlier call's file (copied back into the checkout) stay in this one's
+      python -m bench.multi_gpu --part "$parts" --gpus "${MG_GPUS:-0,1}" --only-missing \
+        --deadline-s "${DEADLINE_S:-520}" --out "$OUT/multi_gpu_$MACHINE.json" \
+        --base "${MG_BASE:-bench/results/multi_gpu_$MACHINE.json}" --logs "$OUT/multi_gpu_logs" \
+        ${MG_ARGS:-} > "$OUT/multi_gpu.log" 2>&1 || rc=1
+      tail -30 "$OUT/multi_gpu.log" ;;
   esac
 done
 say done

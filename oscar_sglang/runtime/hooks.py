@@ -21,7 +21,7 @@ did not apply keeps an error that every int2 code path raises (state.require_hoo
   chains     NgramCorpus.batch_get              AFTER   NGRAM's breadth-1 trees -> chains
   info       Scheduler.get_internal_state       AFTER   /server_info shows what was loaded
   metrics    SchedulerMetricsCollector.log_stats AFTER  int2 pool gauges (--enable-metrics)
-  PD (pd_buffers.py; PD itself is still refused at start by refusals.py):
+  PD (pd_hooks.py; PD itself is still refused at start by refusals.py):
   pd-state   setup_state_kv_args                AFTER   side rows sent as a per-request state component
   pd-rows    DecodePreallocQueue._pre_alloc     AROUND  received rows keep the transferred side state
   pd-dtype   CommonKVManager.__init__           BEFORE  "int2" -> "int2:<format>:<rotation>" both sides compare
@@ -33,7 +33,7 @@ import logging
 import sys
 
 from .config import BACKEND, INT2
-from .pd_buffers import (
+from .pd_hooks import (
     after_setup_state_kv_args,
     around_pre_alloc,
     around_try_ensure_parallel_info,
@@ -350,7 +350,7 @@ HOOKS = [
      after_generate_storage_config),
     ("sglang.srt.managers.scheduler.Scheduler.get_internal_state", "AFTER", after_get_internal_state),
     ("sglang.srt.observability.metrics_collector.SchedulerMetricsCollector.log_stats", "AFTER", after_log_stats),
-    # PD disaggregation (runtime/pd_buffers.py; refused at start until it has run on a GPU)
+    # PD disaggregation (runtime/pd_hooks.py; refused at start until it has run on a GPU)
     ("sglang.srt.disaggregation.utils.setup_state_kv_args", "AFTER", after_setup_state_kv_args),
     ("sglang.srt.disaggregation.decode.DecodePreallocQueue._pre_alloc", "AROUND", around_pre_alloc),
     ("sglang.srt.disaggregation.common.conn.CommonKVManager.__init__", "BEFORE", before_kv_manager_init),

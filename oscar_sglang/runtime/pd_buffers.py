@@ -28,7 +28,7 @@ H times as many transfer blocks per page run (and registered regions), and a pre
 with different PP sizes would be sliced by "layer" index into the wrong entries
 (pd_parallel_problems refuses that).
 
-Wired (the hooks' bodies are below; hooks.py registers them):
+Wired (the hooks' bodies are in pd_hooks.py; hooks.py registers them):
 * pool.get_contiguous_buf_infos / get_state_buf_infos return contiguous_buf_infos /
   state_buf_infos (pool.py);
 * setup_state_kv_args (AFTER, after_setup_state_kv_args): on both sides, for an INT2 pool, appends
@@ -65,8 +65,6 @@ What remains (none of it run):
   scheduling) could be written by a transfer while that forward reads it; not measured.
 """
 from __future__ import annotations
-
-import re
 
 import torch
 
@@ -216,106 +214,6 @@ def mismatch_message(prefill: str | None, decode: str | None) -> str | None:
     return (f"INT2 PD servers cannot pair: the prefill server serves {side(prefill, p)} and the decode "
             f"server {side(decode, d)}. Both must use the same --kv-cache-dtype, OSCAR_KV_FORMAT and "
             f"rotation file (INT2 pages are only meaningful in the format and rotation that wrote them).")
-
-
-def before_kv_manager_init(self, args=None, *rest, **kwargs):
-    """BEFORE hook body for CommonKVManager.__init__: an int2 server's KVArgs carry
-    compat_dtype_string instead of the bare "int2". Before, not after: the prefill side registers
-    the string with the bootstrap server inside __init__ (register_to_bootstrap), and the decode
-    side compares it with self.kv_cache_dtype_str, copied from the KVArgs there."""
-    if getattr(args, "kv_cache_dtype_str", None) == INT2:
-        from .state import RUNTIME_INFO
-
-        if not RUNTIME_INFO.get("kv_format"):
-            raise RuntimeError("oscar-sglang: a PD KV manager with kv_cache_dtype int2 but no INT2 pool "
-                               "in this process (configurator.build_pool did not run)")
-        args.kv_cache_dtype_str = compat_dtype_string(RUNTIME_INFO)
-    return None
-
-
-_MISMATCH = re.compile(r"prefill server has kv_cache_dtype=(\S+?), but decode server has kv_cache_dtype=(\S+?)\.")
-
-
-def around_try_ensure_parallel_info(orig, self, bootstrap_addr, *args, **kwargs):
-    """AROUND hook body for CommonKVManager.try_ensure_parallel_info (the decode side fetching a
-    prefill server's info): SGLang's dtype check raises "KV cache dtype mismatch" with both
-    strings; where either is an int2 one, say which formats differ instead. An int2 decode
-    refuses a prefill whose attention TP or PP size differs (pd_parallel_problems): the sizes of
-    both are only known here. Both raise, as SGLang's own pairing checks do."""
-    try:
-        ok = orig(self, bootstrap_addr, *args, **kwargs)
-    except RuntimeError as e:
-        m = _MISMATCH.search(str(e))
-        if m is None or not any(s.startswith(INT2) for s in m.groups()):
-            raise
-        raise RuntimeError(mismatch_message(*m.groups())) from e
-    if ok and str(getattr(self, "kv_cache_dtype_str", "")).startswith(INT2):
-        info = self.prefill_info_table[bootstrap_addr]
-        problems = pd_parallel_problems(info.attn_tp_size, self.attn_tp_size, info.pp_size, self.pp_size)
-        if problems:
-            del self.prefill_info_table[bootstrap_addr]  # not paired: a retry checks again
-            raise RuntimeError(f"INT2 PD servers cannot pair (prefill at {bootstrap_addr}): " + " ".join(problems))
-    return ok
-
-
-# ------------------------------------------------------------------------------------ state wiring
-
-
-def _is_int2_pool(pool) -> bool:
-    from .pool import OscarInt2KVPool
-
-    return isinstance(pool, OscarInt2KVPool)
-
-
-def identity_state_mapping(req_to_token_pool) -> torch.Tensor:
-    """What prefill.py and decode.py read as `req_index_to_mamba_index_mapping[req_pool_idx]` for
-    a MAMBA component: the INT2 side rows are the request rows themselves. On the CPU: the payload
-    calls .cpu() on the element it reads, so no device sync per request."""
-    return torch.arange(req_to_token_pool.req_to_token.shape[0], dtype=torch.int32)
-
-
-def after_setup_state_kv_args(result, kv_args, token_to_kv_pool, draft_token_to_kv_pool=None,
-                              total_kv_layers=None, req_to_token_pool=None, *args, **kwargs):
-    """AFTER hook body for disaggregation.utils.setup_state_kv_args (prefill and decode, before
-    the KV manager is built): an INT2 pool's side rows as a MAMBA state component (the one kind
-    SGLang sends per request, one index each) and the identity row mapping on the request pool,
-    which the payloads read on both sides."""
-    if not _is_int2_pool(token_to_kv_pool):
-        return result
-    from sglang.srt.disaggregation.base.conn import StateType
-    from sglang.srt.disaggregation.utils import append_state_component
-
-    problem = None
-    if kv_args.state_types:
-        problem = f"state components {kv_args.state_types} already registered for an INT2 pool"
-    elif req_to_token_pool is None:
-        problem = "no request pool given (the side rows are indexed by its rows)"
-    elif req_to_token_pool.req_to_token.shape[0] > token_to_kv_pool.req_rows:
-        problem = (f"the request pool has {req_to_token_pool.req_to_token.shape[0]} rows, the INT2 "
-                   f"side buffers {token_to_kv_pool.req_rows}")
-    else:
-        identity = identity_state_mapping(req_to_token_pool)
-        mapped = getattr(req_to_token_pool, "req_index_to_mamba_index_mapping", None)
-        if mapped is not None and not torch.equal(mapped.cpu(), identity):  # (ours: set up again)
-            problem = "the request pool maps rows to Mamba state already (a hybrid model's pool)"
-    if problem:
-        raise RuntimeError(f"oscar-sglang: cannot register the INT2 side rows for PD: {problem}")
-    append_state_component(kv_args, StateType.MAMBA, *token_to_kv_pool.get_state_buf_infos())
-    req_to_token_pool.req_index_to_mamba_index_mapping = identity
-    return result
-
-
-def around_pre_alloc(orig, self, req, *args, **kwargs):
-    """AROUND hook body for DecodePreallocQueue._pre_alloc (the decode side gives a request its
-    row and slots before the transfer): the row's side state will come by transfer, so its reset
-    is withdrawn and its side-copy pointers dropped (pool.note_received_rows; kv_committed_len
-    is the token count the prefill sends, set by _pre_alloc)."""
-    out = orig(self, req, *args, **kwargs)
-    if _is_int2_pool(getattr(self, "token_to_kv_pool", None)):
-        from .pool import note_received_rows
-
-        note_received_rows([req.req_pool_idx], [req.kv_committed_len])
-    return out
 
 
 # ------------------------------------------------------------------------------------ refusals

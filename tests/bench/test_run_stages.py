@@ -97,3 +97,16 @@ def test_hicache_stage_parts_and_gpus_are_the_benchmarks():
     assert hicache.parse_args(["--part", "paths", "--gpus", gpus]).parts == ["paths"]
     # the stage writes the file the issue names, under the machine's tag; paths needs the wheel
     assert "hicache_$MACHINE.json" in text and "hicache)" in text and "*,paths,*)" in text
+
+
+def test_multi_gpu_stage_parts_and_gpus_are_the_benchmarks():
+    from bench import multi_gpu
+
+    text = SCRIPT.read_text()
+    parts = re.search(r"\$\{MG_PARTS:-([^}]*)\}", text).group(1)
+    gpus = re.search(r"\$\{MG_GPUS:-([^}]*)\}", text).group(1)
+    args = multi_gpu.parse_args(["--part", parts, "--gpus", gpus, "--only-missing", "--deadline-s", "520"])
+    assert args.parts == ["tp", "dp"] and args.gpu_list == ["0", "1"] and args.only_missing
+    # the file the issue names under MACHINE=h200x2, the router wheel's folder the script's help names
+    assert "multi_gpu_$MACHINE.json" in text and "multi-gpu)" in text and ".devkit/router/*.whl" in text
+    assert multi_gpu.DEFAULT_OUT.name == "multi_gpu_h200x2.json" and ".devkit/router" in multi_gpu.__doc__

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from oscar_sglang.runtime import pd_buffers as pd
+from oscar_sglang.runtime import pd_hooks as pdh
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -149,16 +150,16 @@ def test_hook_bodies_rewrite_the_dtype_and_name_both_formats():
         RUNTIME_INFO.clear()
         RUNTIME_INFO.update(kv_format="k4c64-v2h-s4-w128", rotation_sha256="ab" * 32)
         kv_args = SimpleNamespace(kv_cache_dtype_str="int2")  # CommonKVManager(args, mode, ...)
-        assert pd.before_kv_manager_init(None, kv_args, "prefill", None) is None
+        assert pdh.before_kv_manager_init(None, kv_args, "prefill", None) is None
         assert kv_args.kv_cache_dtype_str == "int2:k4c64-v2h-s4-w128:" + "ab" * 8
-        pd.before_kv_manager_init(None, kv_args, "prefill", None)  # once rewritten, left alone
+        pdh.before_kv_manager_init(None, kv_args, "prefill", None)  # once rewritten, left alone
         assert kv_args.kv_cache_dtype_str == "int2:k4c64-v2h-s4-w128:" + "ab" * 8
         bf16 = SimpleNamespace(kv_cache_dtype_str="auto")
-        pd.before_kv_manager_init(None, args=bf16)
+        pdh.before_kv_manager_init(None, args=bf16)
         assert bf16.kv_cache_dtype_str == "auto"
         RUNTIME_INFO.clear()  # no INT2 pool in this process: loud
         with pytest.raises(RuntimeError, match="no INT2 pool"):
-            pd.before_kv_manager_init(None, SimpleNamespace(kv_cache_dtype_str="int2"))
+            pdh.before_kv_manager_init(None, SimpleNamespace(kv_cache_dtype_str="int2"))
     finally:
         RUNTIME_INFO.clear()
         RUNTIME_INFO.update(saved)
@@ -171,15 +172,15 @@ def test_hook_bodies_rewrite_the_dtype_and_name_both_formats():
                            f"same --kv-cache-dtype value.")
 
     with pytest.raises(RuntimeError, match="INT2 PD servers cannot pair") as e:
-        pd.around_try_ensure_parallel_info(sglang_check, None, "host:1")
+        pdh.around_try_ensure_parallel_info(sglang_check, None, "host:1")
     assert "token" in str(e.value) and "k4c64-v2h-s4-w128" in str(e.value)
-    assert pd.around_try_ensure_parallel_info(lambda self, addr: True, None, "host:1") is True
+    assert pdh.around_try_ensure_parallel_info(lambda self, addr: True, None, "host:1") is True
 
     def other_error(self, addr):
         raise RuntimeError("Page size mismatch")
 
     with pytest.raises(RuntimeError, match="Page size mismatch"):
-        pd.around_try_ensure_parallel_info(other_error, None, "host:1")
+        pdh.around_try_ensure_parallel_info(other_error, None, "host:1")
 
 
 def test_pd_refusals():
@@ -247,11 +248,11 @@ def test_pairing_refuses_other_tp_or_pp_sizes():
         return orig
 
     ok = manager(2, 1)
-    assert pd.around_try_ensure_parallel_info(fetch(2, 1), ok, addr) is True and addr in ok.prefill_info_table
+    assert pdh.around_try_ensure_parallel_info(fetch(2, 1), ok, addr) is True and addr in ok.prefill_info_table
     for (ptp, ppp), word in (((4, 1), "prefill 4, decode 2"), ((2, 2), "PP sizes (prefill 2, decode 1)")):
         m = manager(2, 1)
         with pytest.raises(RuntimeError, match="INT2 PD servers cannot pair") as e:
-            pd.around_try_ensure_parallel_info(fetch(ptp, ppp), m, addr)
+            pdh.around_try_ensure_parallel_info(fetch(ptp, ppp), m, addr)
         assert word in str(e.value) and addr in str(e.value) and addr not in m.prefill_info_table
     bf16 = manager(2, 1, dtype="auto")  # not ours: SGLang decides
-    assert pd.around_try_ensure_parallel_info(fetch(4, 1), bf16, addr) is True
+    assert pdh.around_try_ensure_parallel_info(fetch(4, 1), bf16, addr) is True

@@ -1,4 +1,4 @@
-"""PD disaggregation wiring (runtime/pd_buffers.py, registered by runtime/hooks.py) through SGLang's
+"""PD disaggregation wiring (runtime/pd_hooks.py and pd_buffers.py, registered by runtime/hooks.py) through SGLang's
 own disaggregation code, on tiny CPU pools (stores and decode reads through the real kernels,
 TRITON_INTERPRET):
 
@@ -167,6 +167,7 @@ def test_setup_state_kv_args_registers_side_rows_on_both_sides(sgl):
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
     from oscar_sglang.runtime import pd_buffers as pd
+    from oscar_sglang.runtime import pd_hooks as pdh
     from oscar_sglang.runtime.hooks import after_setup_state_kv_args, verify_hooks
     from oscar_sglang.runtime.hooks import _contains
 
@@ -211,6 +212,7 @@ def test_a_transferred_request_decodes_as_on_the_prefill_server(sgl, layout, lan
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
     from oscar_sglang.runtime import pd_buffers as pd
+    from oscar_sglang.runtime import pd_hooks as pdh
     from oscar_sglang.runtime.pool import note_new_rows
 
     _, B, n_pages, T = LAYOUTS[layout]
@@ -246,7 +248,7 @@ def test_a_transferred_request_decodes_as_on_the_prefill_server(sgl, layout, lan
         rtp_d.req_to_token[row_d, :len(slots_d)] = slots_d
 
     note_new_rows([row_d], [0])  # as a hooked ReqToTokenPool.alloc would: withdrawn by the receipt
-    pd.around_pre_alloc(pre_alloc, SimpleNamespace(token_to_kv_pool=dec), req)
+    pdh.around_pre_alloc(pre_alloc, SimpleNamespace(token_to_kv_pool=dec), req)
     if not lands_before_forward:
         dec.apply_pending_resets(rtp_d.req_to_token)  # a forward of other requests first
     _transfer(args_p, args_d, rtp_p, rtp_d, row_p, row_d, T)
@@ -280,6 +282,7 @@ def test_pairing_names_formats_and_refuses_other_tp(sgl, monkeypatch):
     import sglang.srt.disaggregation.common.conn as conn
 
     from oscar_sglang.runtime import pd_buffers as pd
+    from oscar_sglang.runtime import pd_hooks as pdh
     from oscar_sglang.runtime.state import RUNTIME_INFO
 
     saved = dict(RUNTIME_INFO)
@@ -288,7 +291,7 @@ def test_pairing_names_formats_and_refuses_other_tp(sgl, monkeypatch):
         RUNTIME_INFO.clear()
         RUNTIME_INFO.update(kv_format=fmt, rotation_sha256=sha)
         args = SimpleNamespace(kv_cache_dtype_str="int2")
-        pd.before_kv_manager_init(None, args)
+        pdh.before_kv_manager_init(None, args)
         return args.kv_cache_dtype_str
 
     try:
