@@ -99,9 +99,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from bench import _results
+from bench.spec_decode import DEVKIT_MODELS, _csv
 
-ROOT = Path(__file__).resolve().parent.parent
-DEVKIT_MODELS = ROOT / ".devkit" / "models"
 DEFAULT_OUT = _results.RESULTS / "multi_gpu_h200x2.json"
 
 PARTS = ("tp", "dp")
@@ -136,10 +135,6 @@ OSCAR_GAUGE = "sglang:oscar_int2_"
 
 def _stamp() -> str:
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-
-
-def _csv(s: str) -> List[str]:
-    return [x.strip() for x in (s or "").split(",") if x.strip()]
 
 
 def _f(x, fmt="{:,.0f}"):

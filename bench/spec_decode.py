@@ -697,8 +697,8 @@ def run_jobs(jobs: List[tuple], gpus: List[Optional[str]], turns=None) -> bool:
 # ------------------------------------------------------------------------------ main
 
 
-def _csv(s: str) -> List[str]:
-    return [x.strip() for x in s.split(",") if x.strip()]
+def _csv(s: str | None) -> List[str]:
+    return [x.strip() for x in (s or "").split(",") if x.strip()]
 
 
 def parse_args(argv=None):
