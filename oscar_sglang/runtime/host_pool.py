@@ -21,13 +21,15 @@ that every section can be viewed as its dtype:
 INT2 bytes.
 
 Copies (`backup_from_device_all_layer`, `load_to_device_per_layer`) are torch gathers / scatters
-over the pool's head-major views: correct on CPU and CUDA. A load checks its indices once (at
-layer 0: one host synchronisation a load) and copies each layer's bytes through pinned memory,
-asynchronously on the load stream; a backup (all layers at once, on the write stream) copies into
-pageable memory first, which synchronises that stream. A Triton page-copy kernel over pointer
-tables would drop the staging; not built (the load has not been timed yet: bench/hicache.py). They take whole pages only: indices whose
-runs of B are not [p * B, ..., p * B + B - 1] are refused. io_backend "kernel" (SGLang's default
-with --hicache-mem-layout page_first) names this copy; "direct" / "kernel_ascend" are refused.
+between the pool's head-major views and `host_view`: for a CUDA device pool a CUDA tensor over the
+pinned blob (the same memory, reachable from the GPU through unified addressing), so both are
+GPU kernels on the calling stream (HiCacheController's write / load stream) that read or write
+host memory over PCIe, with no staging copy and no host synchronisation but the index check;
+for a CPU device pool (the tests) the blob itself. A load checks its indices once (at layer 0)
+and reads one contiguous byte range of each page per layer. They take whole pages only: indices
+whose runs of B are not [p * B, ..., p * B + B - 1] are refused. io_backend "kernel" (SGLang's
+default with --hicache-mem-layout page_first) names this copy; "direct" / "kernel_ascend" are
+refused.
 
 The page-0 sink travels with no page: its BF16 copy is kept by the request's first token ids in
 the device's sink store (runtime/sink_store.py), which gives it to every request whose prefix
@@ -36,10 +38,10 @@ comes from a cache, this tier included.
 Load: the first layer's load (layer_id 0) marks every loaded device slot as having no BF16 side
 copy (slot_entry = -1: the store kernel's rule for a fresh write).
 
-Streams (to settle before wiring): HiCacheController runs backups on its write stream and loads on
-its load stream. The page bytes are safe there (SGLang locks the pages); the layer-0 load's
-slot_entry write is forward-stream bookkeeping and belongs there, and the forward must wait for
-each layer's load (LayerDoneCounter) before it reads that layer.
+Streams: backups run on HiCacheController's write stream, loads on its load stream; the page
+bytes are safe there (SGLang locks the pages). The layer-0 load's slot_entry write rides the load
+stream too, ahead of the layer's completion that the backend waits for (LayerDoneCounter) before
+it reads that layer.
 
 Storage keys. SGLang's `file` backend names a page `<page hash><config_suffix>.bin`; the page hash
 is a chain of token hashes (mem_cache/utils.get_hash_str, HiCacheController), and
@@ -107,6 +109,28 @@ def page_sections(pool) -> tuple[list[Section], int]:
     return out, off
 
 
+def page_slots(pages: torch.Tensor, page_size: int) -> torch.Tensor:
+    """Every slot of `pages`, page after page."""
+    return (pages[:, None] * page_size + torch.arange(page_size, device=pages.device)).reshape(-1)
+
+
+def gather_section(pool, sec: Section, pages, slots) -> torch.Tensor:
+    """uint8 [len(pages), sec.nbytes]: section `sec` of each page of `pool` (slots: page_slots)."""
+    buf = getattr(pool, sec.name)[sec.layer]
+    data = buf[pages] if sec.per_page else buf[slots]
+    return data.contiguous().view(torch.uint8).reshape(len(pages), sec.nbytes)
+
+
+def scatter_section(pool, sec: Section, pages, slots, data: torch.Tensor) -> None:
+    """gather_section's inverse: data [len(pages), >= sec.nbytes] uint8 into `pool`."""
+    buf = getattr(pool, sec.name)[sec.layer]
+    vals = data[:, :sec.nbytes].contiguous().view(sec.dtype)
+    if sec.per_page:
+        buf[pages] = vals.view(len(pages), *sec.shape)
+    else:
+        buf[slots] = vals.view(len(pages) * pool.page_size, *sec.shape[1:])
+
+
 def storage_salt(kv_format_name: str, rotation_sha256: str) -> str:
     """Short, file-name-safe tag of what the stored bytes mean: the KV format and the rotation."""
     digest = hashlib.sha256(f"{kv_format_name}|{rotation_sha256}".encode()).hexdigest()
@@ -125,6 +149,31 @@ def after_generate_storage_config(result, controller, *args, **kwargs):
     salt = storage_salt(RUNTIME_INFO["kv_format"], RUNTIME_INFO["rotation_sha256"])
     result.model_name = f"{result.model_name or ''}_{salt}"
     return result
+
+
+class _PinnedAsCuda:
+    """`__cuda_array_interface__` of a pinned uint8 host tensor, for torch.as_tensor."""
+
+    def __init__(self, t: torch.Tensor):
+        self.__cuda_array_interface__ = {"shape": tuple(t.shape), "typestr": "|u1",
+                                         "data": (t.data_ptr(), False), "version": 3}
+
+
+def host_view(blob: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`blob` as a tensor on `device`: a CUDA tensor over the same (pinned) memory for a CUDA
+    device (GPU kernels read and write it through unified addressing), the blob itself for CPU."""
+    if device.type == "cpu":
+        return blob
+    if device.type != "cuda" or not blob.is_pinned():
+        raise ValueError(f"the INT2 host tier is read and written by GPU kernels and needs pinned "
+                         f"host memory next to a CUDA device pool (device {device}, pinned "
+                         f"{blob.is_pinned()})")
+    with torch.cuda.device(device):
+        view = torch.as_tensor(_PinnedAsCuda(blob), device=device)
+    if view.data_ptr() != blob.data_ptr():  # not the same memory: the copies would go nowhere
+        raise ValueError("the pinned host tier has no GPU address equal to its host address "
+                         "(unified addressing is required)")
+    return view
 
 
 def page_starts(indices: torch.Tensor, page_size: int, what: str) -> torch.Tensor:
@@ -185,21 +234,32 @@ class Int2HostPool(HostKVCache):
                              f"{type(self.allocator).__name__}: use --hicache-storage-backend file "
                              "or none")
         blob = self._empty((self.page_num, self.page_bytes), torch.uint8)
-        blob.zero_()
+        blob.zero_()  # the sections' padding stays zero: copies never write it
+        self.host_view = host_view(blob, pool.slot_entry.device)
         return blob
 
     def destroy(self):
         # torch pinned tensors (not cudaHostRegister'd mmap like SGLang's pools): nothing to
         # unregister, torch frees them
         self._destroyed = True
-        self.kv_buffer = None
+        self.kv_buffer = self.host_view = None
 
     def is_stride_page_aligned(self, page_size_bytes: int = 4096) -> bool:
         return self.page_bytes % page_size_bytes == 0
 
     # ---------------------------------------------------------------- checks
     def _host_pages(self, host_indices) -> torch.Tensor:
-        return page_starts(host_indices.cpu(), self.page_size, "host indices") // self.page_size
+        """Host page numbers of `host_indices`, on the device that copies (host_view's)."""
+        idx = host_indices.to(self.host_view.device)
+        return page_starts(idx, self.page_size, "host indices") // self.page_size
+
+    def _page_of(self, index) -> int:
+        """The host page whose first slot is `index` (the storage backends' page handle)."""
+        index = int(index)
+        if index % self.page_size or not 0 <= index < self.page_num * self.page_size:
+            raise ValueError(f"host slot {index} is not the first slot of a host page "
+                             f"(page size {self.page_size}, {self.page_num} pages)")
+        return index // self.page_size
 
     def _device_pages(self, device_pool, device_indices) -> torch.Tensor:
         dev = device_pool.slot_entry.device
@@ -213,20 +273,7 @@ class Int2HostPool(HostKVCache):
 
     # ---------------------------------------------------------------- device <-> host
     def _slots(self, pages: torch.Tensor) -> torch.Tensor:
-        return (pages[:, None] * self.page_size + torch.arange(self.page_size, device=pages.device)).reshape(-1)
-
-    def _gather(self, device_pool, sec: Section, pages, slots) -> torch.Tensor:
-        buf = getattr(device_pool, sec.name)[sec.layer]
-        data = buf[pages] if sec.per_page else buf[slots]
-        return data.contiguous().view(torch.uint8).reshape(len(pages), sec.nbytes)
-
-    def _scatter(self, device_pool, sec: Section, pages, slots, data: torch.Tensor) -> None:
-        buf = getattr(device_pool, sec.name)[sec.layer]
-        vals = data[:, :sec.nbytes].contiguous().view(sec.dtype)
-        if sec.per_page:
-            buf[pages] = vals.view(len(pages), *sec.shape)
-        else:
-            buf[slots] = vals.view(len(pages) * self.page_size, *sec.shape[1:])
+        return page_slots(pages, self.page_size)
 
     def _page_pairs(self, device_pool, host_indices, device_indices, io_backend):
         """(host pages, device pages, device slots) of a copy, checked; None: nothing to copy."""
@@ -240,20 +287,14 @@ class Int2HostPool(HostKVCache):
         return hp, dp, self._slots(dp)
 
     def backup_from_device_all_layer(self, device_pool, host_indices, device_indices, io_backend) -> None:
-        """Whole pages device -> host, every layer."""
+        """Whole pages device -> host, every layer: each section gathered on the device and written
+        into its columns of the host pages."""
         pages = self._page_pairs(device_pool, host_indices, device_indices, io_backend)
         if pages is None:
             return
         hp, dp, slots = pages
-        parts, at = [], 0
         for sec in self.sections:
-            if sec.offset > at:  # the previous section's padding
-                parts.append(torch.zeros((len(dp), sec.offset - at), dtype=torch.uint8, device=slots.device))
-            parts.append(self._gather(device_pool, sec, dp, slots))
-            at = sec.offset + sec.nbytes
-        if self.page_bytes > at:
-            parts.append(torch.zeros((len(dp), self.page_bytes - at), dtype=torch.uint8, device=slots.device))
-        self.kv_buffer[hp] = torch.cat(parts, 1).to(self.kv_buffer.device)
+            self.host_view[hp, sec.offset:sec.offset + sec.nbytes] = gather_section(device_pool, sec, dp, slots)
 
     def _load_plan(self, device_pool, host_indices, device_indices, layer_id, io_backend):
         """The checked (host pages, device pages, device slots) of one load, worked out at its
@@ -275,15 +316,10 @@ class Int2HostPool(HostKVCache):
             return
         hp, dp, slots = pages
         lo, hi = self.layer_range[layer_id]
-        # the layer's byte range of each page, gathered into pinned memory so that the copy to the
-        # device is asynchronous on the load stream (torch's pinned allocator keeps the buffer
-        # until that copy is done)
-        staged = self._empty((len(hp), hi - lo), torch.uint8)
-        torch.index_select(self.kv_buffer[:, lo:hi], 0, hp, out=staged)
-        data = staged.to(slots.device, non_blocking=True)
+        data = self.host_view[hp, lo:hi]  # the layer's byte range of each page, now on the device
         for sec in self.sections:
             if sec.layer == layer_id:
-                self._scatter(device_pool, sec, dp, slots, data[:, sec.offset - lo:])
+                scatter_section(device_pool, sec, dp, slots, data[:, sec.offset - lo:])
         if layer_id == 0:
             device_pool.slot_entry[slots] = -1
 
@@ -292,18 +328,17 @@ class Int2HostPool(HostKVCache):
         """A host page (index: its first host slot) as uint8 [page_bytes] (a view of its blob)."""
         if not flat:
             raise NotImplementedError("the INT2 host pool hands out flat pages only (flat=True)")
-        page = self._host_pages(torch.arange(int(index), int(index) + self.page_size))
-        return self.kv_buffer[page[0]]
+        return self.kv_buffer[self._page_of(index)]
 
     def get_dummy_flat_data_page(self) -> torch.Tensor:
         return self._empty((self.page_bytes,), torch.uint8).zero_()
 
     def set_from_flat_data_page(self, index: int, data_page: torch.Tensor) -> None:
-        page = self._host_pages(torch.arange(int(index), int(index) + self.page_size))
+        page = self._page_of(index)
         data = data_page.reshape(-1).view(torch.uint8)
         if data.numel() != self.page_bytes:
             raise ValueError(f"a flat INT2 page has {self.page_bytes} bytes, got {data.numel()}")
-        self.kv_buffer[page[0]] = data.to(self.kv_buffer.device)
+        self.kv_buffer[page] = data.to(self.kv_buffer.device)
 
     def get_page_buffer_meta(self, indices):
         raise NotImplementedError("zero-copy storage backends are not supported by the INT2 host "

@@ -33,14 +33,14 @@ def _no_host_reserve(monkeypatch):
     monkeypatch.setattr(host_base, "HICACHE_HOST_MEMORY_RESERVE_BYTES", 0)
 
 
-def _pool(name, layers, B, group):
+def _pool(name, layers, B, group, device="cpu"):
     from oscar_sglang.runtime.kv_format import resolve
 
     take_pending_rows()
     fmt = resolve(name, head_dim=D, v_head_dim=D, num_layers=layers, group_size=group or 64,
                   sink=4, recent=8 if group else None)
     assert fmt.sink == 4
-    return OscarInt2KVPool((PAGES - 1) * B, B, H, D, D, layers, "cpu", req_rows=ROWS, kv_format=fmt,
+    return OscarInt2KVPool((PAGES - 1) * B, B, H, D, D, layers, device, req_rows=ROWS, kv_format=fmt,
                            k_clip=[0.9] * layers, v_clip=[1.0] * layers)
 
 
@@ -50,18 +50,19 @@ def _slots(pages, B):
 
 def _prefill(pool, req_to_token, row, pages):
     """A request on `row` computes positions 0..len(pages)*B-1 itself, into `pages`."""
-    B = pool.page_size
-    slots = _slots(pages, B)
+    B, dev = pool.page_size, pool.slot_entry.device
+    slots = _slots(pages, B).to(dev)
     n = len(slots)
     req_to_token[row, :n] = slots
     note_new_rows([row], [0])
     pool.apply_pending_resets(req_to_token)
-    rows, pre = torch.tensor([row]), torch.tensor([0])
+    rows, pre = torch.tensor([row], device=dev), torch.tensor([0], device=dev)
     pool.note_extend(rows, pre)
     for layer in range(pool.layer_num):
-        k = (torch.randn(n, H, D) * 2).bfloat16()
-        v = torch.randn(n, H, D).bfloat16()
-        pool.store(layer, slots, k, v, torch.arange(n), torch.full((n,), row), torch.full((n,), n))
+        k = (torch.randn(n, H, D) * 2).bfloat16().to(dev)
+        v = torch.randn(n, H, D).bfloat16().to(dev)
+        pool.store(layer, slots, k, v, torch.arange(n, device=dev), torch.full((n,), row, device=dev),
+                   torch.full((n,), n, device=dev))
 
 
 def _bits(t):
@@ -71,21 +72,22 @@ def _bits(t):
 def _page_bytes(pool, layer, name, pages):
     buf = getattr(pool, name)[layer]
     if name == "k_params" and pool.layout.name == "channel":
-        return _bits(buf[torch.tensor(pages)])
-    return _bits(buf[_slots(pages, pool.page_size)])
+        return _bits(buf[torch.tensor(pages, device=buf.device)])
+    return _bits(buf[_slots(pages, pool.page_size).to(buf.device)])
 
 
-def _filled(spec):
-    pool = _pool(*spec)
-    r2t = torch.zeros(ROWS, 128, dtype=torch.int64)
+def _filled(spec, device="cpu"):
+    pool = _pool(*spec, device=device)
+    r2t = torch.zeros(ROWS, 128, dtype=torch.int64, device=device)
     _prefill(pool, r2t, 1, [1, 2, 3])
     _prefill(pool, r2t, 2, [4])
     return pool
 
 
-@pytest.mark.parametrize("spec", FORMATS, ids=[f[0] for f in FORMATS])
-def test_pages_round_trip_byte_exact(spec, seed):
-    src = _filled(spec)
+def round_trip(spec, device="cpu"):
+    """Pages of a pool filled by the store kernel -> host -> another pool at other page numbers,
+    checked byte for byte, in the host blob itself as well (what the file tier writes)."""
+    src = _filled(spec, device)
     B, L = src.page_size, src.layer_num
     host = Int2HostPool(src, 2.0, 0, B)
     # page sizes: every section of every layer, nothing else but alignment
@@ -95,15 +97,25 @@ def test_pages_round_trip_byte_exact(spec, seed):
     per_slot = (src._int2_bytes() - src.slot_entry.numel() * 4) / src.k_codes[0].shape[0]
     assert host.size_per_token == per_slot
     assert host.kv_buffer.is_pinned() == torch.cuda.is_available()
+    assert host.kv_buffer.device.type == "cpu"
+    assert host.host_view.device.type == torch.device(device).type
+    assert host.host_view.data_ptr() == host.kv_buffer.data_ptr()
 
     dev_pages, host_pages = [1, 2, 3, 4], [5, 2, 7, 0]
-    host.backup_from_device_all_layer(src, _slots(host_pages, B), _slots(dev_pages, B), "kernel")
+    slots = lambda pages: _slots(pages, B).to(device)  # noqa: E731
+    host.backup_from_device_all_layer(src, slots(host_pages), slots(dev_pages), "kernel")
+    if device != "cpu":
+        torch.cuda.synchronize()
+    for sec in host.sections:  # the host memory itself holds the device's bytes
+        for a, h in zip(dev_pages, host_pages):
+            got = host.kv_buffer[h, sec.offset:sec.offset + sec.nbytes]
+            assert torch.equal(got, _page_bytes(src, sec.layer, sec.name, [a]).reshape(-1).cpu()), (sec, a)
 
-    dst = _pool(*spec)
+    dst = _pool(*spec, device=device)
     dst_pages = [5, 3, 1, 2]
-    dst.slot_entry[_slots(dst_pages, B)] = 7  # stale pointers the load must clear
+    dst.slot_entry[slots(dst_pages)] = 7  # stale pointers the load must clear
     for layer in range(L):
-        host.load_to_device_per_layer(dst, _slots(host_pages, B), _slots(dst_pages, B), layer, "kernel")
+        host.load_to_device_per_layer(dst, slots(host_pages), slots(dst_pages), layer, "kernel")
     for layer in range(L):
         for name in SECTIONS:
             for a, b in zip(dev_pages, dst_pages):
@@ -111,7 +123,12 @@ def test_pages_round_trip_byte_exact(spec, seed):
                     (layer, name, a, b)
     # nothing else written: page 4 of dst (not a target) still zero
     assert not any(_page_bytes(dst, i, n, [4]).any() for i in range(L) for n in SECTIONS)
-    assert (dst.slot_entry[_slots(dst_pages, B)] == -1).all()
+    assert (dst.slot_entry[slots(dst_pages)] == -1).all()
+
+
+@pytest.mark.parametrize("spec", FORMATS, ids=[f[0] for f in FORMATS])
+def test_pages_round_trip_byte_exact(spec, seed):
+    round_trip(spec)
 
 
 def test_a_load_checks_its_indices_once(monkeypatch, seed):
@@ -173,8 +190,9 @@ def test_refusals(seed):
             host.backup_from_device_all_layer(src, good, bad, "kernel")
         with pytest.raises(ValueError, match="whole pages|page-aligned"):
             host.load_to_device_per_layer(src, bad, good, 0, "kernel")
-    with pytest.raises(ValueError, match="page-aligned"):
-        host.get_data_page(B + 1)
+    for bad_page in (B + 1, host.page_num * B, -B):  # not a page's first slot; past the end
+        with pytest.raises(ValueError, match="not the first slot of a host page"):
+            host.get_data_page(bad_page)
     with pytest.raises(ValueError, match="--hicache-io-backend kernel"):
         host.backup_from_device_all_layer(src, good, good, "direct")
     with pytest.raises(ValueError, match="--hicache-io-backend kernel"):
