@@ -26,6 +26,8 @@ did not apply keeps an error that every int2 code path raises (state.require_hoo
   pd-rows    DecodePreallocQueue._pre_alloc     AROUND  received rows keep the transferred side state
   pd-dtype   CommonKVManager.__init__           BEFORE  "int2" -> "int2:<format>:<rotation>" both sides compare
   pd-pair    CommonKVManager.try_ensure_parallel_info AROUND  format / TP / PP mismatches named at pairing
+  retract    Req.offload_kv_cache / load_kv_cache AROUND  a retracted request's pages and side row to
+                                                         host and back (retraction.py; decode side of PD)
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ from .pd_hooks import (
     around_try_ensure_parallel_info,
     before_kv_manager_init,
 )
+from .retraction import around_load_kv_cache, around_offload_kv_cache
 from .state import RUNTIME_INFO, mark_installed, require_hooks
 
 logger = logging.getLogger("oscar_sglang")
@@ -356,6 +359,9 @@ HOOKS = [
     ("sglang.srt.disaggregation.common.conn.CommonKVManager.__init__", "BEFORE", before_kv_manager_init),
     ("sglang.srt.disaggregation.common.conn.CommonKVManager.try_ensure_parallel_info", "AROUND",
      around_try_ensure_parallel_info),
+    # retraction (the decode side of PD): a request's INT2 pages and side row to host and back
+    ("sglang.srt.managers.schedule_batch.Req.offload_kv_cache", "AROUND", around_offload_kv_cache),
+    ("sglang.srt.managers.schedule_batch.Req.load_kv_cache", "AROUND", around_load_kv_cache),
 ]
 
 # functions SGLang's modules import by name (`from ... import f`): HookRegistry rebinds the copies

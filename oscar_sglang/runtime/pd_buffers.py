@@ -48,6 +48,9 @@ Wired (the hooks' bodies are in pd_hooks.py; hooks.py registers them):
 * refused at start (refusals.server_args_problems via pd_start_problems): decode-side radix cache
   and offload, speculative decoding with a draft model, transfer backends other than mooncake /
   nixl, SGLANG_DISAGG_STAGING_BUFFER;
+* retraction on the decode side (a decode server short of KV slots): a request's pages and side
+  row go to host memory and back through runtime/retraction.py (hooked Req.offload_kv_cache /
+  load_kv_cache), not the pool's per-slot get_cpu_copy;
 * the decode side's side rows: DecodeReqToTokenPool has max_running_requests +
   disaggregation_decode_extra_slots + 1 rows, and the pool has as many side rows (configurator.py,
   sized by sizing.plan_pool's extra_rows).
@@ -57,9 +60,6 @@ What remains (none of it run):
   sglang-router: the decode side's reads equal to a single server's (path invariance across the
   transfer) and NIAH within noise; the registration of 4 * layers * heads KV regions with the
   engine; then the blanket refusal in refusals.py goes;
-* retraction on the decode side: SGLang offloads a retracted request's KV with get_cpu_copy, which
-  the INT2 pool refuses (its side rows would not come back), so a decode server that runs out of
-  KV fails there instead of retracting;
 * SGLang writes the transferred state with no ordering against the decode server's forward stream
   (as for Mamba state): a row freed by a request whose last forward is still in flight (overlap
   scheduling) could be written by a transfer while that forward reads it; not measured.

@@ -7,18 +7,34 @@ infos from pd_buffers, and these hooks, which need the pool, import no cycle).
 """
 from __future__ import annotations
 
+import logging
 import re
 
 import torch
 
 from .pd_buffers import INT2, compat_dtype_string, mismatch_message, pd_parallel_problems
 
+logger = logging.getLogger("oscar_sglang")
+
+
+def transfer_summary(args) -> str:
+    """One line saying what a request's transfer moves, from the KVArgs the KV manager registers
+    (bench/pd.py reads it for transfer_bytes_per_token, for int2 and for SGLang's own pools)."""
+    page = int(getattr(args, "page_size", 1) or 1)
+    per_page = sum(int(x) for x in args.kv_item_lens)
+    state = sum(int(x) for comp in (getattr(args, "state_item_lens", None) or []) for x in comp)
+    regions = len(args.kv_data_ptrs) + sum(len(c) for c in (getattr(args, "state_data_ptrs", None) or []))
+    return (f"oscar PD transfer: kv_cache_dtype={args.kv_cache_dtype_str} page_size={page} "
+            f"kv_bytes_per_page={per_page} kv_bytes_per_token={per_page / page:.2f} "
+            f"state_bytes_per_request={state} regions={regions}")
+
 
 def before_kv_manager_init(self, args=None, *rest, **kwargs):
     """BEFORE hook body for CommonKVManager.__init__: an int2 server's KVArgs carry
     compat_dtype_string instead of the bare "int2". Before, not after: the prefill side registers
     the string with the bootstrap server inside __init__ (register_to_bootstrap), and the decode
-    side compares it with self.kv_cache_dtype_str, copied from the KVArgs there."""
+    side compares it with self.kv_cache_dtype_str, copied from the KVArgs there. Every PD server,
+    int2 or not, logs transfer_summary (the one thing this hook does for other KV dtypes)."""
     if getattr(args, "kv_cache_dtype_str", None) == INT2:
         from .state import RUNTIME_INFO
 
@@ -26,6 +42,8 @@ def before_kv_manager_init(self, args=None, *rest, **kwargs):
             raise RuntimeError("oscar-sglang: a PD KV manager with kv_cache_dtype int2 but no INT2 pool "
                                "in this process (configurator.build_pool did not run)")
         args.kv_cache_dtype_str = compat_dtype_string(RUNTIME_INFO)
+    if args is not None and getattr(args, "kv_item_lens", None) is not None:
+        logger.info(transfer_summary(args))
     return None
 
 

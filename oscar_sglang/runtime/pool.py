@@ -368,9 +368,11 @@ class OscarInt2KVPool(KVCache):
 
     def _unsupported(self, *args, **kwargs):
         raise NotImplementedError(
-            "the OSCAR INT2 KV pool does not support copying a request's KV to host memory and "
-            "back (SGLang's get_cpu_copy / load_cpu_copy: retraction on the decode side of PD, "
-            "KV offload); the side rows of a request would not travel with its slots"
+            "the OSCAR INT2 KV pool does not copy KV slots to host memory and back one by one "
+            "(SGLang's get_cpu_copy / load_cpu_copy): its keys are quantised per page and a "
+            "request's sink and recent tokens live in its request row. A retracted request's KV "
+            "goes through runtime/retraction.py (hooked Req.offload_kv_cache / load_kv_cache); "
+            "nothing else that copies slots this way is supported"
         )
 
     get_cpu_copy = _unsupported

@@ -98,6 +98,13 @@ def _kv_args(sgl, side, pool, rtp):
     return a
 
 
+def pd_page_bytes(pool, name, layer):
+    """Bytes of one page of buffer `name`, layer `layer`, all heads (from the pool's own views)."""
+    t = getattr(pool, name)[layer]
+    rows = pool.page_size if t.shape[0] == pool.k_codes[0].shape[0] else 1
+    return t[:rows].nbytes
+
+
 def _memmove(session, blocks):
     """The transfer engine: (src, dst, length) blocks, copied."""
     for src, dst, n in blocks:
@@ -181,6 +188,15 @@ def test_setup_state_kv_args_registers_side_rows_on_both_sides(sgl):
     assert (a.state_data_ptrs[0], a.state_data_lens[0], a.state_item_lens[0]) == pool.get_state_buf_infos()
     assert len(a.state_data_ptrs[0]) == len(pd.state_buffer_names(pool)) == 4 * L + 2
     assert rtp.req_index_to_mamba_index_mapping.tolist() == list(range(4))
+    # what bench/pd.py reads from the log: bytes a page and a request row move, regions registered
+    a.kv_cache_dtype_str = "int2"
+    line = pdh.transfer_summary(a)
+    page_bytes = sum(pd_page_bytes(pool, name, i) for name, i, _ in pd.kv_buffer_names(pool)[::H])
+    row_bytes = sum((getattr(pool, n) if i is None else getattr(pool, n)[i])[0].nbytes
+                    for n, i in pd.state_buffer_names(pool))
+    assert line == (f"oscar PD transfer: kv_cache_dtype=int2 page_size={pool.page_size} "
+                    f"kv_bytes_per_page={page_bytes} kv_bytes_per_token={page_bytes / pool.page_size:.2f} "
+                    f"state_bytes_per_request={row_bytes} regions={4 * L * H + 4 * L + 2}")
     # the decode side's request pool: extra rows for requests in transfer, as many side rows
     drtp = DecodeReqToTokenPool(size=3, max_context_len=CTX, device="cpu", enable_memory_saver=False,
                                 pre_alloc_size=4)
