@@ -26,6 +26,7 @@ KERNELS = "bench/results/kernels/2026-11-29_1712_issue18-default-vs-previous_h20
 SPEC_DECODE = "bench/results/spec_decode_h200.json"  # python -m bench.spec_decode; may not exist yet
 PATH_INVARIANCE = "bench/results/path_invariance_h200.json"  # python -m bench.path_invariance; may not exist yet
 NIAH_PREFILL = "bench/results/niah_prefill_reads_h200.json"  # python -m bench.niah_server, both OSCAR_PREFILL_READS
+HICACHE = "bench/results/hicache_h200.json"  # python -m bench.hicache
 
 LOADS = (  # (row label, load key): the four throughput loads, N requests x (prompt + output tokens)
     ("output tok/s, 256 requests x (2K in + 256 out)", "256x2048+256"),
@@ -315,6 +316,55 @@ def render_path_invariance(doc: Path) -> list[str]:
     return out
 
 
+def _checks_line(s: dict) -> list[str]:
+    checks = (s.get("summary") or {}).get("checks") or {}
+    return ["", "Checks: " + ", ".join(f"`{k}` {'pass' if v else 'FAIL'}" for k, v in checks.items()) + "."] \
+        if checks else []
+
+
+def render_hicache(doc: Path) -> list[str]:
+    """bench/hicache.py's file: the multi-turn load with and without the host tier against FP8 and
+    BF16, the file tier across a restart and against BF16, pool leaks after aborted load-backs, and
+    the file's checks (the path-invariance rows are in their own table)."""
+    s = load(HICACHE)
+    rows = s["rows"]
+    out = [f"{link(HICACHE, doc)}: {s['device']}, {s['date']} (commit `{s['commit']}`). Made by:",
+           *commands_block(s)]
+    load_rows = [r for r in rows if r.get("part") == "load"]
+    if load_rows:
+        order = ("int2-hicache", "int2-radix", "fp8-hicache", "bf16-hicache")
+        load_rows.sort(key=lambda r: order.index(r["config"]) if r["config"] in order else 9)
+        r0 = load_rows[0]
+        out += ["", f"{r0.get('model')} (dummy weights), device pool {r0.get('device_tokens'):,} tokens: "
+                f"{r0.get('conversations')} conversations of {r0.get('history_tokens'):,} + {r0.get('turn1_tokens')} "
+                f"tokens, {r0.get('output_tokens')} answered, then each one's returning turn (+{r0.get('returning_tokens')} "
+                f"tokens), {r0.get('returning_at_once')} at a time; by then every history is on host (HiCache) or gone.",
+                "", "| server | returning TTFT p50 / p90 (s) | host hit tokens | output tok/s (returning) | "
+                "host bytes / token | turn 1 wall (s) |", "|---|---:|---:|---:|---:|---:|"]
+        for r in load_rows:
+            if failed(r):
+                out.append(f"| {r['config']} | failed: " + " ".join(str(r.get("error")).split())[:120].replace("|", "/")
+                           + " | | | | |")
+                continue
+            hb = r.get("host_bytes_per_token")
+            ttft = " / ".join("-" if r.get(k) is None else f"{r[k]:.3f}" for k in ("returning_ttft_p50_s", "returning_ttft_p90_s"))
+            out.append(f"| {r['config']} | {ttft} | "
+                       f"{r.get('host_hit_tokens', 0):,} | {r.get('output_tok_s', 0):.0f} | "
+                       f"{'-' if hb is None else f'{hb:,.0f}'} | {r.get('turn1_wall_s', '-')} |")
+    files = {r["config"]: r for r in rows if r.get("part") == "file"}
+    if files:
+        w, b = files.get("int2-store", {}), files.get("bf16-store", {})
+        out += ["", f"File tier: an int2 server wrote {w.get('store_files', '-')} page files for "
+                f"{w.get('conversations', '-')} conversations and stopped; a new int2 server on the same store "
+                f"served their returning turns with {w.get('storage_hit_tokens', '-'):,} tokens from storage; a "
+                f"BF16 server on that store read {b.get('cross_format_hits', '-')} of them."]
+    for r in (r for r in rows if r.get("part") == "aborts"):
+        out += ["", f"Aborts with the host tier on ({r.get('config')}): {r.get('aborted', '-')} of "
+                f"{r.get('streams', '-')} returning turns hung up on (before the first token or mid-stream); "
+                f"pool leak {r.get('pool_leak_tokens', '-')} tokens, {r.get('side_rows_leak', '-')} side rows."]
+    return out + _checks_line(s)
+
+
 def _server(row: dict) -> str:
     """A results row's server: its config, and for int2 which prefill it ran (OSCAR_PREFILL_READS)."""
     return row.get("config", "-") + (f" (prefill reads {row['prefill_reads']})" if row.get("prefill_reads") else "")
@@ -360,6 +410,7 @@ RENDERERS = {
     "spec-decode": render_spec_decode,
     "path-invariance": render_path_invariance,
     "prefill-reads": render_prefill_reads,
+    "hicache": render_hicache,
 }
 REGION = re.compile(r"(<!-- generated:([\w-]+) -->\n)(.*?)(<!-- /generated:\2 -->)", re.S)
 
