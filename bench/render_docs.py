@@ -27,6 +27,7 @@ SPEC_DECODE = "bench/results/spec_decode_h200.json"  # python -m bench.spec_deco
 PATH_INVARIANCE = "bench/results/path_invariance_h200.json"  # python -m bench.path_invariance; may not exist yet
 NIAH_PREFILL = "bench/results/niah_prefill_reads_h200.json"  # python -m bench.niah_server, both OSCAR_PREFILL_READS
 HICACHE = "bench/results/hicache_h200.json"  # python -m bench.hicache
+PD = "bench/results/pd_h200.json"  # python -m bench.pd
 
 LOADS = (  # (row label, load key): the four throughput loads, N requests x (prompt + output tokens)
     ("output tok/s, 256 requests x (2K in + 256 out)", "256x2048+256"),
@@ -261,10 +262,7 @@ def render_spec_decode(doc: Path) -> list[str]:
             out.append(f"| {r['algorithm']} | " + ("failed (the server had stopped) | | |" if failed(r) else
                        f"{r.get('aborted', '-')} / {r.get('streams', '-')} | "
                        f"{r.get('pool_leak_tokens', '-')} | {r.get('side_rows_leak', '-')} |"))
-    checks = (s.get("summary") or {}).get("checks") or {}
-    if checks:
-        out += ["", "Checks: " + ", ".join(f"`{k}` {'pass' if v else 'FAIL'}" for k, v in checks.items()) + "."]
-    return out
+    return out + _checks_line(s)
 
 
 # (column header, row metric) of the path-invariance table: bench/path_invariance.py's COMPARISONS
@@ -310,16 +308,18 @@ def render_path_invariance(doc: Path) -> list[str]:
         for r in hits:
             cells = [_ms(r["passes"][p].get("hit_share")) if p in r["passes"] else "-" for p in names]
             out.append(f"| {_server(r)} | {r.get('max_new_tokens')} | " + " | ".join(cells) + " |")
-    checks = (s.get("summary") or {}).get("checks") or {}
-    if checks:
-        out += ["", "Checks: " + ", ".join(f"`{k}` {'pass' if v else 'FAIL'}" for k, v in checks.items()) + "."]
-    return out
+    return out + _checks_line(s)
 
 
 def _checks_line(s: dict) -> list[str]:
-    checks = (s.get("summary") or {}).get("checks") or {}
-    return ["", "Checks: " + ", ".join(f"`{k}` {'pass' if v else 'FAIL'}" for k, v in checks.items()) + "."] \
-        if checks else []
+    """The file's checks: pass, FAIL, or not measured (a check without its numbers)."""
+    summary = s.get("summary") or {}
+    checks, missing = summary.get("checks") or {}, set(summary.get("not_measured") or [])
+
+    def word(k: str, v) -> str:
+        return "not measured" if k in missing else ("pass" if v else "FAIL")
+
+    return ["", "Checks: " + ", ".join(f"`{k}` {word(k, v)}" for k, v in checks.items()) + "."] if checks else []
 
 
 def render_hicache(doc: Path) -> list[str]:
@@ -362,6 +362,56 @@ def render_hicache(doc: Path) -> list[str]:
         out += ["", f"Aborts with the host tier on ({r.get('config')}): {r.get('aborted', '-')} of "
                 f"{r.get('streams', '-')} returning turns hung up on (before the first token or mid-stream); "
                 f"pool leak {r.get('pool_leak_tokens', '-')} tokens, {r.get('side_rows_leak', '-')} side rows."]
+    return out + _checks_line(s)
+
+
+def render_pd(doc: Path) -> list[str]:
+    """bench/pd.py's file: which transfer engine moved the cache (and the answers through the pair
+    against one server's), then whichever of the real / load / aborts parts it holds, and its checks."""
+    s = load(PD)
+    rows = s["rows"]
+    out = [f"{link(PD, doc)}: {s['device']}, {s['date']} (commit `{s['commit']}`). Made by:", *commands_block(s)]
+
+    def error(r: dict) -> str:
+        return "failed: " + " ".join(str(r.get("error") or r.get("errors")).split())[:120].replace("|", "/")
+
+    def share(r: dict) -> str:
+        v = r.get("greedy_identical_vs_single_server")
+        return error(r) if failed(r) and v is None else ("-" if v is None else
+                                                          f"{v:.3f} ({r.get('identical', '-')} of {r.get('prompts', '-')})")
+
+    pairs = [r for r in rows if r.get("part") in ("engines", "real")]
+    if pairs:
+        out += ["", "Greedy answers through a PD pair (prefill server -> transfer -> decode server, one GPU) "
+                "against one server with the same weights and KV cache: the share of prompts whose output "
+                "tokens are the same.", "",
+                "| part | model | KV | engine | front | prompts x (prompt tokens -> output tokens) | identical to one server |",
+                "|---|---|---|---|---|---|---:|"]
+        for r in pairs:
+            toks = r.get("prompt_tokens") or []
+            size = (f"{len(toks)} x ({min(toks)}-{max(toks)} -> {r.get('max_new_tokens')})" if toks else "-")
+            out.append(f"| {r['part']} | {r.get('model', '-')} | {r.get('kv', '-')} | {r.get('engine', '-')} | "
+                       f"{r.get('front', '-')} | {size} | {share(r)} |")
+    loads = [r for r in rows if r.get("part") == "load"]
+    if loads:
+        out += ["", "| load | KV | engine / front | TTFT p50 (s) | output tok/s | transfer bytes / token |",
+                "|---|---|---|---:|---:|---:|"]
+        for r in loads:
+            cells = [error(r), "", ""] if failed(r) else [
+                _ms(r.get("ttft_p50_s")), "-" if r.get("output_tok_s") is None else f"{r['output_tok_s']:.0f}",
+                "-" if r.get("transfer_bytes_per_token") is None else f"{r['transfer_bytes_per_token']:,.0f}"]
+            out.append(f"| {r.get('load', '-')} | {r.get('kv', '-')} | {r.get('engine', '-')} / {r.get('front', '-')} | "
+                       + " | ".join(cells) + " |")
+    for r in (r for r in rows if r.get("part") == "aborts"):
+        out += ["", f"Aborts ({r.get('config')}, {r.get('engine')}): {r.get('aborted', '-')} of {r.get('streams', '-')} "
+                f"streams hung up on; pool leak {r.get('pool_leak_tokens', '-')} tokens, "
+                f"{r.get('side_rows_leak', '-')} side rows (the larger of the two servers')."]
+    logged = next((r.get("transfer_log") for r in rows if r.get("kv") == "int2" and r.get("transfer_log")), None)
+    if logged:
+        out += ["", f"What one int2 transfer moves ({next(r.get('model') for r in rows if r.get('transfer_log') is logged)}, "
+                f"from the prefill server's log): {logged['kv_bytes_per_token']:,.0f} bytes a token of pages and "
+                f"{logged['state_bytes_per_request']:,} bytes a request of side rows, over {logged['regions']} "
+                "registered regions."]
     return out + _checks_line(s)
 
 
@@ -411,6 +461,7 @@ RENDERERS = {
     "path-invariance": render_path_invariance,
     "prefill-reads": render_prefill_reads,
     "hicache": render_hicache,
+    "pd": render_pd,
 }
 REGION = re.compile(r"(<!-- generated:([\w-]+) -->\n)(.*?)(<!-- /generated:\2 -->)", re.S)
 

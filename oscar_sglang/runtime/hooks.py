@@ -21,7 +21,7 @@ did not apply keeps an error that every int2 code path raises (state.require_hoo
   chains     NgramCorpus.batch_get              AFTER   NGRAM's breadth-1 trees -> chains
   info       Scheduler.get_internal_state       AFTER   /server_info shows what was loaded
   metrics    SchedulerMetricsCollector.log_stats AFTER  int2 pool gauges (--enable-metrics)
-  PD (pd_hooks.py; PD itself is still refused at start by refusals.py):
+  PD (pd_hooks.py):
   pd-state   setup_state_kv_args                AFTER   side rows sent as a per-request state component
   pd-rows    DecodePreallocQueue._pre_alloc     AROUND  received rows keep the transferred side state
   pd-dtype   CommonKVManager.__init__           BEFORE  "int2" -> "int2:<format>:<rotation>" both sides compare
@@ -347,13 +347,13 @@ HOOKS = [
     ("sglang.srt.speculative.eagle_utils.eagle_sample", "AFTER", after_eagle_sample),
     ("sglang.srt.speculative.cpp_ngram.ngram_corpus.NgramCorpus.batch_get", "AFTER", after_ngram_batch_get),
     # HiCache: an INT2 pool gets the INT2 host pool, and storage keys name the INT2 format and
-    # rotation (HiCache itself is refused at start until it has run on a GPU: refusals.py)
+    # rotation (what the host tier cannot serve is refused at start: refusals.hicache_problems)
     ("sglang.srt.mem_cache.hiradix_cache.HiRadixCache.__init__", "AROUND", around_hiradix_init),
     ("sglang.srt.managers.cache_controller.HiCacheController._generate_storage_config", "AFTER",
      after_generate_storage_config),
     ("sglang.srt.managers.scheduler.Scheduler.get_internal_state", "AFTER", after_get_internal_state),
     ("sglang.srt.observability.metrics_collector.SchedulerMetricsCollector.log_stats", "AFTER", after_log_stats),
-    # PD disaggregation (runtime/pd_hooks.py; refused at start until it has run on a GPU)
+    # PD disaggregation (runtime/pd_hooks.py)
     ("sglang.srt.disaggregation.utils.setup_state_kv_args", "AFTER", after_setup_state_kv_args),
     ("sglang.srt.disaggregation.decode.DecodePreallocQueue._pre_alloc", "AROUND", around_pre_alloc),
     ("sglang.srt.disaggregation.common.conn.CommonKVManager.__init__", "BEFORE", before_kv_manager_init),

@@ -1,8 +1,9 @@
 """Prefill-decode disaggregation (PD) with the INT2 pool: its buffers in the form SGLang's KV
 managers register and copy, the per-request BF16 side rows as per-request state, the string the
-two sides compare, the decode side's row bookkeeping, and the PD settings it cannot serve. Wired
-(hooks.py registers and verifies the hooks below at start) but PD stays refused at start
-(refusals.py) until a transfer has run on GPUs.
+two sides compare, the decode side's row bookkeeping, and the PD settings it cannot serve (hooks.py
+registers and verifies the hooks below at start). Measured by bench/pd.py
+(bench/results/pd_h200.json): Mooncake's TCP transport moves the INT2 pages and side rows between
+two servers on one H200, and the decode server answers as a single server does.
 
 How SGLang 0.5.17 moves KV (disaggregation/prefill.py, decode.py, utils.py, mooncake/conn.py,
 nixl/conn.py):
@@ -55,11 +56,10 @@ Wired (the hooks' bodies are in pd_hooks.py; hooks.py registers them):
   disaggregation_decode_extra_slots + 1 rows, and the pool has as many side rows (configurator.py,
   sized by sizing.plan_pool's extra_rows).
 
-What remains (none of it run):
-* a prefill -> decode transfer on GPUs through a real engine (mooncake over TCP or RDMA, nixl) and
-  sglang-router: the decode side's reads equal to a single server's (path invariance across the
-  transfer) and NIAH within noise; the registration of 4 * layers * heads KV regions with the
-  engine; then the blanket refusal in refusals.py goes;
+Open:
+* the side rows travel whole (sink + the full ring of every layer: 3.0 MB a request on
+  SmolLM2-135M, about 17 MB on Llama-3.1-8B) whatever the prompt's length, since SGLang sends a
+  state component's item as one block; short prompts pay for it in transfer bytes per token;
 * SGLang writes the transferred state with no ordering against the decode server's forward stream
   (as for Mamba state): a row freed by a request whose last forward is still in flight (overlap
   scheduling) could be written by a transfer while that forward reads it; not measured.

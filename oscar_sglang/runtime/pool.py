@@ -378,7 +378,7 @@ class OscarInt2KVPool(KVCache):
     get_cpu_copy = _unsupported
     load_cpu_copy = _unsupported
 
-    # PD disaggregation (runtime/pd_buffers.py; still refused at start): what SGLang's KV managers
+    # PD disaggregation (runtime/pd_buffers.py): what SGLang's KV managers
     # register and copy, the INT2 pages per (buffer, layer, head) and the BF16 side rows of a
     # request as per-request state
     def get_contiguous_buf_infos(self):

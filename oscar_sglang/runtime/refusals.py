@@ -19,16 +19,6 @@ from .config import BACKEND
 INSTEAD = "Serve this model with the default BF16 KV cache or --kv-cache-dtype fp8_e4m3 instead."
 
 
-# PD is wired (runtime/pd_buffers.py) but has not run on a GPU: refused as a whole until it has
-PD_NOT_MEASURED = (
-    "PD disaggregation (--disaggregation-mode) is not supported yet with --kv-cache-dtype int2: the "
-    "wiring exists (INT2 pages and BF16 side rows registered with SGLang's KV managers, the side rows "
-    "sent as per-request state, format and rotation compared at pairing; runtime/pd_buffers.py) but "
-    "no prefill -> decode transfer has run on GPUs. It is lifted once one has, through mooncake or "
-    "nixl, with the decode server's reads equal to a single server's and NIAH within noise of it. "
-    "Serve int2 without --disaggregation-mode, or PD with the default BF16 / fp8 KV cache.")
-
-
 class Int2Unsupported(ValueError):
     """An option or model that the INT2 KV cache cannot serve."""
 
@@ -91,7 +81,6 @@ def server_args_problems(args, env=None) -> list[str]:
         from .pd_buffers import pd_start_problems
 
         p += pd_start_problems(args, env)
-        p.append(PD_NOT_MEASURED)
     if int(getattr(args, "dcp_size", 1) or 1) > 1:
         p.append("decode context parallelism (--dcp-size > 1) is not supported.")
     if int(getattr(args, "attn_cp_size", 1) or 1) > 1:

@@ -223,14 +223,13 @@ def test_pd_start_refusals_name_what_to_do_instead():
     assert "SGLANG_DISAGG_STAGING_BUFFER" in staging and "Unset it" in staging
     (radix,) = pd.pd_start_problems(args(disaggregation_decode_enable_radix_cache=True), {})
     assert "Drop the flag" in radix
-    # through server_args_problems: each problem, then the blanket refusal naming what lifts it
+    # through server_args_problems: each problem; PD itself is served
     problems = F.server_args_problems(args(disaggregation_decode_enable_radix_cache=True,
                                            disaggregation_decode_enable_offload_kvcache=True,
                                            speculative_algorithm="EAGLE", speculative_eagle_topk=1,
                                            disaggregation_transfer_backend="ascend"), env={})
-    assert len(problems) == 5 and problems[-1] == F.PD_NOT_MEASURED
-    assert "wiring exists" in problems[-1] and "mooncake or nixl" in problems[-1]
-    assert F.server_args_problems(args(), env={}) == [F.PD_NOT_MEASURED]
+    assert len(problems) == 4 and "--disaggregation-transfer-backend ascend" in problems[-1]
+    assert F.server_args_problems(args(), env={}) == []
 
 
 def test_pairing_refuses_other_tp_or_pp_sizes():
