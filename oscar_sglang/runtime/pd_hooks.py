@@ -1,9 +1,10 @@
 """The PD disaggregation hooks' bodies (registered and verified by runtime/hooks.py): the
 compatibility string an int2 server registers and compares, the pairing checks, the side rows
 registered as a per-request state component, the decode side's received rows, and the line every
-PD server logs about what a transfer moves. What they rely on and what remains: runtime/pd_buffers.py, whose
-buffer and string functions they use (apart from it so that the pool, which returns its buffer
-infos from pd_buffers, and these hooks, which need the pool, import no cycle).
+PD server logs about what a transfer moves. What they rely on and what remains:
+runtime/pd_buffers.py, whose buffer and string functions they use (apart from it so that the pool,
+which returns its buffer infos from pd_buffers, and these hooks, which need the pool, import no
+cycle).
 """
 from __future__ import annotations
 
