@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -36,7 +37,13 @@ def command(module: str | None = None, args: list | None = None) -> str:
 
 
 def commit() -> str | None:
-    """HEAD of the checkout, or None where it is not a git checkout (a device copy may not be)."""
+    """BENCH_COMMIT when set (a device machine's copy of the working tree carries git metadata of
+    another commit, or none: the command that sends the tree names its commit, e.g.
+    `BENCH_COMMIT=<git rev-parse HEAD here> bash bench/run_stages.sh ...`), else HEAD of the
+    checkout, or None where it is not a git checkout."""
+    named = os.environ.get("BENCH_COMMIT", "").strip()
+    if named:
+        return named
     try:
         out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
                              text=True, timeout=10)

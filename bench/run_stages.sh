@@ -67,6 +67,9 @@
 # NIAH_CONFIGS, NIAH_ARGS, SPEC_PARTS, SPEC_GPUS, SPEC_ARGS, SPEC_BASE, PATHS_CONFIGS, PATHS_GPUS,
 # PATHS_ARGS, PATHS_BASE, HICACHE_PARTS, HICACHE_GPUS, HICACHE_ARGS, HICACHE_BASE, MG_PARTS, MG_GPUS,
 # MG_ARGS, MG_BASE, PD_PARTS, PD_ARGS, PD_BASE.
+# Commit: the device machine's copy of the tree does not carry this checkout's git metadata, so
+# name the commit in the command (the results' `commit`, bench/_results.py):
+#   BENCH_COMMIT=<git rev-parse HEAD, here> bash bench/run_stages.sh ...
 # Carry: .devkit/device-env.sh and .devkit/smollm2_tok.tar.xz always, .devkit/sgl_bundle.tar.xz in
 # the first call (the machine keeps the unpacked bundle while it stays warm; bench/device_kit.sh
 # repacks it with the wheels of .devkit/extra, such as sgl-deep-gemm for a draft model's CUDA

@@ -155,7 +155,8 @@ def test_results_command_is_the_python_m_one(monkeypatch):
     assert _results.command() == "python /elsewhere/tool.py -x"
 
 
-def test_results_commit_is_head_or_none():
+def test_results_commit_is_head_or_none(monkeypatch):
+    monkeypatch.delenv("BENCH_COMMIT", raising=False)
     doc = _results.document("m", [], device="cpu")
     try:
         head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
@@ -170,10 +171,14 @@ def test_results_commit_is_head_or_none():
 
 
 def test_results_commit_is_null_outside_a_git_checkout(tmp_path, monkeypatch):
-    """A device copy of the tree may not be a git checkout: null, not an error."""
+    """A device copy of the tree may not be a git checkout: null, not an error; unless the command
+    names the commit it was sent from (BENCH_COMMIT), which wins over any checkout."""
     monkeypatch.setattr(_results, "ROOT", tmp_path)
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    monkeypatch.delenv("BENCH_COMMIT", raising=False)
     assert _results.commit() is None
+    monkeypatch.setenv("BENCH_COMMIT", "c5bc2cc")
+    assert _results.commit() == "c5bc2cc" and _results.document("m", [], device="cpu")["commit"] == "c5bc2cc"
 
 
 @pytest.mark.slow
