@@ -8,9 +8,12 @@ Four parts (--part, comma-separated; default load,file,aborts):
   load     dummy-weight Llama-3.1-8B (the devkit's config, bench/_serving_server.py's devkit flags),
            one server per row (--load-configs): int2-hicache (int2 + HiCache), int2-radix (int2, the
            radix cache only), fp8-hicache (FP8 e4m3 on FlashInfer, serving_vs_fp8.py's
-           fp8-flashinfer, + HiCache), bf16-hicache (BF16 on FlashInfer + HiCache). Every server:
+           fp8-flashinfer, + HiCache), bf16-hicache (BF16 on FlashInfer + HiCache); opt-in:
+           int2-device, bf16-device (no HiCache, a device pool of the host tier's size: every
+           history stays, the returning turns are device hits: the prefill over a cached prefix
+           without any load-back, to tell it apart from the host rows'). Every server:
            --page-size 64, a device pool forced small (--max-total-tokens, default 65536: about ten
-           conversations), --max-running-requests 32, HiCache as `--enable-hierarchical-cache
+           conversations; the -device rows' holds every history), --max-running-requests 32, HiCache as `--enable-hierarchical-cache
            --hicache-ratio R --hicache-mem-layout page_first --hicache-io-backend kernel
            --hicache-write-policy write_through` (the layout and io backend the INT2 host tier
            takes; write_through backs every inserted page up to host at once; R = 4: every history
@@ -102,12 +105,18 @@ DEFAULT_OUT = _results.RESULTS / "hicache_h200.json"
 PARTS = ("load", "file", "aborts", "paths")
 DEFAULT_PARTS = "load,file,aborts"
 # load rows: name -> (bench/_serving_server.py CONFIGS name, HiCache on)
+# load row -> (bench/_serving_server.py CONFIGS name, HiCache on, device pool that holds every
+# history); the last two are opt-in (--load-configs): their returning turns hit the device cache,
+# which times the prefill over a cached prefix with no load-back beside the host-tier rows
 LOAD_CONFIGS = {
-    "int2-hicache": ("int2", True),
-    "int2-radix": ("int2", False),
-    "fp8-hicache": ("fp8-flashinfer", True),
-    "bf16-hicache": ("flashinfer", True),
+    "int2-hicache": ("int2", True, False),
+    "int2-radix": ("int2", False, False),
+    "fp8-hicache": ("fp8-flashinfer", True, False),
+    "bf16-hicache": ("flashinfer", True, False),
+    "int2-device": ("int2", False, True),
+    "bf16-device": ("flashinfer", False, True),
 }
+DEFAULT_LOAD_CONFIGS = ("int2-hicache", "int2-radix", "fp8-hicache", "bf16-hicache")
 ABORTS_CONFIG = "int2-hicache"
 # file part: role -> (CONFIGS name, row it reports in)
 FILE_ROLES = {"writer": ("int2", "int2-store"), "reader": ("int2", "int2-store"), "bf16": ("flashinfer", "bf16-store")}
@@ -280,10 +289,19 @@ def summary(rows: List[dict]) -> dict:
 # ------------------------------------------------------------------------------ servers
 
 
-def server_flags(hicache: bool, args, storage: bool = False) -> List[str]:
-    """Every 8B server's flags: int2's page size, the small device pool, HiCache (and the file
-    tier, with its own host tier size), the extra --server-arg ones."""
-    flags = ["--page-size", str(PAGE_SIZE), "--max-total-tokens", str(args.device_tokens),
+def device_pool_tokens(holds_all: bool, args) -> int:
+    """The device pool of a load server: --device-tokens (histories pushed out), or for a
+    device-hit row the host tier's size in whole pages (check_sizes: every history fits it)."""
+    if not holds_all:
+        return args.device_tokens
+    return int(args.hicache_ratio * args.device_tokens) // PAGE_SIZE * PAGE_SIZE
+
+
+def server_flags(hicache: bool, args, storage: bool = False, device_tokens: Optional[int] = None) -> List[str]:
+    """Every 8B server's flags: int2's page size, the device pool (--device-tokens unless given),
+    HiCache (and the file tier, with its own host tier size), the extra --server-arg ones."""
+    tokens = args.device_tokens if device_tokens is None else device_tokens
+    flags = ["--page-size", str(PAGE_SIZE), "--max-total-tokens", str(tokens),
              "--max-running-requests", str(args.max_running_requests),
              "--cuda-graph-max-bs-decode", str(args.max_running_requests)]
     if hicache:
@@ -294,17 +312,18 @@ def server_flags(hicache: bool, args, storage: bool = False) -> List[str]:
     return flags + list(args.server_arg)
 
 
-def command(config: str, hicache: bool, port: int, args, storage: bool = False) -> List[str]:
+def command(config: str, hicache: bool, port: int, args, storage: bool = False,
+            device_tokens: Optional[int] = None) -> List[str]:
     """bench/_serving_server.py's server of the configuration (dummy weights, devkit flags)."""
     from bench._serving_server import CONFIGS, server_command
 
     return server_command(Path(args.model_dir), Path(args.tokenizer_dir), CONFIGS[config], port,
-                          args.mem_fraction_static, server_flags(hicache, args, storage))
+                          args.mem_fraction_static, server_flags(hicache, args, storage, device_tokens))
 
 
 def load_command(name: str, port: int, args) -> List[str]:
-    config, hicache = LOAD_CONFIGS[name]
-    return command(config, hicache, port, args)
+    config, hicache, holds_all = LOAD_CONFIGS[name]
+    return command(config, hicache, port, args, device_tokens=device_pool_tokens(holds_all, args))
 
 
 def warm_up(url: str, vocab: int, args) -> None:
@@ -438,12 +457,13 @@ def server_job(name: str, ctx: dict, args, results, gpu: Optional[str], port: in
     from bench.serving_vs_fp8 import _facts
     from bench.spec_decode import _server, _wait_ready
 
-    config, hicache = LOAD_CONFIGS[name]
+    config, hicache, holds_all = LOAD_CONFIGS[name]
     kv, backend = kv_and_backend(CONFIGS[config])
     wanted = [p for p in ("load", "aborts") if p in args.parts and (p == "load" or name == ABORTS_CONFIG)]
     cmd = load_command(name, port, args)
     log = Path(args.logs) / f"{name}_{port}.log"
     base = {"config": name, "kv": kv, "backend": backend, "hicache": hicache, "model": Path(args.model_dir).name,
+            "device_tokens": device_pool_tokens(holds_all, args),
             "gpu": gpu, "side_by_side": len(args.gpu_list), "device": results.device,
             "server_command": shlex.join(cmd[1:]), "server_env": CONFIGS[config].env, "log": log.name}
     print(f"=== {name}: {shlex.join(cmd)}", flush=True)
@@ -478,7 +498,7 @@ def load_row(srv, name: str, kv: str, hicache: bool, base: dict, ctx: dict, args
     row = {"part": "load", **base, "conversations": args.conversations, "history_tokens": args.history_tokens,
            "turn1_tokens": args.turn1_tokens, "returning_tokens": args.returning_tokens,
            "output_tokens": args.output_tokens, "returning_at_once": args.returning_at_once,
-           "device_tokens": args.device_tokens, "hicache_ratio": args.hicache_ratio if hicache else None,
+           "hicache_ratio": args.hicache_ratio if hicache else None,
            **run_load(srv.url, ctx["vocab"], args, name)}
     oscar = oscar_info(srv.url) if kv == "int2" else None
     row.update(host_bytes(kv, hicache, srv.log_path.read_text(errors="replace"), oscar, Path(args.model_dir)),
@@ -696,8 +716,9 @@ def parse_args(argv=None):
                                 epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--part", default=DEFAULT_PARTS, help=f"comma list of {', '.join(PARTS)} (default {DEFAULT_PARTS})")
-    p.add_argument("--load-configs", default=",".join(LOAD_CONFIGS),
-                   help=f"load rows: {', '.join(LOAD_CONFIGS)} (default all)")
+    p.add_argument("--load-configs", default=",".join(DEFAULT_LOAD_CONFIGS),
+                   help=f"load rows: {', '.join(LOAD_CONFIGS)} (default %(default)s; the -device ones: a "
+                   "device pool that holds every history, so returning turns are device hits)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="results JSON, merged (default %(default)s)")
     p.add_argument("--base", default=str(DEFAULT_OUT),
                    help="rows to start from when --out does not exist yet ('' = none)")
@@ -706,7 +727,7 @@ def parse_args(argv=None):
                    "once holds that many servers started together and measured one at a time (default: one "
                    "server at a time on the visible GPU)")
     p.add_argument("--port", type=int, default=30800, help="first load server's port (the others +100 each; "
-                   "the file part's from +400)")
+                   "the file part's from +100 x the number of load configurations)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model-dir", default=str(DEVKIT_MODELS / "llama31-8b"))
     p.add_argument("--tokenizer-dir", default=str(DEVKIT_MODELS / "smollm2-135m"))
@@ -782,6 +803,11 @@ def check_sizes(args) -> None:
         raise ValueError("--file-conversations, --turn1-at-once, --returning-at-once and --output-tokens: at least 1")
 
 
+def file_port(args) -> int:
+    """The file part's first port: past every load server's (+100 each)."""
+    return args.port + 100 * len(LOAD_CONFIGS)
+
+
 def load_jobs(args) -> List[tuple]:
     """(name, port) of the 8B servers the load and aborts parts need."""
     names = list(args.load_list) if "load" in args.parts else []
@@ -794,7 +820,7 @@ def print_commands(args, jobs: List[tuple]) -> None:
     for name, port in jobs:
         print(f"# load {name}\n{shlex.join(load_command(name, port, args))}")
     if "file" in args.parts:
-        for role, (cmd, _, _) in file_commands(args.port + 400, args).items():
+        for role, (cmd, _, _) in file_commands(file_port(args), args).items():
             print(f"# file {role} (the store: a new folder)\n{STORE_ENV}=<store> {shlex.join(cmd)}")
     if "paths" in args.parts:
         argv = paths_argv(args, Path(args.logs) / "paths" / "path_invariance_hicache.json")
@@ -825,7 +851,7 @@ def main(argv=None) -> int:
         ok &= run_jobs([(lambda n, g, p: server_job(n, ctx, args, results, g, p), n, port) for n, port in jobs],
                        args.gpu_list, args.turns)
     if "file" in args.parts:
-        ok &= file_part(ctx, args, results, args.gpu_list[0], args.port + 400)
+        ok &= file_part(ctx, args, results, args.gpu_list[0], file_port(args))
     if "paths" in args.parts:
         ok &= paths_part(args, results)
     print(f"results: {args.out} ({time.monotonic() - t0:.0f} s); " + results.checks_line(), flush=True)

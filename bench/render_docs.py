@@ -332,13 +332,15 @@ def render_hicache(doc: Path) -> list[str]:
            *commands_block(s)]
     load_rows = [r for r in rows if r.get("part") == "load"]
     if load_rows:
-        order = ("int2-hicache", "int2-radix", "fp8-hicache", "bf16-hicache")
+        order = ("int2-hicache", "int2-radix", "fp8-hicache", "bf16-hicache", "int2-device", "bf16-device")
         load_rows.sort(key=lambda r: order.index(r["config"]) if r["config"] in order else 9)
         r0 = load_rows[0]
         out += ["", f"{r0.get('model')} (dummy weights), device pool {r0.get('device_tokens'):,} tokens: "
                 f"{r0.get('conversations')} conversations of {r0.get('history_tokens'):,} + {r0.get('turn1_tokens')} "
                 f"tokens, {r0.get('output_tokens')} answered, then each one's returning turn (+{r0.get('returning_tokens')} "
-                f"tokens), {r0.get('returning_at_once')} at a time; by then every history is on host (HiCache) or gone.",
+                f"tokens), {r0.get('returning_at_once')} at a time; by then every history is on host (HiCache) or gone"
+                + (" (a -device row's pool holds them all: device hits)." if any(
+                    r["config"].endswith("-device") for r in load_rows) else "."),
                 "", "| server | returning TTFT p50 / p90 (s) | host hit tokens | output tok/s (returning) | "
                 "host bytes / token | turn 1 wall (s) |", "|---|---:|---:|---:|---:|---:|"]
         for r in load_rows:

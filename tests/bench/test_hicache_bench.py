@@ -33,18 +33,43 @@ def _flags(cmd, name):
 
 def test_defaults_and_the_stage_default_gpus():
     args = hc.parse_args([])
-    assert args.parts == ["load", "file", "aborts"] and args.load_list == list(hc.LOAD_CONFIGS)
+    assert args.parts == ["load", "file", "aborts"] and args.load_list == list(hc.DEFAULT_LOAD_CONFIGS)
     assert args.gpu_list == [None] and (args.conversations, args.history_tokens, args.device_tokens) == (32, 6144, 65536)
     # 32 conversations are about three device pools and fit the host tier of four
     per = hc.conversation_tokens(args)
     assert args.device_tokens < 32 * per <= args.hicache_ratio * args.device_tokens
     shared = hc.parse_args(["--gpus", "0,0,0,0"])
     assert shared.gpu_list == ["0"] * 4
-    assert [n for n, _ in hc.load_jobs(shared)] == list(hc.LOAD_CONFIGS)
+    assert [n for n, _ in hc.load_jobs(shared)] == list(hc.DEFAULT_LOAD_CONFIGS)
     assert [n for n, _ in hc.load_jobs(hc.parse_args(["--part", "aborts,file"]))] == ["int2-hicache"]
     assert hc.load_jobs(hc.parse_args(["--part", "file,paths"])) == []
     ports = [p for _, p in hc.load_jobs(shared)]
     assert ports == [30800, 30900, 31000, 31100]
+
+
+def test_device_hit_rows_keep_every_history_on_the_device():
+    """The opt-in -device rows: no HiCache, a device pool of the host tier's size (whole pages),
+    which holds every conversation, so their returning turns are device hits; their ports and the
+    file part's do not collide with the others'."""
+    args = hc.parse_args(["--load-configs", "int2-hicache,int2-device,bf16-device", "--gpus", "0,0,0"])
+    jobs = hc.load_jobs(args)
+    assert [n for n, _ in jobs] == ["int2-hicache", "int2-device", "bf16-device"]
+    per = hc.conversation_tokens(args)
+    for name, port in jobs:
+        cmd = hc.load_command(name, port, args)
+        pool = int(_flags(cmd, "--max-total-tokens"))
+        if name.endswith("-device"):
+            assert "--enable-hierarchical-cache" not in cmd
+            assert pool % hc.PAGE_SIZE == 0 and args.conversations * per <= pool <= args.hicache_ratio * args.device_tokens
+        else:
+            assert "--enable-hierarchical-cache" in cmd and pool == args.device_tokens
+    assert _flags(hc.load_command("int2-device", 1, args), "--kv-cache-dtype") == "int2"
+    assert _flags(hc.load_command("bf16-device", 1, args), "--kv-cache-dtype") in (None, "auto", "bfloat16")
+    every = hc.parse_args(["--load-configs", ",".join(hc.LOAD_CONFIGS), "--gpus", ",".join("0" * len(hc.LOAD_CONFIGS))])
+    load_ports = [p for _, p in hc.load_jobs(every)]
+    file_ports = [p for _, _, p in hc.file_commands(hc.file_port(every), every).values()]
+    assert len(set(load_ports + file_ports)) == len(load_ports) + len(file_ports)
+    assert min(file_ports) > max(load_ports)
 
 
 def test_bad_arguments_stop_before_any_work():
@@ -472,7 +497,7 @@ def test_file_part_against_stub_servers_sharing_a_store(tmp_path, monkeypatch):
                           "--startup-timeout", "60", "--port", "31700"])
     args.history_tokens, args.turn1_tokens, args.returning_tokens = 100, 28, 16
     results = ResultsFile(tmp_path / "h.json", None, "cpu", module="hicache", key=hc.row_key, finish=hc.summary)
-    assert hc.file_part({"vocab": 5000}, args, results, None, args.port + 400) is True
+    assert hc.file_part({"vocab": 5000}, args, results, None, hc.file_port(args)) is True
     rows = {r["config"]: r for r in json.loads((tmp_path / "h.json").read_text())["rows"]}
     i2, bf = rows["int2-store"], rows["bf16-store"]
     assert i2["ok"] and bf["ok"], (i2, bf)
