@@ -93,7 +93,7 @@ def test_hicache_stage_parts_and_gpus_are_the_benchmarks():
     args = hicache.parse_args(["--part", parts, "--gpus", gpus])
     assert args.parts == ["load", "file", "aborts"]
     # one slot per load server: the four start together on GPU 0
-    assert [n for n, _ in hicache.load_jobs(args)] == list(hicache.LOAD_CONFIGS) and args.gpu_list == ["0"] * 4
+    assert [n for n, _ in hicache.load_jobs(args)] == list(hicache.DEFAULT_LOAD_CONFIGS) and args.gpu_list == ["0"] * 4
     assert hicache.parse_args(["--part", "paths", "--gpus", gpus]).parts == ["paths"]
     # the stage writes the file the issue names, under the machine's tag; paths needs the wheel
     assert "hicache_$MACHINE.json" in text and "hicache)" in text and "*,paths,*)" in text
