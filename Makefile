@@ -22,11 +22,15 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
+# 2 pytest-xdist workers (CI's 2 cores); loadgroup: tests spread one by one, but a module listed in
+# tests/conftest.py ONE_WORKER_MODULES runs whole on one worker (its module fixture runs once)
+XDIST := -n 2 --dist loadgroup
+
 test: $(VENV)/.installed
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q $(XDIST) tests
 
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q $(XDIST) -m "not slow" tests
 
 serve: $(VENV)/.installed
 	$(VENV)/bin/oscar-sglang serve $(ARGS)

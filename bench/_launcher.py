@@ -36,6 +36,10 @@ READY_CHECKS = ("health", "ready_line")
 # how the speed harnesses (serving, serving_vs_fp8, server_e2e) start theirs: ready after SGLang's
 # own start-up request, progress printed, 3 s after the stop for the GPU memory to be released
 SPEED = {"ready": "ready_line", "progress": True, "settle_s": 3.0}
+# polls (the tests' stand-in servers set them shorter): readiness checks in wait_ready (its
+# default), and whether the stopped process group is gone (up to 30 s, then SIGKILL)
+READY_POLL_S = 2.0
+STOP_POLL_S = 1.0
 
 
 class ServerError(RuntimeError):
@@ -89,9 +93,10 @@ class Server:
         except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError, OSError):
             return False
 
-    def wait_ready(self, timeout_s: float, poll_s: float = 2.0) -> float:
+    def wait_ready(self, timeout_s: float, poll_s: Optional[float] = None) -> float:
         """Seconds until the server is ready (also kept as .startup_s); ServerError with the log's
-        tail when the process exits first or `timeout_s` passes."""
+        tail when the process exits first or `timeout_s` passes. poll_s: READY_POLL_S if None."""
+        poll_s = READY_POLL_S if poll_s is None else poll_s
         t0 = time.monotonic()
         last_print = t0
         while True:
@@ -154,10 +159,10 @@ class Server:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 pass
-        for _ in range(30):  # the scheduler children too
+        for _ in range(round(30 / STOP_POLL_S)):  # the scheduler children too
             if not self._group_alive():
                 break
-            time.sleep(1)
+            time.sleep(STOP_POLL_S)
         if self._group_alive():
             self._signal_group(signal.SIGKILL)
             time.sleep(2)

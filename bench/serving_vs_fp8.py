@@ -136,7 +136,8 @@ class Table:
         digest = hashlib.sha1(str(self.path.resolve()).encode()).hexdigest()[:12]
         self.lock_path = Path(tempfile.gettempdir()) / f"serving_vs_fp8_{digest}.lock"
         self.call = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "pid": os.getpid(),
-                     "device": self.device, "command": _results.command()}
+                     "device": self.device, "command": _results.command(),
+                     "started_unix": round(time.time(), 3)}  # two calls in one second stay two
         with self._locked():
             if not self.path.exists():
                 rows, extra = [], {}

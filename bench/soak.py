@@ -396,8 +396,12 @@ async def retracted_total(session, root: str) -> float | None:
     return sum(vals) if vals else None
 
 
+IDLE_POLL_S = 0.5  # between wait_idle's /v1/loads reads (the tests' stub servers set it shorter)
+
+
 async def wait_idle(session, root: str, stats: Stats, timeout_s: float) -> bool:
-    """No request of ours in flight and /v1/loads shows none running or waiting, twice in a row."""
+    """No request of ours in flight and /v1/loads shows none running or waiting, twice in a row
+    (IDLE_POLL_S apart)."""
     t0, quiet = time.monotonic(), 0
     while time.monotonic() - t0 < timeout_s:
         loads = await _try_json(session, root + "/v1/loads")
@@ -408,7 +412,7 @@ async def wait_idle(session, root: str, stats: Stats, timeout_s: float) -> bool:
         quiet = quiet + 1 if busy == 0 else 0
         if quiet >= 2:
             return True
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(IDLE_POLL_S)
     return False
 
 

@@ -30,3 +30,8 @@ class PoolStub(JSONHandler):
             return self._json(200, {"loads": [{"num_used_tokens": 0, "num_running_reqs": 0, "num_waiting_reqs": 0}]})
         return self._json(200, {"max_total_num_tokens": self.max_total_num_tokens,
                                 "internal_states": [{"oscar_int2": dict(self.pool_info)}]})
+
+
+# serve_forever's keyword arguments for a stub served from a thread: shutdown() returns once the
+# loop next wakes, every 0.5 s by default (seconds per test that starts several stubs)
+STUB_POLL = {"poll_interval": 0.05}

@@ -7,6 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from bench import chat_compare
+from tests.http_stub import STUB_POLL
 
 
 def _server(answer_for):
@@ -29,7 +30,7 @@ def _server(answer_for):
             pass
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs=STUB_POLL, daemon=True).start()
     return srv
 
 

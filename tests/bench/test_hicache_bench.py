@@ -19,6 +19,9 @@ from bench import hicache as hc
 from bench.path_invariance import common_prefix
 from bench._serving_client import RequestRecord
 from bench.spec_decode import ResultsFile
+from tests.http_stub import STUB_POLL
+
+pytestmark = pytest.mark.usefixtures("fast_polls")  # stand-in servers: see tests/conftest.py
 
 LLAMA = {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
          "num_hidden_layers": 32, "vocab_size": 128256}
@@ -344,7 +347,7 @@ def _stub(token_s: float = 0.0):
                 state["done"].append(ids + out[:-1])
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs=STUB_POLL, daemon=True).start()
     return srv, state, f"http://127.0.0.1:{srv.server_address[1]}"
 
 

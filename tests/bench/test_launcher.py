@@ -9,6 +9,8 @@ import pytest
 from bench import _launcher
 from tests import free_ports
 
+pytestmark = pytest.mark.usefixtures("fast_polls")  # stand-in servers: see tests/conftest.py
+
 SILENT = """
 import subprocess, sys, time
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # a 'scheduler' child

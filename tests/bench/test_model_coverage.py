@@ -13,7 +13,8 @@ from tests import free_ports
 
 from bench import model_coverage as cov
 
-pytestmark = pytest.mark.slow  # the module's cases take minutes on 2 cores: make test, not test-fast
+pytestmark = [pytest.mark.slow,  # the module's cases take minutes on 2 cores: make test, not test-fast
+              pytest.mark.usefixtures("fast_polls")]  # stand-in servers: see tests/conftest.py
 
 SGLANG_MODELS = Path(importlib.util.find_spec("sglang").origin).parent / "srt" / "models"
 

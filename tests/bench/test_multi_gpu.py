@@ -16,9 +16,11 @@ from http.server import ThreadingHTTPServer
 
 import pytest
 
-from tests.http_stub import JSONHandler
+from tests.http_stub import STUB_POLL, JSONHandler
 
 from bench import multi_gpu as mg
+
+pytestmark = pytest.mark.usefixtures("fast_polls")  # stand-in servers: see tests/conftest.py
 
 TOTAL, CTX, MRR, VOCAB = 100_000, 40_000, 8, 5000
 
@@ -181,7 +183,7 @@ class Fleet:
             handler = make_handler([st])
         srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         srv.daemon_threads = True
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        threading.Thread(target=srv.serve_forever, kwargs=STUB_POLL, daemon=True).start()
         self.servers.append(srv)
         url = f"http://127.0.0.1:{srv.server_address[1]}"
         if st is not None:

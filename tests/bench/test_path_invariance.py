@@ -16,6 +16,9 @@ from bench.niah_server import parse_configs
 from bench.spec_decode import ResultsFile, text_digest
 from tests.bench import load_render_docs
 from tests.bench.test_spec_decode import _texts
+from tests.http_stub import STUB_POLL
+
+pytestmark = pytest.mark.usefixtures("fast_polls")  # stand-in servers: see tests/conftest.py
 
 
 def _words(text: str) -> int:
@@ -297,7 +300,7 @@ def _stub(refuse=()):
                 state["cache"].append(ids + out)
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs=STUB_POLL, daemon=True).start()
     return srv, state
 
 

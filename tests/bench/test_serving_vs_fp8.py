@@ -15,11 +15,12 @@ from http.server import ThreadingHTTPServer
 import pytest
 
 from tests import ROOT
-from tests.http_stub import JSONHandler
+from tests.http_stub import STUB_POLL, JSONHandler
 
 from bench import serving_vs_fp8 as vs
 
-pytestmark = pytest.mark.slow  # the module's cases take minutes on 2 cores: make test, not test-fast
+pytestmark = [pytest.mark.slow,  # the module's cases take minutes on 2 cores: make test, not test-fast
+              pytest.mark.usefixtures("fast_polls")]  # stand-in servers: see tests/conftest.py
 report = vs.report
 
 TOTAL, CTX, MRR, SIDE = 100_000, 40_000, 8, 1 << 20
@@ -102,7 +103,7 @@ def start_stub(kv="int2", **kw):
           "first_compiles": [], **kw}
     srv = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(st))
     srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs=STUB_POLL, daemon=True).start()
     st["url"], st["server"] = f"http://127.0.0.1:{srv.server_address[1]}", srv
     return st
 

@@ -15,11 +15,12 @@ from http.server import ThreadingHTTPServer
 import pytest
 
 from tests import ROOT, free_ports
-from tests.http_stub import JSONHandler
+from tests.http_stub import STUB_POLL, JSONHandler
 
 from bench import soak
 
-pytestmark = pytest.mark.slow  # the module's cases take minutes on 2 cores: make test, not test-fast
+pytestmark = [pytest.mark.slow,  # the module's cases take minutes on 2 cores: make test, not test-fast
+              pytest.mark.usefixtures("fast_polls")]  # stand-in servers: see tests/conftest.py
 
 MRR, CTX, TOTAL = 4, 4096, 200_000
 
@@ -138,7 +139,7 @@ def stub():
           "fail_4xx_every": 0, "stream_error_every": 0, "broken_after": 0}
     srv = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(st))
     srv.daemon_threads = True
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t = threading.Thread(target=srv.serve_forever, kwargs=STUB_POLL, daemon=True)
     t.start()
     st["url"] = f"http://127.0.0.1:{srv.server_address[1]}"
     yield st

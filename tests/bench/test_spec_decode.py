@@ -15,6 +15,9 @@ import pytest
 from bench import spec_decode as sd
 from bench._serving_client import RequestRecord
 from tests.bench import load_render_docs
+from tests.http_stub import STUB_POLL
+
+pytestmark = pytest.mark.usefixtures("fast_polls")  # stand-in servers: see tests/conftest.py
 
 WORDS = ("founders startup investors product market hacker program essay language design growth "
          "customers revenue money users software writing painting school college friends ideas").split()
@@ -342,7 +345,7 @@ def _stub(streams_all_ids: bool):
             self.wfile.write(b"data: [DONE]\n\n")
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs=STUB_POLL, daemon=True).start()
     return srv
 
 

@@ -13,11 +13,13 @@ runtime's divisibility specialisation, ints equal to 1 become constants), then c
                                          # channel-key decode (GQA 4, L=32K) + ptxas spills
     python -m tests.kernels.sm90 channel-extend [--bits 3] [--block-m 64] [--num-warps N]
                                          # channel-key extend-prefix (8K new tokens over 24K)
+    python -m tests.kernels.sm90 batch '[["decode"], ["channel", "--bits", "2"]]'
+                                         # several of the above in one process (run_many)
 
 The ops pick compiled (GPU) or interpreter launch parameters from the tensors' device; the CPU
 stand-in tensors here would pick the interpreter's, so `_as_gpu` makes them pick the GPU's.
 
-Each prints one JSON object.
+Each prints one JSON object (batch: one object, each case's output under its arguments).
 """
 from __future__ import annotations
 
@@ -329,13 +331,14 @@ def channel_extend(bits=3, E=8192, L=32768, D=128, block=64, v_group=64, **knobs
             "num_warps": warps, "knobs": {k_: str(v) for k_, v in knobs.items()}}
 
 
-def main(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help") or "-h" in argv or "--help" in argv:
-        print(__doc__)
-        return 0
-    os.environ.pop("TRITON_INTERPRET", None)  # compile for real (before anything imports triton)
+def run_many(*cases: tuple, timeout: int = 1800) -> dict:
+    """`run` for several argument lists in one subprocess (one torch / Triton import instead of
+    one per case: seconds each on 2 cores): {" ".join(args): output, or {"error": traceback}}."""
+    return run("batch", json.dumps([list(c) for c in cases]), timeout=timeout)
+
+
+def _one(argv: list[str]) -> dict:
     what, rest = argv[0], argv[1:]
-    _as_gpu()
     if what == "decode":
         stages = int(rest[rest.index("--int2-stages") + 1]) if "--int2-stages" in rest else None
         res = decode(stages, "--fused-merge" in rest)
@@ -350,7 +353,27 @@ def main(argv: list[str]) -> int:
         res = channel_extend(**{rest[i][2:].replace("-", "_"): int(rest[i + 1]) for i in range(0, len(rest), 2)})
     else:
         raise SystemExit(f"unknown: {what}")
-    print(json.dumps(res))
+    return res
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help") or "-h" in argv or "--help" in argv:
+        print(__doc__)
+        return 0
+    os.environ.pop("TRITON_INTERPRET", None)  # compile for real (before anything imports triton)
+    _as_gpu()
+    if argv[0] == "batch":  # run_many: a JSON list of argument lists
+        import traceback
+
+        out = {}
+        for case in json.loads(argv[1]):
+            try:
+                out[" ".join(case)] = _one(case)
+            except (Exception, SystemExit):  # one case's failure fails its test only
+                out[" ".join(case)] = {"error": traceback.format_exc()[-3000:]}
+        print(json.dumps(out))
+        return 0
+    print(json.dumps(_one(argv)))
     return 0
 
 

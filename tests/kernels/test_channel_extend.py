@@ -107,7 +107,10 @@ EXT_MIXED = [(0, 0, 0, 9), (96, 0, 0, 20), (75, 2, 2, 9),
              (130, 64, 0, 1), (0, 0, 0, 1), (100, 64, 64, 1), (75, 0, 0, 1)]
 
 
-@pytest.mark.parametrize("D,bits,gqa", [(64, 2, 4), (128, 3, 4), (64, 4, 2)])
+# the launch split is host code, the same for every key width: one case per head_dim (its own
+# first-launch tile) and per GQA (rows per token); the short tiles' kernel (BLOCK_M 16) at 2-bit
+# keys is test_extend_prefix_channel_matches_reference's block_m=16 case
+@pytest.mark.parametrize("D,bits,gqa", [(128, 3, 4), (64, 4, 2)])
 def test_extend_prefix_channel_short_tail_gets_its_own_launch(seed, monkeypatch, D, bits, gqa):
     """With the extend lengths on the host, a batch that ends in short extends (the decodes that
     --enable-mixed-chunk folds in) is two launches, the tail's with SHORT_EXTEND_ROWS-row tiles;

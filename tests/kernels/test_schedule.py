@@ -12,26 +12,47 @@ import pytest
 
 from tests.kernels import sm90
 
+# one worker runs the whole module under pytest-xdist (tests/conftest.py ONE_WORKER_MODULES)
 pytestmark = pytest.mark.slow  # the module's cases take minutes on 2 cores: make test, not test-fast
+
+# Every compile the tests below read, made in one subprocess (`sm90`), not one each: a subprocess
+# spends seconds importing torch and Triton before its first compile, and 14 tests read 13 compiles.
+CHANNEL_DECODE = [("3", False), ("2", False), ("4", False), ("3", True)]  # (bits, fused)
+CASES = [("decode",), ("extend",), ("decode", "--int2-stages", "2"), ("fit",), ("decode", "--fused-merge"),
+         *(("channel", "--batch", "8", "--bits", b, *(("--fused-merge", "1") if f else ())) for b, f in CHANNEL_DECODE),
+         *(("channel", "--batch", "8", "--bits", b, "--D", "64") for b in ("2", "3", "4")),
+         ("channel-extend", "--bits", "3")]
+
+
+@pytest.fixture(scope="module")
+def sm90_runs():
+    runs = sm90.run_many(*CASES)
+
+    def get(*args: str) -> dict:
+        res = runs[" ".join(args)]  # a KeyError: add the case to CASES
+        assert "error" not in res, res["error"]
+        return res
+
+    return get
 
 
 @pytest.mark.parametrize("what", ["decode", "extend"], ids=["token_decode", "token_extend"])
-def test_int2_loop_overlaps_loads_with_compute(what):
-    res = sm90.run(what)
+def test_int2_loop_overlaps_loads_with_compute(sm90_runs, what):
+    res = sm90_runs(what)
     # 5 = one tile's code / param copies (4 groups) + the slot indices of the tile after it
     assert res["in_flight"] >= 5, f"the INT2 loop waits with {res['in_flight']} copy groups in flight: {res}"
 
 
-def test_shallow_pipeline_is_detected():
+def test_shallow_pipeline_is_detected(sm90_runs):
     """The check above can fail: the same decode kernel at depth 2 waits with nothing in flight."""
-    assert sm90.run("decode", "--int2-stages", "2")["in_flight"] == 0
+    assert sm90_runs("decode", "--int2-stages", "2")["in_flight"] == 0
 
 
-def test_every_supported_shape_fits_h100_shared_memory():
+def test_every_supported_shape_fits_h100_shared_memory(sm90_runs):
     """Decode and extend-prefix at every head_dim / group size, as ops selects the kernels, compile
     for sm_90 within 227 KB of shared memory per block (head_dim 256 at G=32 needed 290 KB before
     its decode tile was cut to 32 keys: a launch failure on the GPU the interpreter cannot see)."""
-    res = sm90.run("fit")
+    res = sm90_runs("fit")
     over = [k for k in res["kernels"] if k["smem"] > res["limit"]]
     assert not over, over
     assert len(res["kernels"]) == 16, res  # 8 (D, G) pairs x (decode, extend-prefix)
@@ -41,7 +62,7 @@ def test_every_supported_shape_fits_h100_shared_memory():
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["merge_kernel", "fused_merge"])
-def test_fast_decode_fits_its_programs_per_sm(fused):
+def test_fast_decode_fits_its_programs_per_sm(sm90_runs, fused):
     """PROGRAMS_PER_SM (12) one-warp programs of the fast decode must run at once on an H100 SM
     (64K registers, 228 KB of shared memory, 1 KB of it reserved per block): its own split policy
     aims at SPLIT_PROGRAMS_PER_SM (8) per SM and SGLang's split counts in the server go higher, and
@@ -49,7 +70,7 @@ def test_fast_decode_fits_its_programs_per_sm(fused):
     grids would spill into a second wave."""
     from oscar_kernels.triton import token_decode
 
-    res = sm90.run("decode", *(("--fused-merge",) if fused else ()))
+    res = sm90_runs("decode", *(("--fused-merge",) if fused else ()))
     regs, smem = res["regs"], res["static_smem"] + res["dynamic_smem"]
     per_sm_regs = 65536 // (-(-regs // 8) * 8 * 32 * token_decode.NUM_WARPS)
     per_sm_smem = 233472 // (smem + 1024)
@@ -57,8 +78,8 @@ def test_fast_decode_fits_its_programs_per_sm(fused):
     assert token_decode.SPLIT_PROGRAMS_PER_SM <= token_decode.PROGRAMS_PER_SM
 
 
-@pytest.mark.parametrize("bits,fused", [("3", False), ("2", False), ("4", False), ("3", True)])
-def test_channel_decode_fits_its_programs_per_sm(bits, fused):
+@pytest.mark.parametrize("bits,fused", CHANNEL_DECODE)
+def test_channel_decode_fits_its_programs_per_sm(sm90_runs, bits, fused):
     """One-warp per-channel decode programs (B=8, L=32K, D=128: 3-bit keys as planes, 2-bit keys
     and values as code words, 4-bit keys as nibbles) fit DECODE_SPLIT_PROGRAMS_PER_SM on an H100 SM
     by registers and by shared memory (1 KB reserved per block), with no spill traffic in any
@@ -69,7 +90,7 @@ def test_channel_decode_fits_its_programs_per_sm(bits, fused):
     args = ("--bits", bits) + (("--fused-merge", "1") if fused else ())
     from oscar_kernels.triton import channel_decode as ch
 
-    res = sm90.run("channel", "--batch", "8", *args)
+    res = sm90_runs("channel", "--batch", "8", *args)
     assert res["num_warps"] == 1, res
     assert res["planes"] == (bits == "3") and res["words"] == [True, bits == "2"], res
     per_sm_regs = 65536 // (-(-res["regs"] // 8) * 8 * 32)
@@ -82,22 +103,22 @@ def test_channel_decode_fits_its_programs_per_sm(bits, fused):
 
 
 @pytest.mark.parametrize("bits", ["2", "3", "4"])
-def test_channel_decode_head_dim_64_compiles_without_spills(bits):
+def test_channel_decode_head_dim_64_compiles_without_spills(sm90_runs, bits):
     """head_dim 64 (byte reads; 3-bit keys as the packed quarter body at DECODE_NUM_WARPS[3] warps,
     one spills): no spill traffic at the served shape's batch."""
     from oscar_kernels.triton import channel_decode as ch
 
-    res = sm90.run("channel", "--batch", "8", "--bits", bits, "--D", "64")
+    res = sm90_runs("channel", "--batch", "8", "--bits", bits, "--D", "64")
     assert not res["planes"] and res["words"] == [False, False], res
     assert res["num_warps"] == ch.DECODE_NUM_WARPS[int(bits)], res
     assert res["spill_stores"] == 0 and res["spill_loads"] == 0 and res["stack"] == 0, res
 
 
-def test_channel_extend_compiles_without_spills():
+def test_channel_extend_compiles_without_spills(sm90_runs):
     """The per-channel extend-prefix (keys and values dequantised once per page tile, 128 rows) at
     a chunked prefill's shape (D=128, 3-bit keys, 8K new tokens over 24K): no register spills, MMAs
     in the body loop."""
-    res = sm90.run("channel-extend", "--bits", "3")
+    res = sm90_runs("channel-extend", "--bits", "3")
     assert res["block_m"] == 128, res
     body = res["loops"][0]
     assert body["hmma"] + body["hgmma"] > 0 and 200 < body["instructions"] < 20000, res

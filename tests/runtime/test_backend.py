@@ -419,10 +419,11 @@ def test_the_per_token_recipe_takes_the_joint_rotation_too(backend_cls, seed):
     """A one-request decode step of the per-token recipe with one R_k for both KV heads, q and k
     adjacent in a qkv buffer: stores and attends bit for bit as with q and k in separate tensors
     (two GEMMs; signed permutations keep both exact), and near float64 attention over the first
-    S + W tokens (all BF16 copies)."""
+    S + 2 tokens (all BF16 copies: the sink's S, then two ring slots; more ring slots take the same
+    path, at about a second per decode step here)."""
     gen = torch.Generator().manual_seed(seed)
     shared = _signed_perm(1)[0]
-    row, n = 1, S + W
+    row, n = 1, S + 2
     qkvs = [(torch.randn(1, (Hq + 2 * H) * D, generator=gen)
              * (1 + 4 * (torch.rand(Hq + 2 * H, D, generator=gen) > 0.9)).reshape(1, -1)).bfloat16() for _ in range(n)]
     runs = {}

@@ -22,7 +22,9 @@ import pytest
 from oscar_sglang.tools import cli
 from oscar_sglang.tools.evaluation import niah
 from tests import ROOT, free_ports
-from tests.http_stub import JSONHandler
+from tests.http_stub import STUB_POLL, JSONHandler
+
+pytestmark = pytest.mark.usefixtures("fast_polls")  # stand-in servers: see tests/conftest.py
 
 
 def make_handler(state: dict):
@@ -75,7 +77,7 @@ def stub():
     state = {"chat": 0, "fail_first": True, "always_fail": False, "context": 2048,
              "server_info": True, "prompts": [], "lock": threading.Lock()}
     srv = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(state))
-    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th = threading.Thread(target=srv.serve_forever, kwargs=STUB_POLL, daemon=True)
     th.start()
     state["url"] = f"http://127.0.0.1:{srv.server_address[1]}/v1"
     yield state

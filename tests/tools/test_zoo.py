@@ -9,6 +9,7 @@ import torch
 
 from oscar_sglang.tools import zoo
 from tests import ROOT
+from tests.http_stub import STUB_POLL
 from oscar_sglang.tools.cli import main as cli
 from oscar_sglang.common.rotations import RotationSet, save_rotation_file
 
@@ -121,7 +122,7 @@ def mirror(tmp_path):
     root = make_zoo(tmp_path / "remote")
     handler = type("H", (_HFMirror,), {"root": root, "repo": "org/zoo"})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs=STUB_POLL, daemon=True).start()
     yield root, f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
 
