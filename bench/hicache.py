@@ -99,7 +99,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from bench import _results
-from bench.spec_decode import DEVKIT_MODELS, _csv, _f, _one, _stamp
+from bench.spec_decode import DEVKIT_MODELS, _choices, _csv, _f, _one, _stamp
 
 DEFAULT_OUT = _results.RESULTS / "hicache_h200.json"
 PARTS = ("load", "file", "aborts", "paths")
@@ -771,12 +771,8 @@ def parse_args(argv=None):
     add_server_run_args(p)
     args = p.parse_args(argv)
     try:
-        args.parts = _csv(args.part)
-        if not args.parts or any(x not in PARTS for x in args.parts):
-            raise ValueError(f"--part {args.part!r}: choose from {', '.join(PARTS)}")
-        args.load_list = _csv(args.load_configs)
-        if any(c not in LOAD_CONFIGS for c in args.load_list):
-            raise ValueError(f"--load-configs {args.load_configs!r}: choose from {', '.join(LOAD_CONFIGS)}")
+        args.parts = _choices("--part", args.part, PARTS)
+        args.load_list = _choices("--load-configs", args.load_configs, LOAD_CONFIGS, allow_empty=True)
         check_sizes(args)
         args.gpu_list = _csv(args.gpus) or [None]
         GpuTurns(args.gpu_list, len(load_jobs(args)))  # a GPU listed twice needs a slot per server

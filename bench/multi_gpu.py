@@ -99,7 +99,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from bench import _results
-from bench.spec_decode import DEVKIT_MODELS, _csv
+from bench.spec_decode import DEVKIT_MODELS, _choices, _csv
 
 DEFAULT_OUT = _results.RESULTS / "multi_gpu_h200x2.json"
 
@@ -964,9 +964,7 @@ def parse_args(argv=None):
     add_server_run_args(p)
     args = p.parse_args(argv)
     try:
-        args.parts = _csv(args.part)
-        if not args.parts or any(x not in PARTS for x in args.parts):
-            raise ValueError(f"--part {args.part!r}: choose from {', '.join(PARTS)}")
+        args.parts = _choices("--part", args.part, PARTS)
         args.gpu_list = _csv(args.gpus)
         if len(args.gpu_list) < 2 or len(set(args.gpu_list)) != len(args.gpu_list):
             raise ValueError(f"--gpus {args.gpus!r}: two or more different GPU ids")

@@ -112,7 +112,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from bench import _results
-from bench.spec_decode import DEVKIT_MODELS, _csv, _f, _one, _stamp
+from bench.spec_decode import DEVKIT_MODELS, _choices, _csv, _f, _one, _stamp
 
 DEFAULT_OUT = _results.RESULTS / "pd_h200.json"
 PARTS = ("engines", "real", "load", "aborts")
@@ -1006,17 +1006,10 @@ def parse_args(argv=None):
     add_server_run_args(p)
     args = p.parse_args(argv)
     try:
-        args.parts = _csv(args.part)
-        if not args.parts or any(x not in PARTS for x in args.parts):
-            raise ValueError(f"--part {args.part!r}: choose from {', '.join(PARTS)}")
-        args.engine_list = _csv(args.engines)
-        if not args.engine_list or any(e not in ENGINES for e in args.engine_list):
-            raise ValueError(f"--engines {args.engines!r}: choose from {', '.join(ENGINES)}")
-        args.real_list, args.load_list = _csv(args.real_configs), _csv(args.load_configs)
-        if any(c not in REAL_CONFIGS for c in args.real_list):
-            raise ValueError(f"--real-configs {args.real_configs!r}: choose from {', '.join(REAL_CONFIGS)}")
-        if any(c not in LOAD_CONFIGS for c in args.load_list):
-            raise ValueError(f"--load-configs {args.load_configs!r}: choose from {', '.join(LOAD_CONFIGS)}")
+        args.parts = _choices("--part", args.part, PARTS)
+        args.engine_list = _choices("--engines", args.engines, ENGINES)
+        args.real_list = _choices("--real-configs", args.real_configs, REAL_CONFIGS, allow_empty=True)
+        args.load_list = _choices("--load-configs", args.load_configs, LOAD_CONFIGS, allow_empty=True)
         for ld in [args.load, *_csv(args.warmup)]:
             vs.report.parse_load(ld)
         if any("=" not in kv for kv in args.server_env):

@@ -701,6 +701,14 @@ def _csv(s: str | None) -> List[str]:
     return [x.strip() for x in (s or "").split(",") if x.strip()]
 
 
+def _choices(flag: str, value: str | None, choices, allow_empty: bool = False) -> List[str]:
+    """`value`'s comma list, each item one of `choices` (ValueError naming the flag otherwise)."""
+    items = _csv(value)
+    if (not items and not allow_empty) or any(x not in choices for x in items):
+        raise ValueError(f"{flag} {value!r}: choose from {', '.join(choices)}")
+    return items
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench.spec_decode", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1],
@@ -744,16 +752,11 @@ def parse_args(argv=None):
     add_server_run_args(p)
     args = p.parse_args(argv)
     try:
-        args.parts = _csv(args.part)
-        bad = [x for x in args.parts if x not in PARTS]
-        if bad or not args.parts:
-            raise ValueError(f"--part {args.part!r}: choose from {', '.join(PARTS)}")
+        args.parts = _choices("--part", args.part, PARTS)
         args.real = _csv(args.real_configs)
         for c in args.real:
             parse_real_config(c)
-        args.verify = _csv(args.verify_configs)
-        if any(c not in VERIFY_CONFIGS for c in args.verify):
-            raise ValueError(f"--verify-configs {args.verify_configs!r}: choose from {', '.join(VERIFY_CONFIGS)}")
+        args.verify = _choices("--verify-configs", args.verify_configs, VERIFY_CONFIGS, allow_empty=True)
         args.batches = [int(x) for x in _csv(args.batches)]
         args.contexts = [int(x) for x in _csv(args.contexts)]
     except ValueError as e:
