@@ -58,7 +58,7 @@ Wired (the hooks' bodies are in pd_hooks.py; hooks.py registers them):
 
 Open:
 * the side rows travel whole (sink + the full ring of every layer: 3.0 MB a request on
-  SmolLM2-135M, about 17 MB on Llama-3.1-8B) whatever the prompt's length, since SGLang sends a
+  SmolLM2-135M as logged, about 17 MB on Llama-3.1-8B by its shapes) whatever the prompt's length, since SGLang sends a
   state component's item as one block; short prompts pay for it in transfer bytes per token;
 * SGLang writes the transferred state with no ordering against the decode server's forward stream
   (as for Mamba state): a row freed by a request whose last forward is still in flight (overlap
