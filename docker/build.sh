@@ -232,6 +232,26 @@ print("installed, not as pinned:", sorted(frozen - pinned))
 print("pinned, not installed:", sorted(pinned - frozen))
 assert frozen == pinned
 print("pip freeze matches docker/constraints.txt")'
+    # The `pd` extra: SGLang's own Mooncake wrapper starts the transfer engine as the servers of
+    # compose.yaml's pd profile do by default (MOONCAKE_PROTOCOL=tcp, MC_FORCE_TCP=1; here on the
+    # loopback), and sglang-router's launcher answers --help. Mooncake's engine links the CUDA
+    # driver (libcuda.so.1), which the NVIDIA Container Toolkit mounts only on a GPU node: here a
+    # stub of the driver calls it names (each returns an error) is built with the image's gcc.
+    PD_CODE='import torch  # loads the CUDA 13 runtime, as SGLang does before Mooncake
+from importlib.metadata import version
+from sglang.srt.distributed.device_communicators.mooncake_transfer_engine import MooncakeTransferEngine
+import sglang_router
+te = MooncakeTransferEngine(hostname="127.0.0.1")
+print("mooncake", version("mooncake-transfer-engine-cuda13"), "engine up over tcp:", te.session_id)
+print("sglang-router", version("sglang-router"), sglang_router.__file__)'
+    # shellcheck disable=SC2016  # the $ names are expanded inside the container
+    PD_SH='set -e; stub=$(mktemp -d)
+so=$(echo /opt/venv/lib/python3*/site-packages/mooncake/engine.so)
+nm -D --undefined-only "$so" | awk '"'"'$2 ~ /^cu[A-Z]/ {print "int " $2 "(void) { return 100; }"}'"'"' >"$stub/cuda.c"
+gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$stub/libcuda.so.1" "$stub/cuda.c"
+LD_LIBRARY_PATH="$stub" MOONCAKE_PROTOCOL=tcp MC_FORCE_TCP=1 python -c "$PD_CODE"
+python -m sglang_router.launch_router --help >"$stub/help.txt"
+grep -q -- --pd-disaggregation "$stub/help.txt" && echo "launch_router --help ok"'
     PYTEST_SH="pip install -q --target /tmp/smoke-deps $SMOKE_PYTEST_PINS \
 && cd /opt/oscar-sglang && PYTHONPATH=/tmp/smoke-deps python -m pytest -q -p no:cacheprovider $SMOKE_TESTS"
 
@@ -243,6 +263,8 @@ print("pip freeze matches docker/constraints.txt")'
     # shellcheck disable=SC2016  # $CUDA_HOME is the image's, expanded inside the container
     check toolchain "Cuda compilation tools" -- --network none --entrypoint bash "$TAG" \
         -c 'gcc --version | head -1 && "$CUDA_HOME/bin/nvcc" --version'
+    check pd_extra "launch_router --help ok" -- --network none -e PD_CODE="$PD_CODE" \
+        --entrypoint bash "$TAG" -c "$PD_SH"
     check pytest " passed" -- --network host -e PYTHONDONTWRITEBYTECODE=1 \
         -v "$ROOT/tests:/opt/oscar-sglang/tests:ro" -v "$ROOT/bench:/opt/oscar-sglang/bench:ro" \
         -v "$ROOT/docs:/opt/oscar-sglang/docs:ro" --entrypoint bash "$TAG" -c "$PYTEST_SH"

