@@ -67,6 +67,10 @@
 # NIAH_CONFIGS, NIAH_ARGS, SPEC_PARTS, SPEC_GPUS, SPEC_ARGS, SPEC_BASE, PATHS_CONFIGS, PATHS_GPUS,
 # PATHS_ARGS, PATHS_BASE, HICACHE_PARTS, HICACHE_GPUS, HICACHE_ARGS, HICACHE_BASE, MG_PARTS, MG_GPUS,
 # MG_ARGS, MG_BASE, PD_PARTS, PD_ARGS, PD_BASE.
+# Rows across calls: spec, paths, hicache, multi-gpu and pd merge the rows of their *_BASE, by
+# default the file the previous call of that stage wrote on this machine while it stays warm
+# (kept in $ROWS_KEPT, default /tmp/gg/rows), else the checkout's bench/results file; copy the last
+# call's $OUT file into bench/results at the end (a released machine starts from the checkout's).
 # Commit: the device machine's copy of the tree does not carry this checkout's git metadata, so
 # name the commit in the command (the results' `commit`, bench/_results.py):
 #   BENCH_COMMIT=<git rev-parse HEAD, here> bash bench/run_stages.sh ...
@@ -125,6 +129,22 @@ smollm2() {  # the embedded model's wheel (part-a kept by an earlier call + part
   export _SMOLLM2_DONE=1
 }
 
+# Rows kept across calls: a stage's results file merges the rows of --base; on a machine still
+# warm from an earlier call of this session that base is the file that call wrote (kept in
+# $ROWS_KEPT), so back-to-back calls add up without copying each file back into the checkout
+# first (a machine released between two calls starts from the checkout's file again). An explicit
+# *_BASE still wins. base_of NAME prints the base; keep_rows NAME keeps $OUT/NAME_$MACHINE.json.
+ROWS_KEPT=${ROWS_KEPT:-/tmp/gg/rows}
+base_of() {
+  if [ -f "$ROWS_KEPT/$1_$MACHINE.json" ]; then echo "$ROWS_KEPT/$1_$MACHINE.json"
+  else echo "bench/results/$1_$MACHINE.json"; fi
+}
+keep_rows() {
+  [ -f "$OUT/$1_$MACHINE.json" ] || return 0
+  mkdir -p "$ROWS_KEPT" && cp "$OUT/$1_$MACHINE.json" "$ROWS_KEPT/$1_$MACHINE.json" \
+    && echo "rows kept for the next call on this machine: $ROWS_KEPT/$1_$MACHINE.json"
+}
+
 pd_wheels() {  # PD's engine and router wheels: every file of .devkit/pd_wheels/ kept in $keep (a later call
   # brings the next one), halves joined, each wheel installed into the unpacked bundle once
   local keep=${PD_WHEELS_KEEP:-/tmp/gg/pd_wheels} a w
@@ -175,31 +195,34 @@ for stage in "$@"; do
       case ",$parts," in *,real,*|*,aborts,*)  # SmolLM2's real weights: the niah stage's files
         smollm2 || { echo "spec: the wheel parts are missing"; rc=1; continue; } ;; esac
       devkit
-      # --base: rows of an earlier call's file (copied back into the checkout) stay in this one's
+      # --base: rows of an earlier call (base_of: kept on this machine, else the checkout's) stay
       python -m bench.spec_decode --part "$parts" --out "$OUT/spec_decode_$MACHINE.json" \
-        --base "${SPEC_BASE:-bench/results/spec_decode_$MACHINE.json}" --logs "$OUT/spec_logs" \
+        --base "${SPEC_BASE:-$(base_of spec_decode)}" --logs "$OUT/spec_logs" \
         ${SPEC_GPUS:+--gpus "$SPEC_GPUS"} ${SPEC_ARGS:-} > "$OUT/spec.log" 2>&1 || rc=1
-      tail -25 "$OUT/spec.log" ;;
+      tail -25 "$OUT/spec.log"
+      keep_rows spec_decode ;;
     paths)
       say "paths ${PATHS_CONFIGS:-int2,bf16} ${PATHS_ARGS:-}"
       smollm2 || { echo "paths: the wheel parts are missing"; rc=1; continue; }
       devkit
-      # --base: rows of an earlier call's file (copied back into the checkout) stay in this one's
+      # --base: rows of an earlier call (base_of: kept on this machine, else the checkout's) stay
       python -m bench.path_invariance --configs "${PATHS_CONFIGS:-int2,bf16}" \
-        --out "$OUT/path_invariance_$MACHINE.json" --base "${PATHS_BASE:-bench/results/path_invariance_$MACHINE.json}" \
+        --out "$OUT/path_invariance_$MACHINE.json" --base "${PATHS_BASE:-$(base_of path_invariance)}" \
         --logs "$OUT/paths_logs" ${PATHS_GPUS:+--gpus "$PATHS_GPUS"} ${PATHS_ARGS:-} > "$OUT/paths.log" 2>&1 || rc=1
-      tail -25 "$OUT/paths.log" ;;
+      tail -25 "$OUT/paths.log"
+      keep_rows path_invariance ;;
     hicache)
       parts=${HICACHE_PARTS:-load,file,aborts}
       say "hicache $parts"
       case ",$parts," in *,paths,*)  # path_invariance on SmolLM2's real weights: the niah stage's files
         smollm2 || { echo "hicache: the wheel parts are missing (paths)"; rc=1; continue; } ;; esac
       devkit
-      # --base: rows of an earlier call's file (copied back into the checkout) stay in this one's
+      # --base: rows of an earlier call (base_of: kept on this machine, else the checkout's) stay
       python -m bench.hicache --part "$parts" --gpus "${HICACHE_GPUS:-0,0,0,0}" --out "$OUT/hicache_$MACHINE.json" \
-        --base "${HICACHE_BASE:-bench/results/hicache_$MACHINE.json}" --logs "$OUT/hicache_logs" \
+        --base "${HICACHE_BASE:-$(base_of hicache)}" --logs "$OUT/hicache_logs" \
         ${HICACHE_ARGS:-} > "$OUT/hicache.log" 2>&1 || rc=1
-      tail -25 "$OUT/hicache.log" ;;
+      tail -25 "$OUT/hicache.log"
+      keep_rows hicache ;;
     multi-gpu)
       parts=${MG_PARTS:-tp,dp}
       devkit; say "multi-gpu $parts"
@@ -209,12 +232,13 @@ for stage in "$@"; do
         python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/sgl/site .devkit/router/*.whl \
           >> "$OUT/env.log" 2>&1 || { echo "multi-gpu: .devkit/router wheels failed"; tail "$OUT/env.log"; }
       fi
-      # --base: rows of an earlier call's file (copied back into the checkout) stay in this one's
+      # --base: rows of an earlier call (base_of: kept on this machine, else the checkout's) stay
       python -m bench.multi_gpu --part "$parts" --gpus "${MG_GPUS:-0,1}" --only-missing \
         --deadline-s "${DEADLINE_S:-520}" --out "$OUT/multi_gpu_$MACHINE.json" \
-        --base "${MG_BASE:-bench/results/multi_gpu_$MACHINE.json}" --logs "$OUT/multi_gpu_logs" \
+        --base "${MG_BASE:-$(base_of multi_gpu)}" --logs "$OUT/multi_gpu_logs" \
         ${MG_ARGS:-} > "$OUT/multi_gpu.log" 2>&1 || rc=1
-      tail -30 "$OUT/multi_gpu.log" ;;
+      tail -30 "$OUT/multi_gpu.log"
+      keep_rows multi_gpu ;;
     pd-wheels)
       devkit; say pd-wheels
       pd_wheels ;;
@@ -225,10 +249,11 @@ for stage in "$@"; do
         smollm2 || { echo "pd: the wheel parts are missing (real)"; rc=1; continue; } ;; esac
       devkit
       pd_wheels
-      # --base: rows of an earlier call's file (copied back into the checkout) stay in this one's
-      python -m bench.pd --part "$parts" --out "$OUT/pd_$MACHINE.json" --base "${PD_BASE:-bench/results/pd_$MACHINE.json}" \
+      # --base: rows of an earlier call (base_of: kept on this machine, else the checkout's) stay
+      python -m bench.pd --part "$parts" --out "$OUT/pd_$MACHINE.json" --base "${PD_BASE:-$(base_of pd)}" \
         --logs "$OUT/pd_logs" ${PD_ARGS:-} > "$OUT/pd.log" 2>&1 || rc=1
-      tail -30 "$OUT/pd.log" ;;
+      tail -30 "$OUT/pd.log"
+      keep_rows pd ;;
   esac
 done
 say done

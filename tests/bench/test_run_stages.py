@@ -160,3 +160,35 @@ def test_pd_wheels_joins_halves_and_installs_each_wheel_once(tmp_path):
     assert sum("router-0.3.2" in x for x in pip) == 1 and sum("nixl_cu13" in x for x in pip) == 1
     assert sum("bad-1" in x for x in pip) == 2  # tried again: it never installed
     assert all(x.startswith("-m pip install -q --no-deps --no-index --upgrade --target /tmp/sgl/site") for x in pip)
+
+
+def test_rows_are_kept_for_the_next_call_on_a_warm_machine(tmp_path):
+    """base_of / keep_rows: the first call reads the checkout's file; after it, its $OUT file is
+    kept and the next call (a new $OUT) reads that one; another stage's base is untouched; every
+    stage that merges rows uses them, and an explicit *_BASE still wins."""
+    text = SCRIPT.read_text()
+    fns = "\n".join(re.search(rf"^{name}\(\) \{{.*?^\}}", text, flags=re.S | re.M).group(0)
+                    for name in ("base_of", "keep_rows"))
+    kept = tmp_path / "kept"
+    env = {**os.environ, "ROWS_KEPT": str(kept), "MACHINE": "h200"}
+
+    def sh(cmd, out):
+        r = subprocess.run(["bash", "-c", f"{fns}\n{cmd}"], env={**env, "OUT": str(out)}, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    out1, out2 = tmp_path / "out1", tmp_path / "out2"
+    out1.mkdir(), out2.mkdir()
+    assert sh("base_of pd", out1) == "bench/results/pd_h200.json"
+    assert sh("keep_rows pd", out1) == ""  # nothing written: nothing kept
+    assert not kept.exists()
+    (out1 / "pd_h200.json").write_text('{"rows": [1]}')
+    assert "rows kept" in sh("keep_rows pd", out1)
+    assert sh("base_of pd", out2) == str(kept / "pd_h200.json")
+    assert (kept / "pd_h200.json").read_text() == '{"rows": [1]}'
+    assert sh("base_of hicache", out2) == "bench/results/hicache_h200.json"
+    for var, name in (("SPEC_BASE", "spec_decode"), ("PATHS_BASE", "path_invariance"), ("HICACHE_BASE", "hicache"),
+                      ("MG_BASE", "multi_gpu"), ("PD_BASE", "pd")):
+        assert f'--base "${{{var}:-$(base_of {name})}}"' in text, var
+        assert re.search(rf"keep_rows {name} ;;", text), name
