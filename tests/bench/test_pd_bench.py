@@ -1,14 +1,17 @@
 """bench/pd.py without a GPU: the servers' and the router's command lines per part, engine and
-configuration, the direct front's fan-out (the same bootstrap fields to both servers, one room per
-request, a hang-up reaching both), the transfer line (TRANSFER_LOG_RE, on the exact line and on
-what runtime/pd_hooks.py writes), greedy comparisons, the checks (pass, fail, not measured), the
-merged results file, and whole jobs against stub PD servers (separate processes that check the
-bootstrap fields and hand a "transfer" from the prefill stub to the decode stub through a file):
-engines, load and aborts, a server that refuses to start, a missing router."""
+configuration, on one GPU and across two (--gpus: each server's CUDA_VISIBLE_DEVICES and memory
+fraction, which start together), the direct front's fan-out (the same bootstrap fields to both
+servers, one room per request, a hang-up reaching both), the transfer line (TRANSFER_LOG_RE, on
+the exact line and on what runtime/pd_hooks.py writes), greedy comparisons, the checks (pass, fail,
+not measured; per load with several loads), the merged results file (row keys apart per load and
+GPU layout), and whole jobs against stub PD servers (separate processes that check the bootstrap
+fields and hand a "transfer" from the prefill stub to the decode stub through a file): engines,
+load (two loads, two GPUs) and aborts, a server that refuses to start, a missing router."""
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 import types
@@ -120,6 +123,116 @@ def test_bad_arguments_stop_before_any_work():
     assert [j.name for j in pd.select_jobs(both)] == ["load-fp8", "aborts-int2"]
     args = pd.parse_args(["--engines", "nixl,mooncake-tcp"])
     assert [j.name for j in pd.select_jobs(args)][:2] == ["engines-nixl", "engines-mooncake-tcp"]
+    for argv in (["--gpus", "0,1,2"], ["--gpus", "0,"], ["--gpus", ","], ["--load", "64x8192+512,64x8192+512"],
+                 ["--load", "64x8192+512,256x2048"], ["--load", ","]):
+        with pytest.raises(SystemExit) as e:
+            pd.parse_args(argv)
+        assert e.value.code == 2, argv
+
+
+def test_two_gpu_commands_env_and_memory():
+    args = pd.parse_args(["--gpus", "0,1", "--model-dir", "/m/llama31-8b", "--tokenizer-dir", "/t",
+                          "--engine-model-dir", "/m/smol"])
+    # the two-GPU loads and its own file to start from, unless given
+    assert args.loads == ["64x8192+512", "256x2048+256"] and Path(args.base).name == "pd_h200x2.json"
+    assert Path(args.out).name == "pd_h200.json"  # the default --out stays; run_stages passes pd_h200x2.json
+    jobs = {j.name: j for j in pd.all_jobs(args.port)}
+    eng = pd.ENGINES["mooncake-tcp"]
+    for c in pd.LOAD_CONFIGS:
+        job = jobs[f"load-{c}"]
+        roles = pd.job_servers(job, eng, args, {})
+        (pre, penv, _), (dec, denv, _) = roles["prefill"], roles["decode"]
+        assert (penv["CUDA_VISIBLE_DEVICES"], denv["CUDA_VISIBLE_DEVICES"]) == ("0", "1")
+        assert penv["MOONCAKE_PROTOCOL"] == denv["MOONCAKE_PROTOCOL"] == "tcp"  # the engine's env kept
+        # each alone on its GPU: the whole-GPU fraction, not the shared GPU's 0.35 / 0.54
+        assert _flag(pre, "--mem-fraction-static") == _flag(dec, "--mem-fraction-static") == "0.85"
+        assert "--base-gpu-id" not in pre + dec  # placed by CUDA_VISIBLE_DEVICES: each sees GPU 0 only
+        assert pd.starts_together(job, args) and pd.job_gpus(job, args) == {"prefill": "0", "decode": "1"}
+    for name in ("engines-mooncake-tcp", "real-int2"):  # the single server beside the prefill one
+        roles = pd.job_servers(jobs[name], eng, args, {"model_path": "/hf/smollm2", "served": "smol"})
+        assert {r: env["CUDA_VISIBLE_DEVICES"] for r, (_, env, _) in roles.items()} == {
+            "single": "0", "prefill": "0", "decode": "1"}
+        for cmd, _, _ in roles.values():  # capped pools: two SmolLM2 servers on GPU 0 over-commit nothing
+            assert _flag(cmd, "--mem-fraction-static") == "0.9" and _flag(cmd, "--max-total-tokens") == "131072"
+        assert pd.starts_together(jobs[name], args)
+    mine = pd.parse_args(["--gpus", "1,0", "--own-gpu-mem-fraction", "0.8", "--load", "64x8192+512"])
+    roles = pd.job_servers(jobs["load-int2"], eng, mine, {})
+    assert (roles["prefill"][1]["CUDA_VISIBLE_DEVICES"], roles["decode"][1]["CUDA_VISIBLE_DEVICES"]) == ("1", "0")
+    assert _flag(roles["prefill"][0], "--mem-fraction-static") == "0.8" and mine.loads == ["64x8192+512"]
+    # one GPU named (N or N,N): all on it, the shared GPU's fractions, the decode server after the prefill one
+    for gpus in ("1", "1,1"):
+        one = pd.parse_args(["--gpus", gpus])
+        roles = pd.job_servers(jobs["load-int2"], eng, one, {})
+        assert [e["CUDA_VISIBLE_DEVICES"] for _, e, _ in roles.values()] == ["1", "1"]
+        assert [_flag(c, "--mem-fraction-static") for c, _, _ in roles.values()] == ["0.35", "0.54"]
+        assert not pd.starts_together(jobs["load-int2"], one) and one.loads == ["64x8192+512"]
+        assert Path(one.base).name == "pd_h200.json"
+    # the default: nothing set, as before --gpus
+    default = pd.parse_args([])
+    assert all("CUDA_VISIBLE_DEVICES" not in env for j in jobs.values()
+               for _, env, _ in pd.job_servers(j, eng, default, {"model_path": "/hf", "served": "s"}).values())
+    assert not pd.starts_together(jobs["load-int2"], default) and pd.starts_together(jobs["real-bf16"], default)
+    assert pd.job_gpus(jobs["load-int2"], default) == {"prefill": None, "decode": None}
+
+
+def test_start_servers_together_or_one_after_another(monkeypatch, tmp_path):
+    import contextlib
+
+    events = []
+
+    class Fake:
+        def __init__(self, cmd, env, log, port):
+            self.role, self.startup_s = cmd[0], 1.0
+
+        def __enter__(self):
+            events.append(("start", self.role))
+            return self
+
+        def __exit__(self, *exc):
+            events.append(("stop", self.role))
+
+        def wait_ready(self, timeout_s):
+            events.append(("ready", self.role))
+            if self.role == os.environ.get("FAKE_REFUSE"):
+                raise RuntimeError("refused")
+
+    monkeypatch.setattr(pd, "_server", Fake)
+    roles = {r: ([r], {}, port) for r, port in (("prefill", 1), ("decode", 2))}
+    logs = {r: tmp_path / r for r in roles}
+    args = pd.parse_args([])
+    p_, d_ = "prefill", "decode"
+    for together, want in ((True, [("start", p_), ("start", d_), ("ready", p_), ("ready", d_)]),
+                           (False, [("start", p_), ("ready", p_), ("start", d_), ("ready", d_)])):
+        events.clear()
+        with contextlib.ExitStack() as stack:
+            srvs, errs = pd.start_servers(stack, roles, logs, together, args)
+            assert events == want and set(srvs) == {"prefill", "decode"} and not errs
+        assert events[-2:] == [("stop", "decode"), ("stop", "prefill")]
+    monkeypatch.setenv("FAKE_REFUSE", "prefill")  # one after another: no decode server after a failed prefill one
+    events.clear()
+    with contextlib.ExitStack() as stack:
+        srvs, errs = pd.start_servers(stack, roles, logs, False, args)
+    assert list(srvs) == ["prefill"] and "prefill: RuntimeError: refused" in errs["prefill"]
+    assert ("start", "decode") not in events
+
+
+def test_two_gpu_print_commands(capsys):
+    assert pd.main(["--print-commands", "--gpus", "0,1", "--part", "load,aborts", "--load-configs", "int2,fp8",
+                    "--model-dir", "/m/llama31-8b"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    heads = [x for x in out if x.startswith("# load-")]
+    assert heads == [
+        "# load-int2 (then the aborts): engine mooncake-tcp, front router; prefill on GPU 0, decode on GPU 1; "
+        "started together; loads 64x8192+512, 256x2048+256",
+        "# load-fp8: engine mooncake-tcp, front router; prefill on GPU 0, decode on GPU 1; started together; "
+        "loads 64x8192+512, 256x2048+256"]
+    servers = [x for x in out if "sglang.launch_server" in x]
+    assert [x.split()[0] for x in servers] == ["CUDA_VISIBLE_DEVICES=0", "CUDA_VISIBLE_DEVICES=1"] * 2
+    assert all("--mem-fraction-static 0.85" in x for x in servers)
+    assert pd.main(["--print-commands", "--part", "load", "--load-configs", "int2"]) == 0
+    out = capsys.readouterr().out
+    assert ("prefill on GPU (first visible), decode on GPU (first visible); each waited for before the next; "
+            "loads 64x8192+512") in out and "CUDA_VISIBLE_DEVICES" not in out
 
 
 # ------------------------------------------------------------------------------ transfer bytes
@@ -204,7 +317,12 @@ def test_checks_pass_at_their_limits():
         "load_bf16_ttft_and_output_rate_measured", "aborts_int2_no_pool_leak_on_prefill_and_decode"}
     v = s["check_values"]
     assert v["engines_one_moves_kv_and_matches_single_server"]["engines"]["nixl / router"]["error"] == ["ImportError: nixl"]
-    assert v["load_transfer_bytes_per_token_int2_le_0.25x_bf16"] == {"int2": 32768.0, "bf16": 131072.0, "fp8": 65544.0}
+    assert v["load_transfer_bytes_per_token_int2_le_0.25x_bf16"] == {"int2": 32768.0, "bf16": 131072.0, "fp8": 65544.0,
+                                                                     "load": "64x8192+512"}
+    # int2 against FP8 on the same pair of GPUs (informative): equal rates here
+    assert (v["load_int2_ttft_and_output_rate_measured"]["output_tok_s_vs_fp8"],
+            v["load_int2_ttft_and_output_rate_measured"]["ttft_p50_s_vs_fp8"]) == (1.0, 1.0)
+    assert list(s["loads"]) == ["64x8192+512"] and s["loads"]["64x8192+512"] == s["load"]
     assert s["load"]["fp8"]["at"] == "mooncake-tcp / router" and s["load"]["int2"]["output_tok_s"] == 3000.0
 
 
@@ -252,6 +370,73 @@ def test_pairs_come_from_one_engine_and_front():
     assert pd.pick(rows[:1], "load", ["int2", "bf16"]) == {"int2": rows[0], "bf16": None}
 
 
+TWO = {"prefill": "0", "decode": "1"}
+
+
+def _load(config, load, tok_s, ttft, tbytes=None, gpus=TWO, **more):
+    return _row("load", config, load=load, gpus=gpus, ttft_p50_s=ttft, ttft_p90_s=2 * ttft, output_tok_s=tok_s,
+                transfer_bytes_per_token=tbytes, **more)
+
+
+def test_checks_per_load_on_two_gpus():
+    big, small = "64x8192+512", "256x2048+256"
+    rows = [_load("int2", small, 4000.0, 2.0, 40000.0), _load("fp8", small, 3200.0, 2.5, 70000.0),
+            _load("bf16", small, 3000.0, 2.6, 132000.0),
+            _load("int2", big, 1800.0, 4.0, 32000.0), _load("fp8", big, 1200.0, 5.0, 65544.0),
+            _load("bf16", big, 1000.0, 6.0, 131072.0)]
+    s = pd.summary(rows)
+    c, v = s["checks"], s["check_values"]
+    assert pd.summary_loads(rows) == [big, small]  # the 8K load is the main one, whatever the file order
+    # the transfer check reads the 8K rows (the 2K int2 row's 40000 > 0.25 x 132000 would fail it)
+    assert c["load_transfer_bytes_per_token_int2_le_0.25x_bf16"]
+    assert v["load_transfer_bytes_per_token_int2_le_0.25x_bf16"] == {"int2": 32000.0, "bf16": 131072.0,
+                                                                     "fp8": 65544.0, "load": big}
+    # the 8K load keeps the one-load names, the 2K load's carry it; all three configs measured per load
+    for cfg in ("int2", "fp8", "bf16"):
+        assert c[f"load_{cfg}_ttft_and_output_rate_measured"] and c[f"load_{small}_{cfg}_ttft_and_output_rate_measured"]
+    assert v[f"load_{small}_fp8_ttft_and_output_rate_measured"]["output_tok_s"] == 3200.0
+    assert (v["load_int2_ttft_and_output_rate_measured"]["output_tok_s_vs_fp8"],
+            v["load_int2_ttft_and_output_rate_measured"]["ttft_p50_s_vs_fp8"]) == (1.5, 0.8)
+    assert v[f"load_{small}_int2_ttft_and_output_rate_measured"]["output_tok_s_vs_fp8"] == 1.25
+    assert list(s["loads"]) == [big, small] and s["load"] == s["loads"][big]
+    assert s["loads"][small]["bf16"]["ttft_p50_s"] == 2.6 and "output_tok_s_vs_fp8" not in s["loads"][small]["bf16"]
+    assert s["not_measured"] == ["engines_one_moves_kv_and_matches_single_server",
+                                 "real_greedy_identical_vs_single_server_int2_ge_bf16_minus_0.02",
+                                 "real_greedy_identical_vs_single_server_int2_ge_0.9",
+                                 "aborts_int2_no_pool_leak_on_prefill_and_decode"]
+    # two-GPU rows of the 8K load only: the 2K load's checks are there, not measured
+    s = pd.summary(rows[3:])
+    assert [n for n in s["not_measured"] if n.startswith("load_")] == [
+        f"load_{small}_{cfg}_ttft_and_output_rate_measured" for cfg in ("int2", "fp8", "bf16")]
+    assert s["check_values"][f"load_{small}_int2_ttft_and_output_rate_measured"]["output_tok_s_vs_fp8"] is None
+    # a one-GPU file: only the loads it holds; the longest prompts are the main load without 8192 ones
+    one = [_load(cfg, ld, 100.0, 1.0, 1.0, gpus=None) for ld in ("1x64+4", "4x128+6")
+           for cfg in ("int2", "fp8", "bf16")]
+    assert pd.summary_loads(one) == ["4x128+6", "1x64+4"] and pd.summary_loads([]) == [big]
+    assert set(pd.summary(one)["checks"]) >= {"load_int2_ttft_and_output_rate_measured",
+                                              "load_1x64+4_bf16_ttft_and_output_rate_measured"}
+    assert not [n for n in pd.summary(one)["not_measured"] if n.startswith("load_")]
+
+
+def test_one_gpu_and_two_gpu_rows_are_never_paired():
+    ld = "64x8192+512"
+    one = [_load("int2", ld, 900.0, 27.0, 29760.0, gpus={"prefill": None, "decode": None}),
+           _load("fp8", ld, 700.0, 30.0, 65544.0, gpus=None)]
+    two = [_load("int2", ld, 1800.0, 4.0, 32000.0), _load("fp8", ld, 1200.0, 5.0, 65544.0),
+           _load("bf16", ld, 1000.0, 6.0, 131072.0)]
+    got = pd.pick(one + two, "load", pd.LOAD_CONFIGS, ld)  # the one-GPU rows first, without bf16
+    assert {c: pd.gpu_layout(r) for c, r in got.items()} == {c: "two GPUs" for c in pd.LOAD_CONFIGS}
+    # no layout has them all: the first layout's rows, a gap where it has none (not the other's bf16)
+    got = pd.pick(one + two[2:], "load", pd.LOAD_CONFIGS, ld)
+    assert got["int2"] is one[0] and got["fp8"] is one[1] and got["bf16"] is None
+    assert pd.gpu_layout({"gpus": {"prefill": "1", "decode": "1"}}) == pd.gpu_layout({}) == "one GPU"
+    # the engine the other parts use comes from engines rows of this run's layout
+    rows = [_row("engines", "int2", engine="nixl", gpus=TWO)]
+    args = pd.parse_args(["--engines", "mooncake-tcp,nixl"])
+    assert pd.chosen_engine(args, rows)[0] == "mooncake-tcp"
+    assert pd.chosen_engine(pd.parse_args(["--engines", "mooncake-tcp,nixl", "--gpus", "0,1"]), rows)[0] == "nixl"
+
+
 def test_results_merge_by_part_config_engine_and_front(tmp_path, monkeypatch):
     monkeypatch.setattr("sys.argv", ["bench/pd.py", "--part", "engines,load"])
     f = ResultsFile(tmp_path / "pd.json", None, "GPU X", module="pd", key=pd.row_key, finish=pd.summary)
@@ -266,15 +451,35 @@ def test_results_merge_by_part_config_engine_and_front(tmp_path, monkeypatch):
     for r in rows[2:4] + rows[7:]:
         g.put(r)
     doc = json.loads((tmp_path / "second.json").read_text())
+    one, ld = "one GPU", "64x8192+512"
     assert [pd.row_key(r) for r in doc["rows"]] == [
-        ("engines", "int2", "mooncake-tcp", "router"), ("engines", "int2", "nixl", "router"),
-        ("load", "int2", "mooncake-tcp", "router"), ("load", "fp8", "mooncake-tcp", "router"),
-        ("load", "bf16", "mooncake-tcp", "router"), ("load", "int2", "mooncake-tcp", "direct"),
-        ("real", "int2", "mooncake-tcp", "router"), ("real", "bf16", "mooncake-tcp", "router"),
-        ("aborts", "int2", "mooncake-tcp", "router")]
+        ("engines", "int2", "mooncake-tcp", "router", None, one), ("engines", "int2", "nixl", "router", None, one),
+        ("load", "int2", "mooncake-tcp", "router", ld, one), ("load", "fp8", "mooncake-tcp", "router", ld, one),
+        ("load", "bf16", "mooncake-tcp", "router", ld, one), ("load", "int2", "mooncake-tcp", "direct", None, one),
+        ("real", "int2", "mooncake-tcp", "router", None, one), ("real", "bf16", "mooncake-tcp", "router", None, one),
+        ("aborts", "int2", "mooncake-tcp", "router", None, one)]
     assert doc["rows"][2]["ttft_p50_s"] == 0.45 and doc["summary"]["all_checks_pass"]
     assert [c["command"] for c in doc["calls"]] == ["python -m bench.pd --part engines,load",
                                                     "python -m bench.pd --part real,aborts"]
+
+
+def test_row_keys_keep_loads_and_gpu_layouts_apart(tmp_path, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["bench/pd.py", "--part", "load"])
+    f = ResultsFile(tmp_path / "pd.json", None, "GPU X", module="pd", key=pd.row_key, finish=pd.summary)
+    big, small = "64x8192+512", "256x2048+256"
+    f.put(_load("int2", big, 1800.0, 4.0, 32000.0))
+    f.put(_load("int2", small, 4000.0, 2.0, 40000.0))  # another load of the same pair: beside it
+    f.put(_load("int2", big, 900.0, 27.0, 29760.0, gpus=None))  # the same load on one GPU: beside it
+    f.put(_load("int2", small, 4100.0, 1.9, 40000.0))  # the same key: replaced
+    f.put(_row("aborts", "int2", gpus=TWO, load=big))  # an aborts row's key has no load
+    f.put(_row("aborts", "int2", gpus=TWO))  # so this one replaces it
+    rows = json.loads((tmp_path / "pd.json").read_text())["rows"]
+    assert [pd.row_key(r) for r in rows] == [
+        ("load", "int2", "mooncake-tcp", "router", big, "two GPUs"),
+        ("load", "int2", "mooncake-tcp", "router", small, "two GPUs"),
+        ("load", "int2", "mooncake-tcp", "router", big, "one GPU"),
+        ("aborts", "int2", "mooncake-tcp", "router", None, "two GPUs")]
+    assert rows[1]["output_tok_s"] == 4100.0 and rows[0]["output_tok_s"] == 1800.0 and "load" not in rows[3]
 
 
 def test_the_engine_the_other_parts_use():
@@ -316,6 +521,12 @@ if os.environ.get("PD_STUB_REFUSE") == mode:
 def note(name, rec):
     with open(os.path.join(state, f"{mode}_{name}.jsonl"), "a") as f:
         f.write(json.dumps(rec) + "\n")
+
+
+note("started", {"t": time.time(), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                 "mem": flag("--mem-fraction-static")})
+if os.environ.get("PD_STUB_SLOW_START") == mode:
+    time.sleep(1.0)
 
 
 class H(BaseHTTPRequestHandler):
@@ -404,6 +615,7 @@ if mode != "null":
     print(f"[2026-12-02 10:00:00 TP0] oscar PD transfer: kv_cache_dtype={kv} page_size=64 "
           f"kv_bytes_per_page={per_page} kv_bytes_per_token={per_page / 64:.2f} state_bytes_per_request={st} "
           f"regions=65", flush=True)
+note("ready", {"t": time.time()})
 print(f"{mode} on {port}: The server is fired up and ready to roll!", flush=True)
 srv.serve_forever()
 '''
@@ -488,13 +700,62 @@ def test_load_and_aborts_against_a_stub_pair(stubs, monkeypatch):
     assert "load_bf16_ttft_and_output_rate_measured" in doc["summary"]["not_measured"]
 
 
+@pytest.mark.parametrize("gpus", ["0,1", ""])
+def test_two_loads_against_a_stub_pair_on_two_gpus_or_one(stubs, monkeypatch, gpus):
+    monkeypatch.setenv("PD_STUB_TOKEN_S", "0.005")
+    monkeypatch.setenv("PD_STUB_SLOW_START", "prefill")  # the prefill stub takes 1 s to listen
+    monkeypatch.setattr("sys.argv", ["bench/pd.py"])
+    port = "22000" if gpus else "22600"  # load-int2 (the 6th job) on 24000 or 24600: no other test's ports
+    rc = pd.main(_argv(stubs, "--part", "load,aborts", "--load-configs", "int2", "--engine", "mooncake-tcp",
+                       "--gpus", gpus, "--port", port, "--load", "4x128+6,2x64+4", "--warmup", "1x64+2",
+                       "--abort-early", "2", "--abort-mid", "1", "--abort-prompt-tokens", "64",
+                       "--abort-output-tokens", "40", "--abort-early-max-s", "0.1"))
+    assert rc == 0
+    doc = json.loads((stubs.tmp / "pd.json").read_text())
+    assert [(r["part"], r.get("load")) for r in doc["rows"]] == [("load", "4x128+6"), ("load", "2x64+4"),
+                                                                ("aborts", None)]
+    assert all(r["ok"] for r in doc["rows"]), doc["rows"]
+    first, second, aborts = doc["rows"]
+    assert (first["n"], second["n"]) == (4, 2) and first["ttft_p50_s"] > 0 and second["output_tok_s"] > 0
+    # each load's transfer bytes per token over its own mean prompt tokens (the one pair's line)
+    assert (first["transfer_bytes_per_token"], second["transfer_bytes_per_token"]) == (20096 + 65536 / 128,
+                                                                                      20096 + 65536 / 64)
+    started = {m: _jsonl(stubs.state, f"{m}_started") for m in ("prefill", "decode")}
+    ready = {m: _jsonl(stubs.state, f"{m}_ready") for m in ("prefill", "decode")}
+    assert len(started["prefill"]) == len(started["decode"]) == 1  # one pair for both loads and the aborts
+    checks = doc["summary"]["checks"]
+    if gpus:  # prefill on GPU 0, decode on GPU 1, each with the whole-GPU fraction, started together
+        assert first["gpus"] == aborts["gpus"] == {"prefill": "0", "decode": "1"} and doc["device"] == "2 x cpu (stub)"
+        assert (started["prefill"][0]["gpu"], started["decode"][0]["gpu"]) == ("0", "1")
+        assert started["prefill"][0]["mem"] == started["decode"][0]["mem"] == "0.85"
+        assert (first["prefill_mem_fraction"], first["decode_mem_fraction"]) == (0.85, 0.85)
+        assert started["decode"][0]["t"] < ready["prefill"][0]["t"]
+        assert first["server_env"]["decode"]["CUDA_VISIBLE_DEVICES"] == "1"
+        # two-GPU rows: the two-GPU loads are checked (not measured here), the stub loads beside them
+        assert checks["load_4x128+6_int2_ttft_and_output_rate_measured"]
+        assert checks["load_2x64+4_int2_ttft_and_output_rate_measured"]
+        assert {"load_int2_ttft_and_output_rate_measured", "load_256x2048+256_int2_ttft_and_output_rate_measured",
+                "load_transfer_bytes_per_token_int2_le_0.25x_bf16"} <= set(doc["summary"]["not_measured"])
+    else:  # one GPU, as before --gpus: nothing set, the shared fractions, the decode stub after the prefill one
+        assert first["gpus"] == {"prefill": None, "decode": None} and doc["device"] == "cpu (stub)"
+        assert started["prefill"][0]["gpu"] is None and started["decode"][0]["gpu"] is None
+        assert (started["prefill"][0]["mem"], started["decode"][0]["mem"]) == ("0.35", "0.54")
+        assert started["decode"][0]["t"] > ready["prefill"][0]["t"]
+        assert checks["load_int2_ttft_and_output_rate_measured"]  # the longest prompts: the main load
+        assert doc["summary"]["check_values"]["load_int2_ttft_and_output_rate_measured"]["load"] == "4x128+6"
+        assert checks["load_2x64+4_int2_ttft_and_output_rate_measured"]
+
+
 def test_a_prefill_server_that_refuses_is_a_failed_row(stubs, monkeypatch):
     monkeypatch.setenv("PD_STUB_REFUSE", "prefill")
     monkeypatch.setattr("sys.argv", ["bench/pd.py"])
     rc = pd.main(_argv(stubs, "--part", "engines,load,aborts", "--engines", "nixl", "--load-configs", "int2",
-                       "--port", "26800"))
+                       "--port", "26800", "--load", "64x8192+512,256x2048+256"))
     assert rc == 1
-    rows = {(r["part"], r["job"]): r for r in json.loads((stubs.tmp / "pd.json").read_text())["rows"]}
+    rows = {(r["part"], r["job"]): r for r in json.loads((stubs.tmp / "pd.json").read_text())["rows"]
+            if r.get("load") != "256x2048+256"}
+    loads = [r["load"] for r in json.loads((stubs.tmp / "pd.json").read_text())["rows"] if r["part"] == "load"]
+    assert loads == ["64x8192+512", "256x2048+256"]  # a failed row per load
     assert set(rows) == {("engines", "engines-nixl"), ("load", "load-int2"), ("aborts", "load-int2")}
     for r in rows.values():
         assert not r["ok"] and r["start_failed"] and "prefill: ServerError" in r["error"]
@@ -503,6 +764,29 @@ def test_a_prefill_server_that_refuses_is_a_failed_row(stubs, monkeypatch):
     assert rows[("engines", "engines-nixl")]["startup_s"]["decode"] is not None
     assert set(rows[("load", "load-int2")]["log_tails"]) == {"prefill"}
     assert rows[("load", "load-int2")]["engine_chosen_by"] == "no engine tried works yet: the first of --engines"
+
+
+def test_a_load_that_fails_midway_keeps_the_rows_before_it(stubs, monkeypatch):
+    from bench import serving_vs_fp8
+
+    measure = serving_vs_fp8.measure
+
+    def dies_on_the_second(url, load, *a, **k):
+        if load == "2x64+4":
+            raise RuntimeError("the decode server died")
+        return measure(url, load, *a, **k)
+
+    monkeypatch.setattr(serving_vs_fp8, "measure", dies_on_the_second)
+    monkeypatch.setattr("sys.argv", ["bench/pd.py"])
+    rc = pd.main(_argv(stubs, "--part", "load,aborts", "--load-configs", "int2", "--engine", "mooncake-tcp",
+                       "--gpus", "0,1", "--port", "23200", "--load", "4x128+6,2x64+4", "--warmup", "1x64+2"))
+    assert rc == 1
+    rows = json.loads((stubs.tmp / "pd.json").read_text())["rows"]
+    assert [(r["part"], r.get("load"), r["ok"]) for r in rows] == [
+        ("load", "4x128+6", True), ("load", "2x64+4", False), ("aborts", None, False)]
+    assert "RuntimeError: the decode server died" in rows[1]["error"]
+    assert rows[2]["gpus"] == {"prefill": "0", "decode": "1"}
+    assert rows[0]["output_tok_s"] > 0 and "error" not in rows[0]
 
 
 def test_a_missing_router(stubs, monkeypatch):

@@ -71,10 +71,11 @@ def test_each_region_names_its_file_date_device_and_command():
                 commands = [c["command"] for c in doc.get("calls", []) if "--loads" not in c["command"]]
                 for cmd in commands or [doc["command"]]:
                     assert cmd in body, (name, cmd)
-    # every renderer is placed, except spec-decode and path-invariance while their results files do
-    # not exist yet (each region goes into the docs with its first measured file)
+    # every renderer is placed, except spec-decode, path-invariance and pd-h200x2 while their results
+    # files do not exist yet (each region goes into the docs with its first measured file)
     unplaced = set(render_docs.RENDERERS) - seen
-    waiting = {"spec-decode": render_docs.SPEC_DECODE, "path-invariance": render_docs.PATH_INVARIANCE}
+    waiting = {"spec-decode": render_docs.SPEC_DECODE, "path-invariance": render_docs.PATH_INVARIANCE,
+               "pd-h200x2": render_docs.PD_X2}
     assert seen <= set(render_docs.RENDERERS) and unplaced <= set(waiting), seen
     assert not [name for name in unplaced if (ROOT / waiting[name]).exists()], unplaced
 
@@ -183,3 +184,44 @@ def test_the_retrieval_table_is_its_files():
 
 def test_the_table_reader_reads_cells():
     assert _table_rows("| a | 1 | 2 |\n|---|---:|\ntext | x\n") == {"a": ["1", "2"], "---": ["---:"]}
+
+
+def test_the_two_gpu_pd_region_is_its_file(tmp_path, monkeypatch):
+    """pd-h200x2 (docs/deploy.md's PD section, once pd_h200x2.json exists): the placeholder before
+    the run, then the file's two-GPU rows, each load's int2 / FP8 / BF16 rows, int2 against FP8
+    per load from the summary bench/pd.py writes, and its checks."""
+    from bench import pd
+
+    mod = load_render_docs("oscar_render_docs_pd_x2")
+    monkeypatch.setattr(mod, "ROOT", tmp_path)
+    deploy = tmp_path / "docs" / "deploy.md"
+    assert mod.render_pd_x2(deploy) == [f"Not measured yet: `{mod.PD_X2}` does not exist (`python -m bench.pd "
+                                        "--help` has the two-GPU plan of calls)."]
+    gpus = {"prefill": "0", "decode": "1"}
+    base = {"engine": "mooncake-tcp", "front": "router", "gpus": gpus, "ok": True}
+    rates = {("int2", "64x8192+512"): (1800.0, 4.0, 29760.0), ("fp8", "64x8192+512"): (1200.0, 5.0, 65544.0),
+             ("bf16", "64x8192+512"): (1000.0, 6.0, 131072.0), ("int2", "256x2048+256"): (4000.0, 2.0, 34784.0),
+             ("fp8", "256x2048+256"): (3200.0, 2.5, 65544.0), ("bf16", "256x2048+256"): (3000.0, 2.6, 131072.0)}
+    rows = [{"part": "real", "config": c, "kv": c, "model": "HuggingFaceTB/SmolLM2-135M-Instruct", **base,
+             "prompt_tokens": [184, 4969], "max_new_tokens": 64, "prompts": 64, "identical": 64,
+             "greedy_identical_vs_single_server": 1.0, "gpus": {"single": "0", **gpus}} for c in ("int2", "bf16")]
+    rows += [{"part": "load", "config": c, "kv": {"fp8": "fp8_e4m3"}.get(c, c), "load": ld, **base,
+              "output_tok_s": tok, "ttft_p50_s": ttft, "ttft_p90_s": 2 * ttft, "transfer_bytes_per_token": tb}
+             for (c, ld), (tok, ttft, tb) in rates.items()]
+    doc = {"date": "2026-12-03 10:00 UTC", "device": "2 x NVIDIA H200", "commit": "abc", "model": "m",
+           "command": "python -m bench.pd --part load --gpus 0,1", "rows": rows, "summary": pd.summary(rows),
+           "calls": [{"command": "python -m bench.pd --part load --gpus 0,1 --load-configs int2"}]}
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / mod.PD_X2).write_text(json.dumps(doc))
+    text = "\n".join(mod.render_pd_x2(deploy))
+    assert text.startswith("[pd_h200x2.json](../bench/results/pd_h200x2.json): 2 x NVIDIA H200, 2026-12-03 10:00 UTC")
+    assert "python -m bench.pd --part load --gpus 0,1 --load-configs int2" in text
+    assert "(prefill server -> transfer -> decode server, prefill on GPU 0, decode on GPU 1)" in text
+    lines = [x for x in text.splitlines() if x.startswith("| 64x8192+512 |") or x.startswith("| 256x2048+256 |")]
+    assert len(lines) == 6
+    assert "| 256x2048+256 | fp8_e4m3 | mooncake-tcp / router | 2.50 | 3200 | 65,544 |" in lines
+    assert ("int2 against FP8 on the same pair (prefill on GPU 0, decode on GPU 1), 64x8192+512: 1.50x the output "
+            "tok/s, 0.80x the TTFT p50.") in text
+    assert "256x2048+256: 1.25x the output tok/s, 0.80x the TTFT p50." in text
+    assert "`load_256x2048+256_bf16_ttft_and_output_rate_measured` pass" in text
+    assert "`load_transfer_bytes_per_token_int2_le_0.25x_bf16` pass" in text
