@@ -404,3 +404,33 @@ def format_request_kv(x: torch.Tensor, fmt, which: str, kv_len: int | None = Non
     body = format_fake_quant(x, fmt, which, layer, num_layers, clip_ratio)
     hp = (is_sink | is_ring).view(-1, 1, 1)
     return torch.where(hp, x.to(hp_dtype).to(body.dtype), body)
+
+
+# --------------------------------------------------------------------------------------------
+# Page copies (the INT2 host tier)
+# --------------------------------------------------------------------------------------------
+
+
+def page_numbers(idx: torch.Tensor, page_size: int) -> torch.Tensor:
+    """Page of each run of page_size slots in idx; raises where a run is not page_size consecutive
+    slots starting at a multiple of page_size."""
+    runs = idx.reshape(-1, page_size).to(torch.int64)
+    first = runs[:, :1]
+    if not (bool((first % page_size == 0).all() and (first >= 0).all())
+            and torch.equal(runs, first + torch.arange(page_size, device=idx.device))):
+        raise ValueError(f"slots are not page-aligned runs of {page_size}")
+    return first[:, 0] // page_size
+
+
+def copy_pages(blob, sections, host_idx, dev_idx, page_size: int, to_host: bool) -> None:
+    """ops.copy_pages in torch: section (buffer [H, P, ...], off) of blob row q holds the H runs
+    buffer[h, p] (as bytes) one after another from byte off, for each run pair (q, p)."""
+    hp, dp = page_numbers(host_idx, page_size), page_numbers(dev_idx, page_size)
+    for buf, off in sections:
+        H = buf.shape[0]
+        raw = buf.reshape(H, buf.shape[1], -1).view(torch.uint8)  # [H, P, chunk bytes]
+        n = H * raw.shape[2]
+        if to_host:
+            blob[hp.to(blob.device), off:off + n] = raw[:, dp].transpose(0, 1).reshape(len(dp), n).to(blob.device)
+        else:
+            raw[:, dp] = blob[hp.to(blob.device), off:off + n].reshape(len(hp), H, -1).transpose(0, 1).to(raw.device)

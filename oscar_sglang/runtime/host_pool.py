@@ -8,28 +8,30 @@ bench/hicache.py.
 
 Host memory (`kv_buffer`): uint8 [page_num, page_bytes], one contiguous blob per page. A page's
 blob holds, layer after layer (local layers 0..L-1), four sections, each padded to 16 bytes so
-that every section can be viewed as its dtype:
+that every section can be viewed as its dtype, each head-major like the device pool's memory:
 
-    K codes   uint8 [B, H, code_bytes(k_bits[l], D)]   (the layer's own key bits)
+    K codes   uint8 [H, B, code_bytes(k_bits[l], D)]   (the layer's own key bits)
     K params  fp16  per-channel layout: [H, D, 2], the page's one (scale, min) row per head
-                    per-token layout:   [B, H, D / G, 2], one per slot
-    V codes   uint8 [B, H, Dv / 4]
-    V params  fp16  [B, H, Dv / Gv, 2]
+                    per-token layout:   [H, B, D / G, 2], one per slot
+    V codes   uint8 [H, B, Dv / 4]
+    V params  fp16  [H, B, Dv / Gv, 2]
 
-(B = page size, slot-major inside the page: the rows of the device pool's [N, H, ...] views.)
-`get_size_per_token` is page_bytes / B, so `--hicache-ratio` / `--hicache-size` size the tier in
-INT2 bytes.
+(B = page size.) Head-major because the device pool is ([H, N, ...] memory viewed as [N, H, ...],
+runtime/pool.py): a page's section is then H contiguous runs on both sides. `get_size_per_token`
+is page_bytes / B, so `--hicache-ratio` / `--hicache-size` size the tier in INT2 bytes.
 
-Copies (`backup_from_device_all_layer`, `load_to_device_per_layer`) are torch gathers / scatters
-between the pool's head-major views and `host_view`: for a CUDA device pool a CUDA tensor over the
-pinned blob (the same memory, reachable from the GPU through unified addressing), so both are
-GPU kernels on the calling stream (HiCacheController's write / load stream) that read or write
-host memory over PCIe, with no staging copy and no host synchronisation but the index check;
-for a CPU device pool (the tests) the blob itself. A load checks its indices once (at layer 0)
-and reads one contiguous byte range of each page per layer. They take whole pages only: indices
-whose runs of B are not [p * B, ..., p * B + B - 1] are refused. io_backend "kernel" (SGLang's
-default with --hicache-mem-layout page_first) names this copy; "direct" / "kernel_ascend" are
-refused.
+Copies (`backup_from_device_all_layer`, `load_to_device_per_layer`) are ops.copy_pages: one
+Triton launch a layer (four sections) between the pool's buffers and `host_view`, for a CUDA
+device pool a CUDA tensor over the pinned blob (the same memory, reachable from the GPU through
+unified addressing), so they run on the calling stream (HiCacheController's write / load
+stream), read or write host memory over PCIe with no staging copy, and never synchronise with
+the host: the indices (whole pages only: runs [p * B, ..., p * B + B - 1]) are checked in the
+kernel, a run that is not one is copied nowhere and raises a flag, and the next copy call raises
+once the flag has reached host memory (torch gathers with a checked index cost ~12 indexing ops a
+layer and a synchronisation that, on the write path, waited for the forward in flight before the
+first token went out). For a CPU device pool (the tests) the blob itself, checked at once.
+io_backend "kernel" (SGLang's default with --hicache-mem-layout page_first) names this copy;
+"direct" / "kernel_ascend" are refused.
 
 The page-0 sink travels with no page: its BF16 copy is kept by the request's first token ids in
 the device's sink store (runtime/sink_store.py), which gives it to every request whose prefix
@@ -49,8 +51,9 @@ HiCacheFile.__init__ builds config_suffix from HiCacheStorageConfig.model_name a
 ranks. HiCacheController._generate_storage_config returns that config, so an AFTER hook on it
 that appends `storage_salt(kv_format, rotation_sha256)` to model_name
 (`after_generate_storage_config` below, registered in runtime/hooks.py) gives every int2 format
-and rotation its own keys, none shared with a BF16 server. Whether the other storage backends use
-model_name in their keys was not checked.
+and rotation its own keys, none shared with a BF16 server; BLOB_LAYOUT is hashed in too, so pages
+stored in an earlier blob layout are never read as this one. Whether the other storage backends
+use model_name in their keys was not checked.
 """
 from __future__ import annotations
 
@@ -61,14 +64,18 @@ import torch
 from sglang.srt.mem_cache.pool_host.base import HostKVCache
 from sglang.srt.mem_cache.pool_host.common import HostTensorAllocator
 
+from oscar_kernels import ops
 from oscar_kernels.format import code_bytes
 
 ALIGN = 16  # bytes each blob section is padded to (fp16 / bf16 views need aligned offsets)
 IO_BACKEND = "kernel"
 LAYOUT = "page_first"
+# the blob layout above; part of the storage keys (a change of it must change this name)
+BLOB_LAYOUT = "head-major-1"
 # storage backends whose page API this pool serves (flat pages through get_data_page /
 # set_from_flat_data_page); the zero-copy and shared-memory ones are refused at start
 STORAGE_BACKENDS = ("file",)
+SECTION_NAMES = ("k_codes", "k_params", "v_codes", "v_params")  # the pool's attributes
 
 
 def _pad(n: int) -> int:
@@ -78,10 +85,10 @@ def _pad(n: int) -> int:
 @dataclass(frozen=True)
 class Section:
     layer: int        # local layer
-    name: str         # k_codes | k_params | v_codes | v_params (the pool's attribute)
+    name: str         # one of SECTION_NAMES
     offset: int       # bytes into the page blob
     nbytes: int       # unpadded
-    shape: tuple      # one page's shape
+    shape: tuple      # one page's shape, head-major
     dtype: torch.dtype
     per_page: bool    # one row per page (per-channel key params) instead of one per slot
 
@@ -94,12 +101,12 @@ def page_sections(pool) -> tuple[list[Section], int]:
     out, off = [], 0
     for i in range(pool.layer_num):
         kb = code_bytes(fmt.k_bits[pool.start_layer + i], D)
-        kp = (H, D, 2) if channel else (B, H, D // fmt.k_group, 2)
+        kp = (H, D, 2) if channel else (H, B, D // fmt.k_group, 2)
         for name, shape, dtype, per_page in (
-            ("k_codes", (B, H, kb), torch.uint8, False),
+            ("k_codes", (H, B, kb), torch.uint8, False),
             ("k_params", kp, torch.float16, channel),
-            ("v_codes", (B, H, Dv // 4), torch.uint8, False),
-            ("v_params", (B, H, Dv // fmt.v_group, 2), torch.float16, False),
+            ("v_codes", (H, B, Dv // 4), torch.uint8, False),
+            ("v_params", (H, B, Dv // fmt.v_group, 2), torch.float16, False),
         ):
             n = dtype.itemsize
             for s in shape:
@@ -114,26 +121,35 @@ def page_slots(pages: torch.Tensor, page_size: int) -> torch.Tensor:
     return (pages[:, None] * page_size + torch.arange(page_size, device=pages.device)).reshape(-1)
 
 
-def gather_section(pool, sec: Section, pages, slots) -> torch.Tensor:
-    """uint8 [len(pages), sec.nbytes]: section `sec` of each page of `pool` (slots: page_slots)."""
-    buf = getattr(pool, sec.name)[sec.layer]
-    data = buf[pages] if sec.per_page else buf[slots]
-    return data.contiguous().view(torch.uint8).reshape(len(pages), sec.nbytes)
+def page_buffer(pool, sec: Section) -> torch.Tensor:
+    """The pool's buffer of `sec` as [H, pages, one page's run of a head] (a view: the pool keeps
+    [H, N, ...] memory behind its [N, H, ...] views)."""
+    buf = getattr(pool, sec.name)[sec.layer].transpose(0, 1)
+    H = buf.shape[0]
+    return buf if sec.per_page else buf.reshape(H, buf.shape[1] // pool.page_size, -1)
 
 
-def scatter_section(pool, sec: Section, pages, slots, data: torch.Tensor) -> None:
-    """gather_section's inverse: data [len(pages), >= sec.nbytes] uint8 into `pool`."""
-    buf = getattr(pool, sec.name)[sec.layer]
-    vals = data[:, :sec.nbytes].contiguous().view(sec.dtype)
-    if sec.per_page:
-        buf[pages] = vals.view(len(pages), *sec.shape)
-    else:
-        buf[slots] = vals.view(len(pages) * pool.page_size, *sec.shape[1:])
+def copy_sections(pool, blob, sections, host_slots, device_slots, bad, to_host: bool) -> None:
+    """ops.copy_pages of `sections` (any layers) between `pool` and the blob rows (blob: uint8
+    [rows, page_bytes] on the pool's device, or a CUDA view of pinned host memory), one launch a
+    layer."""
+    by_layer: dict[int, list] = {}
+    for sec in sections:
+        by_layer.setdefault(sec.layer, []).append((page_buffer(pool, sec), sec.offset))
+    for group in by_layer.values():
+        ops.copy_pages(blob, group, host_slots, device_slots, pool.page_size, bad, to_host)
+
+
+def raise_if_bad(bad: torch.Tensor, what: str) -> None:
+    """The copies' flag (ops.copy_pages) as an error."""
+    if int(bad.reshape(-1)[0]) != 0:
+        raise ValueError(f"{what}: slots that are not page-aligned runs of whole pages were handed to "
+                         "the INT2 host pool (it copies whole pages only); those pages were not copied")
 
 
 def storage_salt(kv_format_name: str, rotation_sha256: str) -> str:
     """Short, file-name-safe tag of what the stored bytes mean: the KV format and the rotation."""
-    digest = hashlib.sha256(f"{kv_format_name}|{rotation_sha256}".encode()).hexdigest()
+    digest = hashlib.sha256(f"{kv_format_name}|{rotation_sha256}|{BLOB_LAYOUT}".encode()).hexdigest()
     return f"oscar-int2-{digest[:12]}"
 
 
@@ -176,24 +192,6 @@ def host_view(blob: torch.Tensor, device: torch.device) -> torch.Tensor:
     return view
 
 
-def page_starts(indices: torch.Tensor, page_size: int, what: str) -> torch.Tensor:
-    """First slot of each page of `indices` (int64, on indices' device); refuses anything that is
-    not whole pages."""
-    idx = indices.reshape(-1).to(torch.int64)
-    if idx.numel() % page_size:
-        raise ValueError(f"{what}: {idx.numel()} slots are not whole pages of {page_size} "
-                         "(the INT2 host pool copies whole pages only)")
-    runs = idx.view(-1, page_size)
-    first = runs[:, :1]
-    ok = bool(((first % page_size) == 0).all()) and bool(
-        (runs == first + torch.arange(page_size, device=idx.device)).all())
-    if not ok:
-        raise ValueError(f"{what}: slots are not page-aligned runs [p * {page_size}, "
-                         f"p * {page_size} + {page_size - 1}] (the INT2 host pool copies whole "
-                         "pages only)")
-    return runs[:, 0]
-
-
 class Int2HostPool(HostKVCache):
     """SGLang's HostKVCache for OscarInt2KVPool (module docstring); page_first, io "kernel"."""
 
@@ -215,11 +213,7 @@ class Int2HostPool(HostKVCache):
         pool = self.device_pool
         self.sections, self.page_bytes = page_sections(pool)
         self.layer_num = pool.layer_num
-        # byte range of each layer in a blob (a per-layer load reads one contiguous range)
-        ends = [0] * (self.layer_num + 1)
-        for s in self.sections:
-            ends[s.layer + 1] = s.offset + _pad(s.nbytes)
-        self.layer_range = [(ends[i], ends[i + 1]) for i in range(self.layer_num)]
+        self.layer_sections = [[s for s in self.sections if s.layer == i] for i in range(self.layer_num)]
         return self.page_bytes / self.page_size
 
     def _empty(self, shape, dtype):
@@ -248,11 +242,6 @@ class Int2HostPool(HostKVCache):
         return self.page_bytes % page_size_bytes == 0
 
     # ---------------------------------------------------------------- checks
-    def _host_pages(self, host_indices) -> torch.Tensor:
-        """Host page numbers of `host_indices`, on the device that copies (host_view's)."""
-        idx = host_indices.to(self.host_view.device)
-        return page_starts(idx, self.page_size, "host indices") // self.page_size
-
     def _page_of(self, index) -> int:
         """The host page whose first slot is `index` (the storage backends' page handle)."""
         index = int(index)
@@ -261,67 +250,45 @@ class Int2HostPool(HostKVCache):
                              f"(page size {self.page_size}, {self.page_num} pages)")
         return index // self.page_size
 
-    def _device_pages(self, device_pool, device_indices) -> torch.Tensor:
-        dev = device_pool.slot_entry.device
-        return page_starts(device_indices.to(dev), self.page_size, "device indices") // self.page_size
-
     @staticmethod
     def _check_io(io_backend) -> None:
         if io_backend != IO_BACKEND:
-            raise ValueError(f"the INT2 host pool copies with torch gathers / scatters, io backend "
+            raise ValueError(f"the INT2 host pool copies with its own kernel, io backend "
                              f"{IO_BACKEND!r} (--hicache-io-backend {IO_BACKEND}), not {io_backend!r}")
 
-    # ---------------------------------------------------------------- device <-> host
-    def _slots(self, pages: torch.Tensor) -> torch.Tensor:
-        return page_slots(pages, self.page_size)
+    def _flag(self, device) -> torch.Tensor:
+        """The copies' bad-run flag on the copying device (module docstring); a CUDA flag is
+        mirrored into pinned host memory after each copy, read back without waiting by the next."""
+        if getattr(self, "_bad", None) is None:
+            self._bad = torch.zeros(1, dtype=torch.int32, device=device)
+            self._bad_seen = (torch.zeros(1, dtype=torch.int32, pin_memory=True)
+                              if self._bad.is_cuda else self._bad)
+        return self._bad
 
-    def _page_pairs(self, device_pool, host_indices, device_indices, io_backend):
-        """(host pages, device pages, device slots) of a copy, checked; None: nothing to copy."""
+    def _copy(self, device_pool, sections, host_indices, device_indices, io_backend, to_host: bool) -> None:
         self._check_io(io_backend)
-        hp = self._host_pages(host_indices)
-        dp = self._device_pages(device_pool, device_indices)
-        if len(hp) != len(dp):
-            raise ValueError(f"{len(hp)} host pages but {len(dp)} device pages")
-        if len(dp) == 0:
-            return None
-        return hp, dp, self._slots(dp)
+        dev = self.host_view.device
+        bad = self._flag(dev)
+        raise_if_bad(self._bad_seen, "an earlier HiCache copy")
+        copy_sections(device_pool, self.host_view, sections, host_indices.to(dev), device_indices.to(dev),
+                      bad, to_host)
+        if bad.is_cuda:
+            self._bad_seen.copy_(bad, non_blocking=True)
+        else:
+            raise_if_bad(bad, "a HiCache copy")
 
+    # ---------------------------------------------------------------- device <-> host
     def backup_from_device_all_layer(self, device_pool, host_indices, device_indices, io_backend) -> None:
-        """Whole pages device -> host, every layer: each section gathered on the device and written
-        into its columns of the host pages."""
-        pages = self._page_pairs(device_pool, host_indices, device_indices, io_backend)
-        if pages is None:
-            return
-        hp, dp, slots = pages
-        for sec in self.sections:
-            self.host_view[hp, sec.offset:sec.offset + sec.nbytes] = gather_section(device_pool, sec, dp, slots)
-
-    def _load_plan(self, device_pool, host_indices, device_indices, layer_id, io_backend):
-        """The checked (host pages, device pages, device slots) of one load, worked out at its
-        layer 0 and reused by its other layers: HiCacheController passes the same index tensors
-        for every layer of a load (host indices moved to the GPU for io "kernel"), and checking
-        them costs a host synchronisation, once per load instead of once per layer."""
-        key = (host_indices.data_ptr(), host_indices.numel(), device_indices.data_ptr(), device_indices.numel())
-        plan = getattr(self, "_plan", None)
-        if layer_id == 0 or plan is None or plan[0] != key:
-            plan = (key, self._page_pairs(device_pool, host_indices, device_indices, io_backend))
-            self._plan = plan
-        return plan[1]
+        """Whole pages device -> host, every layer (a launch a layer)."""
+        self._copy(device_pool, self.sections, host_indices, device_indices, io_backend, to_host=True)
 
     def load_to_device_per_layer(self, device_pool, host_indices, device_indices, layer_id, io_backend) -> None:
-        """One layer of whole pages host -> device; layer 0 also resets the loaded slots' side-copy
-        pointers (module docstring)."""
-        pages = self._load_plan(device_pool, host_indices, device_indices, layer_id, io_backend)
-        if pages is None:
-            return
-        hp, dp, slots = pages
-        lo, hi = self.layer_range[layer_id]
-        data = self.host_view[hp, lo:hi]  # the layer's byte range of each page, now on the device
-        for sec in self.sections:
-            if sec.layer == layer_id:
-                scatter_section(device_pool, sec, dp, slots, data[:, sec.offset - lo:])
+        """One layer of whole pages host -> device (one launch); layer 0 also resets the loaded
+        slots' side-copy pointers (module docstring)."""
+        self._copy(device_pool, self.layer_sections[layer_id], host_indices, device_indices, io_backend,
+                   to_host=False)
         if layer_id == 0:
-            device_pool.slot_entry[slots] = -1
+            device_pool.slot_entry[device_indices.to(device_pool.slot_entry.device, torch.int64)] = -1
 
     # ---------------------------------------------------------------- flat pages (storage)
     def get_data_page(self, index, flat: bool = True) -> torch.Tensor:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .host_pool import gather_section, page_sections, page_slots, scatter_section
+from .host_pool import copy_sections, page_sections, page_slots, raise_if_bad
 from .pd_buffers import state_buffer_names
 
 
@@ -35,7 +35,7 @@ from .pd_buffers import state_buffer_names
 class RetractedKV:
     """What `offload` keeps on the host for one request."""
     tokens: int                      # slots copied (SGLang's seqlen - 1)
-    pages: torch.Tensor              # uint8 [n_pages, sum of section bytes], page_sections order
+    pages: torch.Tensor              # uint8 [n_pages, page bytes], the host tier's page blobs
     side_row: list[torch.Tensor]     # the request row of each state_buffer_names entry
 
 
@@ -53,6 +53,15 @@ def request_pages(pool, token_indices: torch.Tensor, what: str) -> tuple[torch.T
     return pages, page_slots(pages, B)
 
 
+def _copy(pool, blob, sections, slots, to_host: bool) -> None:
+    """The request's pages (slots: whole pages, request_pages) to or from the rows of `blob`,
+    in order, as the host tier copies them (checked here: a retraction is no hot path)."""
+    bad = torch.zeros(1, dtype=torch.int32, device=slots.device)
+    rows = page_slots(torch.arange(blob.shape[0], device=slots.device), pool.page_size)
+    copy_sections(pool, blob, sections, rows, slots, bad, to_host)
+    raise_if_bad(bad, "retraction")
+
+
 def _side_rows(pool):
     for name, layer in state_buffer_names(pool):
         t = getattr(pool, name)
@@ -62,8 +71,9 @@ def _side_rows(pool):
 def offload(pool, req_pool_idx: int, token_indices: torch.Tensor) -> RetractedKV:
     """The request's pages and side row, copied to host memory."""
     pages, slots = request_pages(pool, token_indices, "retraction")
-    sections, _ = page_sections(pool)
-    blob = torch.cat([gather_section(pool, sec, pages, slots) for sec in sections], 1)
+    sections, page_bytes = page_sections(pool)
+    blob = torch.zeros(len(pages), page_bytes, dtype=torch.uint8, device=slots.device)
+    _copy(pool, blob, sections, slots, to_host=True)
     # copies even on a CPU pool (.cpu() of a CPU view would alias the row the next request reuses)
     row = [t[int(req_pool_idx)].to("cpu", copy=True) for t in _side_rows(pool)]
     return RetractedKV(int(token_indices.numel()), blob.cpu(), row)
@@ -76,11 +86,7 @@ def load(pool, copy: RetractedKV, req_pool_idx: int, token_indices: torch.Tensor
                            f"slots, {copy.tokens} were copied")
     pages, slots = request_pages(pool, token_indices, "resumption")
     sections, _ = page_sections(pool)
-    data = copy.pages.to(pool.slot_entry.device)
-    at = 0
-    for sec in sections:
-        scatter_section(pool, sec, pages, slots, data[:, at:at + sec.nbytes])
-        at += sec.nbytes
+    _copy(pool, copy.pages.to(slots.device), sections, slots, to_host=False)
     for t, saved in zip(_side_rows(pool), copy.side_row):
         t[int(req_pool_idx)] = saved.to(t.device)
 

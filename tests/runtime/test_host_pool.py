@@ -73,7 +73,8 @@ def _page_bytes(pool, layer, name, pages):
     buf = getattr(pool, name)[layer]
     if name == "k_params" and pool.layout.name == "channel":
         return _bits(buf[torch.tensor(pages, device=buf.device)])
-    return _bits(buf[_slots(pages, pool.page_size).to(buf.device)])
+    # head-major, as the host blob holds a page: [H, slots, ...]
+    return _bits(buf[_slots(pages, pool.page_size).to(buf.device)].transpose(0, 1))
 
 
 def _filled(spec, device="cpu"):
@@ -131,27 +132,24 @@ def test_pages_round_trip_byte_exact(spec, seed):
     round_trip(spec)
 
 
-def test_a_load_checks_its_indices_once(monkeypatch, seed):
-    """HiCacheController passes the same index tensors for every layer of a load: they are checked
-    (a host synchronisation on a GPU) at layer 0 only; another load's indices are checked again,
-    even when it were to start past layer 0."""
+def test_a_run_that_is_not_a_page_is_not_copied_and_stops_the_pool(seed):
+    """Indices are checked in the copy kernel (no host synchronisation on a GPU): a run that is not
+    a whole page is copied nowhere, the other runs are, and the pool raises (on a CPU pool at
+    once; on a GPU one at its next copy, once the flag reached host memory) and keeps raising."""
     src = _filled(FORMATS[0])
     B, L = src.page_size, src.layer_num
     host = Int2HostPool(src, 2.0, 0, B)
     host.backup_from_device_all_layer(src, _slots([5, 2], B), _slots([1, 2], B), "kernel")
-    calls = []
-    real = host._page_pairs
-    monkeypatch.setattr(host, "_page_pairs", lambda *a: calls.append(1) or real(*a))
     dst = _pool(*FORMATS[0])
-    hi, di = _slots([5, 2], B), _slots([3, 1], B)
-    for layer in range(L):
-        host.load_to_device_per_layer(dst, hi, di, layer, "kernel")
-    assert len(calls) == 1
-    other = _slots([2], B)
-    host.load_to_device_per_layer(dst, _slots([5], B), other, L - 1, "kernel")
-    assert len(calls) == 2
+    bad_dev = _slots([3, 1], B)
+    bad_dev[:B] += 1  # run 0 starts mid-page
+    with pytest.raises(ValueError, match="page-aligned"):
+        host.load_to_device_per_layer(dst, _slots([5, 2], B), bad_dev, 1, "kernel")
     for name in SECTIONS:
-        assert torch.equal(_page_bytes(dst, L - 1, name, [2]), _page_bytes(src, L - 1, name, [1]))
+        assert torch.equal(_page_bytes(dst, 1, name, [1]), _page_bytes(src, 1, name, [2]))  # run 1
+        assert not _page_bytes(dst, 1, name, [3, 4]).any()  # run 0's pages: nothing written
+    with pytest.raises(ValueError, match="an earlier HiCache copy"):
+        host.load_to_device_per_layer(dst, _slots([5], B), _slots([2], B), 0, "kernel")
 
 
 @pytest.mark.parametrize("spec", FORMATS[::2], ids=[f[0] for f in FORMATS[::2]])

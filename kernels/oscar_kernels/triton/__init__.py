@@ -5,7 +5,8 @@ Common core (both formats):
   launch helpers (compiled on CUDA tensors, the Triton interpreter on CPU ones).
 * ``core_codes``: packed codes -> tensor-core operands, (scale, min) parameter words.
 * ``merge``: LSE merge of two partial attentions (prefix + new tokens); ``kv_indices``: SGLang's
-  kv_indices fill.
+  kv_indices fill; ``page_copy``: whole pages between the pool and a page-first blob (the host
+  tier), indices checked in the kernel.
 
 The per-token recipe (KVFormat k_layout="token"):
 * ``token_store``: rotate (optional) + clip + quantise + pack + scatter, and the BF16 sink/ring.
