@@ -265,7 +265,10 @@ class Int2HostPool(HostKVCache):
                               if self._bad.is_cuda else self._bad)
         return self._bad
 
-    def _copy(self, device_pool, sections, host_indices, device_indices, io_backend, to_host: bool) -> None:
+    def _copy(self, device_pool, sections, host_indices, device_indices, io_backend, to_host: bool,
+              mirror: bool = True) -> None:
+        """ops.copy_pages of `sections`; mirror: copy the flag to host memory after it (a load
+        does so after its last layer only)."""
         self._check_io(io_backend)
         dev = self.host_view.device
         bad = self._flag(dev)
@@ -273,7 +276,8 @@ class Int2HostPool(HostKVCache):
         copy_sections(device_pool, self.host_view, sections, host_indices.to(dev), device_indices.to(dev),
                       bad, to_host)
         if bad.is_cuda:
-            self._bad_seen.copy_(bad, non_blocking=True)
+            if mirror:
+                self._bad_seen.copy_(bad, non_blocking=True)
         else:
             raise_if_bad(bad, "a HiCache copy")
 
@@ -286,7 +290,7 @@ class Int2HostPool(HostKVCache):
         """One layer of whole pages host -> device (one launch); layer 0 also resets the loaded
         slots' side-copy pointers (module docstring)."""
         self._copy(device_pool, self.layer_sections[layer_id], host_indices, device_indices, io_backend,
-                   to_host=False)
+                   to_host=False, mirror=layer_id == self.layer_num - 1)
         if layer_id == 0:
             device_pool.slot_entry[device_indices.to(device_pool.slot_entry.device, torch.int64)] = -1
 
