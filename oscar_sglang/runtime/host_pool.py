@@ -292,7 +292,10 @@ class Int2HostPool(HostKVCache):
         self._copy(device_pool, self.layer_sections[layer_id], host_indices, device_indices, io_backend,
                    to_host=False, mirror=layer_id == self.layer_num - 1)
         if layer_id == 0:
-            device_pool.slot_entry[device_indices.to(device_pool.slot_entry.device, torch.int64)] = -1
+            # index_fill_, not `[...] = -1`: the latter copies the -1 from pageable host memory,
+            # which syncs the load stream with the host (and the stream waits for the forward
+            # in flight)
+            device_pool.slot_entry.index_fill_(0, device_indices.to(device_pool.slot_entry.device, torch.int64), -1)
 
     # ---------------------------------------------------------------- flat pages (storage)
     def get_data_page(self, index, flat: bool = True) -> torch.Tensor:
