@@ -75,7 +75,6 @@ BLOB_LAYOUT = "head-major-1"
 # storage backends whose page API this pool serves (flat pages through get_data_page /
 # set_from_flat_data_page); the zero-copy and shared-memory ones are refused at start
 STORAGE_BACKENDS = ("file",)
-SECTION_NAMES = ("k_codes", "k_params", "v_codes", "v_params")  # the pool's attributes
 
 
 def _pad(n: int) -> int:
@@ -85,7 +84,7 @@ def _pad(n: int) -> int:
 @dataclass(frozen=True)
 class Section:
     layer: int        # local layer
-    name: str         # one of SECTION_NAMES
+    name: str         # k_codes | k_params | v_codes | v_params (the pool's attribute)
     offset: int       # bytes into the page blob
     nbytes: int       # unpadded
     shape: tuple      # one page's shape, head-major

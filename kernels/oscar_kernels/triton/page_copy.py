@@ -2,10 +2,12 @@
 launch for up to MAX_SECTIONS buffers, no host synchronisation.
 
 Why a kernel: HiCache copies a returning prefix host -> device layer by layer and writes new pages
-back after each prefill, both on the scheduler's thread. As torch gathers / scatters that was
-about a dozen indexing ops a layer (each ~20-50 us of CPU), and checking the indices cost a host
-synchronisation, which on the write path waits for the forward in flight before the first token
-is sent. Here a layer is one launch, and the indices are checked in the kernel.
+back after each prefill, both from the scheduler's thread, on copy streams that wait for the
+compute stream. As torch gathers / scatters, checking the indices read a GPU value on the host: a
+synchronisation, so the thread waited for the forward in flight (the write-back is issued while
+the next forward runs, before the first token is sent): 32 ms of CPU for 100 pages of
+Llama-3.1-8B behind ~32 ms of compute in an H200 probe, 3 ms as this kernel (CHANGELOG.md,
+2026-12-02). Here a layer is one launch, and the indices are checked in the kernel.
 
 Layout (reference.copy_pages is the same in torch):
 * buffer s: contiguous [H, P, chunk_s] (any dtype; P pages, so a per-slot buffer [H, N, ...] is
