@@ -443,6 +443,46 @@ def fill_kv_indices(
     return _ki.fill_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_indices)
 
 
+def plan_page_copy(blob: torch.Tensor, sections: Sequence[tuple[torch.Tensor, int]]) -> list:
+    """The checked word views of copy_pages' blob and sections, in launch groups: what does not
+    change from one copy to the next (the host tier plans each layer once)."""
+    from .triton import page_copy
+
+    if blob.dtype != torch.uint8 or blob.dim() != 2 or blob.stride(1) != 1:
+        raise ValueError("copy_pages: the blob must be uint8 [pages, page_bytes] with contiguous rows")
+    if not sections:
+        return []
+    H = sections[0][0].shape[0]
+    views, sizes = [], [blob.stride(0), blob.data_ptr()]
+    for buf, off in sections:
+        if not buf.is_contiguous() or buf.shape[0] != H or buf.dim() < 3:
+            raise ValueError("copy_pages: every buffer must be contiguous [H, P, ...] with the same H")
+        raw = buf.reshape(H, buf.shape[1], -1).view(torch.uint8)
+        if off + H * raw.shape[2] > blob.shape[1]:
+            raise ValueError(f"copy_pages: a section at byte {off} of {H} x {raw.shape[2]} bytes "
+                             f"overruns a blob row of {blob.shape[1]}")
+        views.append((raw, off))
+        sizes += [raw.shape[2], raw.stride(0), off, raw.data_ptr()]
+    word = next(w for w in (4, 2, 1) if all(s % w == 0 for s in sizes))
+    wdt = {4: torch.int32, 2: torch.int16, 1: torch.uint8}[word]
+    blob_w = blob.view(wdt)
+    return [(blob_w, [(raw.view(wdt), off // word) for raw, off in views[at:at + page_copy.MAX_SECTIONS]])
+            for at in range(0, len(views), page_copy.MAX_SECTIONS)]
+
+
+def run_page_copy(plan: list, host_idx: torch.Tensor, dev_idx: torch.Tensor, page_size: int,
+                  bad: torch.Tensor, to_host: bool) -> None:
+    """copy_pages with a plan_page_copy plan."""
+    from .triton import page_copy
+
+    B = int(page_size)
+    if host_idx.numel() != dev_idx.numel() or host_idx.numel() % B:
+        raise ValueError(f"copy_pages: {host_idx.numel()} host and {dev_idx.numel()} device slots: "
+                         f"both must be the same whole number of pages of {B}")
+    for blob_w, group in plan:
+        page_copy.launch(blob_w, group, host_idx.reshape(-1), dev_idx.reshape(-1), bad, B, to_host)
+
+
 def copy_pages(
     blob: torch.Tensor,
     sections: Sequence[tuple[torch.Tensor, int]],
@@ -459,31 +499,7 @@ def copy_pages(
     runs of page_size, the same count. to_host: buffer pages -> blob rows, else blob rows ->
     buffer pages. A run that is not page_size consecutive slots from a multiple of page_size is
     copied nowhere and sets bad[0] = 1 (int32 [1], the caller checks it later): no host
-    synchronisation, so a copy can be enqueued on a side stream while the GPU works."""
-    from .triton import page_copy
-
-    B = int(page_size)
-    if blob.dtype != torch.uint8 or blob.dim() != 2 or blob.stride(1) != 1:
-        raise ValueError("copy_pages: the blob must be uint8 [pages, page_bytes] with contiguous rows")
-    if host_idx.numel() != dev_idx.numel() or host_idx.numel() % B:
-        raise ValueError(f"copy_pages: {host_idx.numel()} host and {dev_idx.numel()} device slots: "
-                         f"both must be the same whole number of pages of {B}")
-    if not sections:
-        return
-    H = sections[0][0].shape[0]
-    views, sizes = [], [blob.stride(0), blob.data_ptr()]
-    for buf, off in sections:
-        if not buf.is_contiguous() or buf.shape[0] != H or buf.dim() < 3:
-            raise ValueError("copy_pages: every buffer must be contiguous [H, P, ...] with the same H")
-        raw = buf.reshape(H, buf.shape[1], -1).view(torch.uint8)
-        if off + H * raw.shape[2] > blob.shape[1]:
-            raise ValueError(f"copy_pages: a section at byte {off} of {H} x {raw.shape[2]} bytes "
-                             f"overruns a blob row of {blob.shape[1]}")
-        views.append((raw, off))
-        sizes += [raw.shape[2], raw.stride(0), off, raw.data_ptr()]
-    word = next(w for w in (4, 2, 1) if all(s % w == 0 for s in sizes))
-    wdt = {4: torch.int32, 2: torch.int16, 1: torch.uint8}[word]
-    blob_w = blob.view(wdt)
-    for at in range(0, len(views), page_copy.MAX_SECTIONS):
-        group = [(raw.view(wdt), off // word) for raw, off in views[at:at + page_copy.MAX_SECTIONS]]
-        page_copy.launch(blob_w, group, host_idx.reshape(-1), dev_idx.reshape(-1), bad, B, to_host)
+    synchronisation, so a copy can be enqueued on a side stream while the GPU works.
+    (= run_page_copy(plan_page_copy(blob, sections), ...): a caller that copies the same buffers
+    again keeps the plan.)"""
+    run_page_copy(plan_page_copy(blob, sections), host_idx, dev_idx, page_size, bad, to_host)

@@ -29,7 +29,9 @@ the host: the indices (whole pages only: runs [p * B, ..., p * B + B - 1]) are c
 kernel, a run that is not one is copied nowhere and raises a flag, and the next copy call raises
 once the flag has reached host memory (torch gathers with a checked index cost ~12 indexing ops a
 layer and a synchronisation that, on the write path, waited for the forward in flight before the
-first token went out). For a CPU device pool (the tests) the blob itself, checked at once.
+first token went out). The views and checks of each layer's buffers are made once (ops.plan_page_copy),
+so a copy is the launch and little else. For a CPU device pool (the tests) the blob itself,
+checked at once.
 io_backend "kernel" (SGLang's default with --hicache-mem-layout page_first) names this copy;
 "direct" / "kernel_ascend" are refused.
 
@@ -128,15 +130,20 @@ def page_buffer(pool, sec: Section) -> torch.Tensor:
     return buf if sec.per_page else buf.reshape(H, buf.shape[1] // pool.page_size, -1)
 
 
-def copy_sections(pool, blob, sections, host_slots, device_slots, bad, to_host: bool) -> None:
-    """ops.copy_pages of `sections` (any layers) between `pool` and the blob rows (blob: uint8
-    [rows, page_bytes] on the pool's device, or a CUDA view of pinned host memory), one launch a
-    layer."""
+def copy_plans(pool, blob, sections) -> list:
+    """ops.plan_page_copy of `sections` (any layers) between `pool` and the blob rows (blob: uint8
+    [rows, page_bytes] on the pool's device, or a CUDA view of pinned host memory), one a layer
+    (a launch each)."""
     by_layer: dict[int, list] = {}
     for sec in sections:
         by_layer.setdefault(sec.layer, []).append((page_buffer(pool, sec), sec.offset))
-    for group in by_layer.values():
-        ops.copy_pages(blob, group, host_slots, device_slots, pool.page_size, bad, to_host)
+    return [ops.plan_page_copy(blob, group) for group in by_layer.values()]
+
+
+def copy_sections(pool, plans, host_slots, device_slots, bad, to_host: bool) -> None:
+    """Whole pages between `pool` and the blob rows of copy_plans' `plans`."""
+    for plan in plans:
+        ops.run_page_copy(plan, host_slots, device_slots, pool.page_size, bad, to_host)
 
 
 def raise_if_bad(bad: torch.Tensor, what: str) -> None:
@@ -235,7 +242,7 @@ class Int2HostPool(HostKVCache):
         # torch pinned tensors (not cudaHostRegister'd mmap like SGLang's pools): nothing to
         # unregister, torch frees them
         self._destroyed = True
-        self.kv_buffer = self.host_view = None
+        self.kv_buffer = self.host_view = self._own_plans = None
 
     def is_stride_page_aligned(self, page_size_bytes: int = 4096) -> bool:
         return self.page_bytes % page_size_bytes == 0
@@ -264,16 +271,26 @@ class Int2HostPool(HostKVCache):
                               if self._bad.is_cuda else self._bad)
         return self._bad
 
-    def _copy(self, device_pool, sections, host_indices, device_indices, io_backend, to_host: bool,
+    def _plans(self, device_pool, layer: int | None) -> list:
+        """copy_plans of one layer (None: every layer) against `device_pool`; those of this pool's
+        own device pool (HiCache's only one) are made once, the buffers never move."""
+        if device_pool is not self.device_pool:
+            return copy_plans(device_pool, self.host_view,
+                              self.sections if layer is None else self.layer_sections[layer])
+        if getattr(self, "_own_plans", None) is None:
+            self._own_plans = copy_plans(device_pool, self.host_view, self.sections)  # a plan a layer
+        return self._own_plans if layer is None else self._own_plans[layer:layer + 1]
+
+    def _copy(self, device_pool, layer, host_indices, device_indices, io_backend, to_host: bool,
               mirror: bool = True) -> None:
-        """ops.copy_pages of `sections`; mirror: copy the flag to host memory after it (a load
-        does so after its last layer only)."""
+        """Whole pages of one layer (None: all) between `device_pool` and the host tier; mirror:
+        copy the flag to host memory after it (a load does so after its last layer only)."""
         self._check_io(io_backend)
         dev = self.host_view.device
         bad = self._flag(dev)
         raise_if_bad(self._bad_seen, "an earlier HiCache copy")
-        copy_sections(device_pool, self.host_view, sections, host_indices.to(dev), device_indices.to(dev),
-                      bad, to_host)
+        copy_sections(device_pool, self._plans(device_pool, layer), host_indices.to(dev),
+                      device_indices.to(dev), bad, to_host)
         if bad.is_cuda:
             if mirror:
                 self._bad_seen.copy_(bad, non_blocking=True)
@@ -283,13 +300,13 @@ class Int2HostPool(HostKVCache):
     # ---------------------------------------------------------------- device <-> host
     def backup_from_device_all_layer(self, device_pool, host_indices, device_indices, io_backend) -> None:
         """Whole pages device -> host, every layer (a launch a layer)."""
-        self._copy(device_pool, self.sections, host_indices, device_indices, io_backend, to_host=True)
+        self._copy(device_pool, None, host_indices, device_indices, io_backend, to_host=True)
 
     def load_to_device_per_layer(self, device_pool, host_indices, device_indices, layer_id, io_backend) -> None:
         """One layer of whole pages host -> device (one launch); layer 0 also resets the loaded
         slots' side-copy pointers (module docstring)."""
-        self._copy(device_pool, self.layer_sections[layer_id], host_indices, device_indices, io_backend,
-                   to_host=False, mirror=layer_id == self.layer_num - 1)
+        self._copy(device_pool, layer_id, host_indices, device_indices, io_backend, to_host=False,
+                   mirror=layer_id == self.layer_num - 1)
         if layer_id == 0:
             # index_fill_, not `[...] = -1`: the latter copies the -1 from pageable host memory,
             # which syncs the load stream with the host (and the stream waits for the forward

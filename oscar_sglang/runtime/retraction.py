@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .host_pool import copy_sections, page_sections, page_slots, raise_if_bad
+from .host_pool import copy_plans, copy_sections, page_sections, page_slots, raise_if_bad
 from .pd_buffers import state_buffer_names
 
 
@@ -58,7 +58,7 @@ def _copy(pool, blob, sections, slots, to_host: bool) -> None:
     in order, as the host tier copies them (checked here: a retraction is no hot path)."""
     bad = torch.zeros(1, dtype=torch.int32, device=slots.device)
     rows = page_slots(torch.arange(blob.shape[0], device=slots.device), pool.page_size)
-    copy_sections(pool, blob, sections, rows, slots, bad, to_host)
+    copy_sections(pool, copy_plans(pool, blob, sections), rows, slots, bad, to_host)
     raise_if_bad(bad, "retraction")
 
 

@@ -153,6 +153,30 @@ def test_a_run_that_is_not_a_page_is_not_copied_and_stops_the_pool(seed):
 
 
 @pytest.mark.parametrize("spec", FORMATS[::2], ids=[f[0] for f in FORMATS[::2]])
+def test_its_own_device_pool_is_planned_once(monkeypatch, spec, seed):
+    """HiCache copies between the host tier and one device pool: that pool's copy plans (views,
+    word size, checks) are made at the first copy, one a layer, and serve every later copy, each
+    layer its own; another pool gets plans of its own per copy."""
+    src = _filled(spec)
+    B, L = src.page_size, src.layer_num
+    host = Int2HostPool(src, 2.0, 0, B)
+    made = []
+    real = hp.copy_plans
+    monkeypatch.setattr(hp, "copy_plans", lambda *a: made.append(len(a[2])) or real(*a))
+    host.backup_from_device_all_layer(src, _slots([5, 2], B), _slots([1, 2], B), "kernel")
+    for layer in range(L):  # back into the same pool, over pages 4 and 5
+        host.load_to_device_per_layer(src, _slots([5, 2], B), _slots([4, 5], B), layer, "kernel")
+    assert made == [len(host.sections)] and len(host._own_plans) == L
+    for layer in range(L):
+        for name in SECTIONS:
+            assert torch.equal(_page_bytes(src, layer, name, [4]), _page_bytes(src, layer, name, [1]))
+            assert torch.equal(_page_bytes(src, layer, name, [5]), _page_bytes(src, layer, name, [2]))
+    dst = _pool(*spec)
+    host.load_to_device_per_layer(dst, _slots([5], B), _slots([3], B), L - 1, "kernel")
+    assert made == [len(host.sections), len(host.layer_sections[L - 1])]
+
+
+@pytest.mark.parametrize("spec", FORMATS[::2], ids=[f[0] for f in FORMATS[::2]])
 def test_flat_pages(spec, seed):
     src = _filled(spec)
     B = src.page_size
