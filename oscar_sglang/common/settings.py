@@ -368,7 +368,9 @@ PREFILL_READS = _declare(Choice(
         "so its greedy answer can differ from the same prompt's cold one) or `cache` (every "
         "complete page read as the cache stores it, the sink in BF16, BF16 only for the last "
         "incomplete page: a cold prompt and a cache hit read the same values, at lower retrieval "
-        "accuracy). docs/design.md (\"What a prefill reads\") has the measured trade-off."))
+        "accuracy; a cold prompt's tail after its complete pages is prefilled in a forward of its "
+        "own, the one a hit of the prompt repeats, so cold prompts enter prefill one per batch). "
+        "docs/design.md (\"What a prefill reads\") has the measured trade-off."))
 
 DEBUG_TAP_DIR = _declare(PathSetting(
     "OSCAR_DEBUG_TAP_DIR", None, group=DEBUG,

@@ -384,7 +384,9 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         ring copies are trusted from C on, by this extend's prefix reader, which then reads no ring
         entry, and by the decode steps after it), and its new tokens of [P, C) are stored before
         attention and read back dequantised. The answer is then the same whichever way [0, P)
-        arrived, up to rounding (bench/path_invariance.py measures it).
+        arrived, up to rounding (bench/path_invariance.py measures it); the scheduler gives a
+        cold prompt's tail its own forward (runtime/prefill_split.py), so a hit of the prompt's
+        complete pages repeats that forward and does not even round differently.
 
         Only requests whose extend starts on a page boundary (radix hits and prefill chunks are
         page-aligned in SGLang; a decode-like request of a mixed-chunk batch is not): the others

@@ -15,6 +15,9 @@ did not apply keeps an error that every int2 code path raises (state.require_hoo
   sizing     create_memory_pool_configurator    AROUND  Int2PoolConfigurator
   pool       KVCacheConfigurator._build_token_to_kv_pool  AROUND  OscarInt2KVPool
   rows       ReqToTokenPool.alloc               AROUND  new request rows -> reset, stored sink
+  split      PrefillAdder.add_one_req / add_chunked_req AROUND  OSCAR_PREFILL_READS=cache: a prompt's
+                                                         tail after its complete pages in a forward
+                                                         of its own (prefill_split.py)
   hicache    HiRadixCache.__init__              AROUND  an INT2 pool gets the INT2 host pool
   salt       HiCacheController._generate_storage_config AFTER  storage keys name format + rotation
   accept     eagle_sample (EAGLE family, NGRAM)  AFTER   rejected drafts' ring entries rolled back
@@ -41,6 +44,7 @@ from .pd_hooks import (
     around_try_ensure_parallel_info,
     before_kv_manager_init,
 )
+from .prefill_split import around_add_chunked_req, around_add_one_req
 from .retraction import around_load_kv_cache, around_offload_kv_cache
 from .state import RUNTIME_INFO, mark_installed, require_hooks
 
@@ -342,6 +346,9 @@ HOOKS = [
     ("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_token_to_kv_pool", "AROUND",
      around_build_token_to_kv_pool),
     ("sglang.srt.mem_cache.memory_pool.ReqToTokenPool.alloc", "AROUND", around_req_to_token_alloc),
+    # page-canonical prefill: a cold prompt's last forward is the one its hits repeat
+    ("sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req", "AROUND", around_add_one_req),
+    ("sglang.srt.managers.schedule_policy.PrefillAdder.add_chunked_req", "AROUND", around_add_chunked_req),
     # defined here, imported by name by the EAGLE and NGRAM workers (imported after the plugin
     # loads, so they bind the hooked function: speculative.check_accept_hook verifies it at start)
     ("sglang.srt.speculative.eagle_utils.eagle_sample", "AFTER", after_eagle_sample),

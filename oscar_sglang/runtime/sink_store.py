@@ -16,7 +16,13 @@ the start of each forward; no host synchronisation):
   fresh prompt (prefix 0) computes its sink in this forward, so the row is kept under its key at
   the start of the next one (`publish`: the store kernel has run by then, in stream order, and a
   row handed on in between still holds it, since nothing writes a row before its next forward);
-  a request with a cached prefix gets the stored sink copied into its row (`restore`), if any.
+  a request with a cached prefix gets the stored sink copied into its row, if any.
+* A fresh prompt whose key is already stored reads the stored copy too, from its next forward on
+  (publish copies it over the row's own): the same values up to rounding, but the GEMMs that
+  computed them round a row differently in a forward of another size, and a later hit of this
+  prompt reads the stored copy. So every forward after a prompt's first, and every decode step,
+  reads the sink bits its hits read (what makes a hit repeat a cold prompt's last forward exactly,
+  runtime/prefill_split.py).
 * Entries are least-recently-used within `entries` (sizing.sink_store_plan: as many as 1% of the
   KV budget holds, at most 4,096). A key that is not stored (evicted, or no key: a prompt shorter than
   the sink, embeddings instead of token ids) leaves a hit reading its sink as INT2, every time
@@ -60,12 +66,17 @@ class TokenSinkStore:
         return len(self._index)
 
     def publish(self) -> None:
-        """Keep the sinks the previous forward computed (start of a forward, before any reset)."""
+        """Keep the sinks the previous forward computed, or give their rows the stored copy where
+        the key is stored (start of a forward, before any reset)."""
         pending, self._to_publish = self._to_publish, {}
+        adopt_rows, adopt_entries = [], []
         for row, key in pending.items():
-            if self.n == 0 or key in self._index:
-                if key in self._index:
-                    self._index.move_to_end(key)
+            if self.n == 0:
+                continue
+            if key in self._index:
+                self._index.move_to_end(key)
+                adopt_rows.append(row)
+                adopt_entries.append(self._index[key])
                 continue
             if self._free:
                 e = self._free.pop()
@@ -74,6 +85,15 @@ class TokenSinkStore:
             self._index[key] = e
             self.k[:, e] = self.pool.sink_k_layers[:, row]
             self.v[:, e] = self.pool.sink_v_layers[:, row]
+        self._copy_to_rows(adopt_rows, adopt_entries)
+
+    def _copy_to_rows(self, rows: list[int], entries: list[int]) -> None:
+        if rows:
+            dev = self.k.device
+            r = torch.tensor(rows, dtype=torch.int64, device=dev)
+            e = torch.tensor(entries, dtype=torch.int64, device=dev)
+            self.pool.sink_k_layers[:, r] = self.k[:, e]
+            self.pool.sink_v_layers[:, r] = self.v[:, e]
 
     def claim(self, rows: list[int], prefix_lens: list[int], keys: list[Key | None]) -> list[int]:
         """Rows handed to new requests (their latest claim each): queue fresh prompts' sinks for
@@ -89,10 +109,5 @@ class TokenSinkStore:
                 self._index.move_to_end(key)
                 restored.append(row)
                 entries.append(self._index[key])
-        if restored:
-            dev = self.k.device
-            r = torch.tensor(restored, dtype=torch.int64, device=dev)
-            e = torch.tensor(entries, dtype=torch.int64, device=dev)
-            self.pool.sink_k_layers[:, r] = self.k[:, e]
-            self.pool.sink_v_layers[:, r] = self.v[:, e]
+        self._copy_to_rows(restored, entries)
         return restored

