@@ -453,33 +453,42 @@ def _server(row: dict) -> str:
     return row.get("config", "-") + (f" (prefill reads {row['prefill_reads']})" if row.get("prefill_reads") else "")
 
 
+def prefill_mode(r: dict) -> str | None:
+    """BF16, or which OSCAR_PREFILL_READS an int2 row's server ran: the row's own word (rows
+    annotated by hand), /server_info's, the server's environment, else the plugin's default."""
+    if r.get("kv") == "bf16":
+        return "BF16"
+    from oscar_sglang.common.settings import PREFILL_READS
+
+    return (r.get("prefill_reads") or (r.get("oscar_int2") or {}).get("prefill_reads")
+            or (r.get("server_env") or {}).get(PREFILL_READS.name) or PREFILL_READS.default)
+
+
 def render_prefill_reads(doc: Path) -> list[str]:
     """OSCAR_PREFILL_READS' trade-off: served NIAH (cold prompts) from the NIAH file and the greedy
-    identity of cache hits with cold answers from the path-invariance file, int2 in each mode
-    beside BF16 (each file's own BF16 row)."""
-    niah, paths = load(NIAH_PREFILL), load(PATH_INVARIANCE)
-
-    def mode(r: dict) -> str | None:
-        return "BF16" if r.get("kv") == "bf16" else r.get("prefill_reads")
-
-    n = {mode(r): r for r in niah["rows"] if not failed(r)}
-    pth: dict = {}
-    for r in paths["rows"]:
-        if not failed(r):
-            pth.setdefault(mode(r), {}).update({k: v for k, v in r.items() if k.startswith("greedy_identical")
-                                               and v is not None})
+    identity of cache hits with cold answers from the HiCache file's paths part (the default,
+    page-canonical prefill and BF16 servers of one run), int2 in each mode beside BF16."""
+    niah, hc = load(NIAH_PREFILL), load(HICACHE)
+    paths = [r for r in hc["rows"] if r.get("part") == "paths" and not failed(r)]
+    n = {prefill_mode(r): r for r in niah["rows"] if not failed(r)}
+    pth = {prefill_mode(r): r for r in paths}
+    first = min(paths, key=lambda r: r.get("date", ""), default={})
     cols = (("radix hit = cold", "greedy_identical_radix_vs_cold"), ("host tier = cold", "greedy_identical_host_vs_cold"),
-            ("host tier = device cache", "greedy_identical_host_vs_device"))
-    out = [f"{link(NIAH_PREFILL, doc)} ({niah['device'].split(',')[0]}, {day(niah['date'])}) and "
-           f"{link(PATH_INVARIANCE, doc)} ({paths['device']}, {day(paths['date'])}); their commit_note says "
-           "what each server ran. NIAH: exact match over the file's prompts, cold prefills (radix cache "
-           "off); the other columns: share of the path-invariance prompts whose greedy answer on the path "
-           "equals the same server's cold answer. Made by:",
-           *commands_block(niah)[:-1], *top_commands(paths), "```", "",
+            ("host tier = device cache", "greedy_identical_host_vs_device"),
+            ("sibling's pages = cold", "greedy_identical_sibling_vs_cold"),
+            ("warm batch = cold", "greedy_identical_batch_vs_cold"))
+    out = [f"{link(NIAH_PREFILL, doc)} ({niah['device'].split(',')[0]}, {day(niah['date'])}; its commit_note "
+           f"says what each server ran) and the paths part of {link(HICACHE, doc)} ({first.get('device', '-')}, "
+           f"{day(first.get('date', '-'))}, its `--part paths` call: the three servers side by side, 48 "
+           "greedy chat prompts of 64 tokens on real SmolLM2 weights, HiCache on). NIAH: exact match over "
+           "the file's prompts, cold "
+           "prefills (radix cache off); the other columns: share of the path-invariance prompts whose "
+           "greedy answer on the path equals the same server's cold answer. Made by:",
+           *commands_block(niah)[:-1], *top_commands(hc), "```", "",
            "| KV cache | NIAH | " + " | ".join(h for h, _ in cols) + " |", "|---|---:|" + "---:|" * len(cols)]
     for m, label in (("BF16", "BF16"), ("exact", "int2, `OSCAR_PREFILL_READS=exact` (default)"),
                      ("cache", "int2, `OSCAR_PREFILL_READS=cache`")):
-        row, ids = n.get(m), pth.get(m, {})
+        row, ids = n.get(m), pth.get(m) or {}
         out.append(f"| {label} | {'-' if row is None else format(row['niah'], '.3f')} | "
                    + " | ".join("-" if ids.get(k) is None else f"{ids[k]:.3f}" for _, k in cols) + " |")
     return out

@@ -39,6 +39,7 @@ from sglang.srt.layers.attention.triton_backend import TritonAttnBackend, logit_
 from oscar_kernels import ops
 
 from . import compile_watch, debug_tap
+from .device_index import to_device
 from .new_tokens import FlashInferNewTokens, TritonNewTokens, workspace_bytes
 from .prefix_flashinfer import FlashInferPrefix
 from .pool import OscarInt2KVPool
@@ -403,7 +404,7 @@ class OscarInt2TritonBackend(TritonAttnBackend):
         if not any(flags):
             return None
         dev = fb.seq_lens.device
-        canon = torch.tensor(flags, dtype=torch.bool, device=dev)
+        canon = to_device(flags, torch.bool, dev)
         seq = fb.seq_lens.to(torch.int64)
         pre = fb.extend_prefix_lens.to(torch.int64)
         complete = seq // page * page
@@ -434,8 +435,9 @@ class OscarInt2TritonBackend(TritonAttnBackend):
             starts = [0]
             for e in ext_cpu:
                 starts.append(starts[-1] + e)
-            pick = lambda want: torch.cat([torch.arange(starts[b], starts[b + 1]) for b in range(B)  # noqa: E731
-                                           if flags[b] == want] + [torch.zeros(0, dtype=torch.int64)]).to(dev)
+            pick = lambda want: to_device(torch.cat([torch.arange(starts[b], starts[b + 1])  # noqa: E731
+                                                     for b in range(B) if flags[b] == want]
+                                                    + [torch.zeros(0, dtype=torch.int64)]), torch.int64, dev)
             first_tokens, after_tokens = pick(True), pick(False)
         return CanonicalExtend(first_tokens=first_tokens, after_tokens=after_tokens, kv_indptr=kv_indptr,
                                kv_indices=kv_indices, first=pre.to(torch.int32), out_indptr=out_indptr,

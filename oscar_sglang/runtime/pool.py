@@ -49,6 +49,7 @@ from sglang.srt.mem_cache.memory_pool import KVCache
 
 from oscar_kernels.format import Int2Format, code_bytes
 
+from .device_index import to_device
 from .draft_rollback import DraftRollback
 from .sink_store import TokenSinkStore, sink_key
 from .kv_format import ServedFormat
@@ -260,12 +261,12 @@ class OscarInt2KVPool(KVCache):
             return
         latest = {r: (p, k) for r, p, k in pending}  # a row's latest claim wins
         rows = sorted(latest)
-        idx = torch.tensor(rows, dtype=torch.int64, device=self.own_start.device)
+        idx = to_device(rows, torch.int64, self.own_start.device)
         self.own_start.index_fill_(0, idx, INT32_MAX)
         self.sink_start.index_fill_(0, idx, INT32_MAX)
         restored = self.sinks.claim(rows, [latest[r][0] for r in rows], [latest[r][1] for r in rows])
         if restored:
-            self.sink_start.index_fill_(0, torch.tensor(restored, dtype=torch.int64, device=idx.device), 0)
+            self.sink_start.index_fill_(0, to_device(restored, torch.int64, idx.device), 0)
 
     def _drop_side_pointers(self, received: list[tuple[int, int]], req_to_token) -> None:
         """Rows whose side state came by PD transfer and the slots it filled: no side-copy
@@ -276,7 +277,7 @@ class OscarInt2KVPool(KVCache):
         rows = sorted({r for r, _ in received})
         self.sinks.claim(rows, [0] * len(rows), [None] * len(rows))
         dev = self.entry_owner.device
-        r = torch.tensor(rows, dtype=torch.int64, device=dev)[:, None]
+        r = to_device(rows, torch.int64, dev)[:, None]
         S, W = self.sink, self.recent
         # entry ids as the store writes them: sink r * S + p, ring R * S + r * W + p % W
         entries = torch.cat([r * S + torch.arange(S, device=dev),

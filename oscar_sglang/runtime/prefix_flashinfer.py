@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .device_index import to_device
+
 MAX_PIECE_ROWS = 32768
 
 
@@ -73,8 +75,8 @@ class FlashInferPrefix:
             kv = _indptr(lens)
             w.plan(qo, kv, Hq, H, D, head_dim_vo=Dv, causal=False, q_data_type=self._dtype,
                    kv_data_type=self._dtype)
-            self.pieces.append(Piece(w, torch.full((len(lens),), lo, dtype=torch.int32).to(device),
-                                     kv.to(device), int(kv[-1]), max(lens)))
+            self.pieces.append(Piece(w, to_device([lo] * len(lens), torch.int32, device),
+                                     to_device(kv, torch.int32, device), int(kv[-1]), max(lens)))
 
     def run(self, q_rot, layer, cached_kv_args: dict, soft_cap):
         """Yields (o [T, Hq, Dv] in q's dtype, rotated V space; lse [T, Hq] base 2) per piece."""

@@ -17,7 +17,7 @@ _STATIC_KEYS = (
     "k_clip", "v_clip", "v_rotation_in", "v_absorb_note", "layers", "kv_heads", "attn_tp", "env", "bytes_per_token",
     "bf16_bytes_per_token", "compression_vs_bf16", "side_bytes_per_request",
     "max_running_requests", "side_bytes_total", "max_total_num_tokens", "int2_bytes_total",
-    "available_bytes", "new_token_attention", "prefix_attention",
+    "available_bytes", "new_token_attention", "prefix_attention", "decode_store", "prefill_reads",
 )
 
 

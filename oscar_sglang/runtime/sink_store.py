@@ -34,6 +34,8 @@ from collections import OrderedDict
 
 import torch
 
+from .device_index import to_device
+
 Key = tuple
 
 
@@ -89,9 +91,8 @@ class TokenSinkStore:
 
     def _copy_to_rows(self, rows: list[int], entries: list[int]) -> None:
         if rows:
-            dev = self.k.device
-            r = torch.tensor(rows, dtype=torch.int64, device=dev)
-            e = torch.tensor(entries, dtype=torch.int64, device=dev)
+            r = to_device(rows, torch.int64, self.k.device)
+            e = to_device(entries, torch.int64, self.k.device)
             self.pool.sink_k_layers[:, r] = self.k[:, e]
             self.pool.sink_v_layers[:, r] = self.v[:, e]
 
