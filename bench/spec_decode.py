@@ -347,8 +347,10 @@ class ResultsFile:
         self.path, self.device = Path(path), device
         self.key, self.finish = key, finish
         self.lock = threading.Lock()
+        # each call names its commit: a merged file's rows come from several calls, and the
+        # file's own `commit` is only the last one's
         self.call = {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                     "device": device, "command": _results.command(module)}
+                     "device": device, "command": _results.command(module), "commit": _results.commit()}
         src = next((Path(p) for p in (self.path, base) if p and Path(p).exists()), None)
         self.doc = json.loads(src.read_text()) if src else {"rows": [], "calls": []}
         self._write([])
