@@ -225,3 +225,12 @@ def test_the_two_gpu_pd_region_is_its_file(tmp_path, monkeypatch):
     assert "256x2048+256: 1.25x the output tok/s, 0.80x the TTFT p50." in text
     assert "`load_256x2048+256_bf16_ttft_and_output_rate_measured` pass" in text
     assert "`load_transfer_bytes_per_token_int2_le_0.25x_bf16` pass" in text
+
+
+def test_which_prefill_a_row_ran():
+    mode = render_docs.prefill_mode
+    assert mode({"kv": "bf16", "prefill_reads": "cache"}) == "BF16"
+    assert mode({"kv": "int2", "prefill_reads": "cache"}) == "cache"  # annotated by hand
+    assert mode({"kv": "int2", "oscar_int2": {"prefill_reads": "cache"}}) == "cache"  # /server_info
+    assert mode({"kv": "int2", "server_env": {"OSCAR_PREFILL_READS": "cache"}}) == "cache"
+    assert mode({"kv": "int2", "server_env": {}}) == "exact"  # the plugin's default
